@@ -1,0 +1,168 @@
+"""Stage 2b — source builds of flash-attn: the kernel set a config needs, job sizing, the build itself.
+
+A *slim* build compiles only the kernel files the config's cases dispatch to, for the visible GPU's
+arch; every other kernel becomes a stub that raises a RuntimeError naming itself (see
+``_build_shim.py``). A *full* build compiles the version's whole list.
+
+Kernel files are named ``flash_{fwd,fwd_split,bwd}_hdim{D}_{fp16,bf16}[_causal]_sm80.cu``; we name a
+kernel by its stem without ``flash_`` and ``_sm80.cu``, e.g. ``fwd_split_hdim32_fp16``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from .config import KERNEL_HEAD_DIMS, Case, kernel_head_dim
+from .proc import run_logged
+
+#: Seconds of one nvcc job per kernel file and arch (nvcc 13.0, sm_90, H200 host, 16 cores; see
+#: shared notes h200-measurements.md: one real kernel file 176-251 s, flash_api.cpp 45 s, one stub
+#: file ~14 s). Used for estimates only.
+EST_FILE_S = {"fwd": 200.0, "fwd_split": 200.0, "bwd": 250.0}
+EST_API_S = 45.0
+EST_STUB_S = 20.0
+EST_OVERHEAD_S = 40.0
+#: Kernel files in 2.6.3's and 2.7.0.post2's setup.py (3 kinds x 7 head dims x 2 dtypes x 2 causal).
+FULL_KERNEL_COUNT = 84
+NVCC_JOB_GB = 9.0  # flash-attn's setup.py: "each JOB peak memory cost is ~8-9GB when threads = 4"
+
+
+def read_dispatch(sdist: Path | None) -> tuple[int, ...]:
+    """Head dims of ``HEADDIM_SWITCH`` in the sdist's csrc/flash_attn/src/static_switch.h.
+
+    Falls back to :data:`KERNEL_HEAD_DIMS` when there is no sdist or the macro is not found."""
+    if sdist is None or not Path(sdist).is_file():
+        return KERNEL_HEAD_DIMS
+    try:
+        with tarfile.open(sdist) as tf:
+            for m in tf.getmembers():
+                if m.name.endswith("csrc/flash_attn/src/static_switch.h"):
+                    text = tf.extractfile(m).read().decode()
+                    block = text.split("#define HEADDIM_SWITCH", 1)[1].split("}()", 1)[0]
+                    dims = tuple(int(x) for x in re.findall(r"kHeadDim\s*=\s*(\d+)", block))
+                    if dims:
+                        return dims
+    except (OSError, tarfile.TarError, IndexError, ValueError):
+        pass
+    return KERNEL_HEAD_DIMS
+
+
+def kernel_set(cases: list[Case], dispatch: tuple[int, ...] = KERNEL_HEAD_DIMS) -> list[str]:
+    """Kernel stems the cases need, sorted.
+
+    A fwd case needs ``fwd`` and, with dropout_p == 0, ``fwd_split`` (flash-attn's num_splits
+    heuristic may pick the split-KV kernel for small batch*nheads). A bwd case also runs its forward.
+    """
+    need = set()
+    for c in cases:
+        tail = f"hdim{kernel_head_dim(c.head_dim, dispatch)}_{c.dtype}{'_causal' if c.causal else ''}"
+        need.add(f"fwd_{tail}")
+        if not c.dropout_p:
+            need.add(f"fwd_split_{tail}")
+        if c.op == "bwd":
+            need.add(f"bwd_{tail}")
+    return sorted(need)
+
+
+def mem_available_gb() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 16.0
+
+
+def choose_jobs(n_builds: int, n_units: int) -> dict:
+    """MAX_JOBS per build and NVCC_THREADS, bounded by cores and memory (an nvcc job can peak near
+    8-9 GB) and shared by ``n_builds`` parallel builds. Returns the numbers and the reasoning."""
+    cores = os.cpu_count() or 1
+    mem = mem_available_gb()
+    total = max(1, min(cores, int(mem // NVCC_JOB_GB)))
+    per = max(1, min(total // max(n_builds, 1), n_units))
+    return {"max_jobs": per, "nvcc_threads": 1, "cores": cores, "mem_available_gb": round(mem, 1),
+            "why": f"{cores} cores, {mem:.0f} GB available / {NVCC_JOB_GB:g} GB per nvcc job, "
+                   f"{n_builds} parallel build(s), {n_units} compile units"}
+
+
+def estimate_seconds(kernels: list[str] | str, n_archs: int, max_jobs: int) -> float:
+    """Rough build time (s): list scheduling of per-file costs (:data:`EST_FILE_S`) over ``max_jobs``."""
+    if kernels == "all":
+        costs = [EST_FILE_S[k] for k in ("fwd", "fwd_split", "bwd") for _ in range(FULL_KERNEL_COUNT // 3)]
+    else:
+        costs = [EST_FILE_S["fwd_split" if k.startswith("fwd_split") else k.split("_")[0]] for k in kernels]
+        costs.append(EST_STUB_S)
+    costs = [c * max(n_archs, 1) for c in costs] + [EST_API_S]
+    lanes = [0.0] * max(1, max_jobs)
+    for c in sorted(costs, reverse=True):
+        i = lanes.index(min(lanes))
+        lanes[i] += c
+    return max(lanes) + EST_OVERHEAD_S
+
+
+class BuildError(RuntimeError):
+    """A source build failed; ``log`` is the build log's path, ``tail`` its last lines."""
+
+    def __init__(self, msg: str, log: Path | None = None, tail: str = ""):
+        super().__init__(msg)
+        self.log = log
+        self.tail = tail
+
+
+def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kernels, archs,
+                 jobs: dict, log: Path, extra_env: dict | None = None, timeout: float | None = None) -> tuple[Path, dict]:
+    """Build a flash-attn wheel from ``sdist`` with the env interpreter ``python``.
+
+    The build runs without build isolation (flash-attn's setup.py imports torch, which must be the
+    env's) and with ``FLASH_ATTENTION_FORCE_BUILD=TRUE`` (no release download). Returns
+    ``(wheel_path, manifest)``. Raises BuildError with the log's tail on failure.
+    """
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    with tarfile.open(sdist) as tf:
+        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tf.extractall(workdir, **kw)
+    roots = [p for p in workdir.iterdir() if (p / "setup.py").is_file()]
+    if not roots:
+        raise BuildError(f"{sdist.name}: no setup.py at the top of the sdist")
+    src = roots[0]
+    dist = workdir / "dist"
+    manifest_path = workdir / "manifest.json"
+    settings = {"dist_dir": str(dist), "kernels": kernels, "archs": archs, "manifest": str(manifest_path),
+                "version": version}
+    (workdir / "settings.json").write_text(json.dumps(settings))
+    shim = Path(__file__).with_name("_build_shim.py")
+    env = {
+        "FLASH_ATTENTION_FORCE_BUILD": "TRUE",
+        "MAX_JOBS": str(jobs["max_jobs"]),
+        "NVCC_THREADS": str(jobs["nvcc_threads"]),
+        # setup.py runs `git submodule update`: never let it find a repository above the sdist
+        "GIT_CEILING_DIRECTORIES": str(workdir),
+        "PYTHONNOUSERSITE": "1",
+    }
+    if archs != "all":
+        env["FLASH_ATTN_CUDA_ARCHS"] = ";".join(archs)  # honoured from flash-attn 2.7.3
+        env["TORCH_CUDA_ARCH_LIST"] = ";".join(f"{a[:-1]}.{a[-1]}" for a in archs)
+    # torch.utils.cpp_extension runs `ninja --version`: the env's and matrix-run's bin dirs go first
+    path_dirs = [str(Path(python).parent), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in path_dirs if p))
+    env.update(extra_env or {})
+    t0 = time.monotonic()
+    res = run_logged([str(python), str(shim), str(workdir / "settings.json")], cwd=src, env_extra=env,
+                     log=log, timeout=timeout)
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    manifest["seconds"] = round(time.monotonic() - t0, 1)
+    wheels = sorted(dist.glob("*.whl")) if dist.is_dir() else []
+    if res.returncode != 0 or not wheels:
+        why = "timed out" if res.timed_out else f"exit code {res.returncode}"
+        raise BuildError(f"source build of flash-attn {version} failed ({why}); log: {log}", log, res.tail)
+    return wheels[0], manifest

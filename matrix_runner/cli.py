@@ -1,0 +1,427 @@
+"""The ``matrix-run`` command: plan → envs → interleaved timing → statistics → report.
+
+Exit codes: 0 done; 1 a wall-time regression over ``--fail-on-regression PCT``; 2 usage or config
+error; 3 some env or case failed, or nothing could be timed (results still written); 130
+interrupted (results measured so far written). 1 wins over 3 when both apply.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import __version__, envs as envmod, machine, report, results, runner, wheels
+from .config import ConfigError, load_config
+
+SUBCOMMANDS = ("run", "report", "plan", "envs")
+EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+console = Console(stderr=True, highlight=False)
+
+
+def _add_env_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--versions", required=True, metavar="LIST",
+                   help="comma list of flash-attn versions; LABEL=VERSION names an env (A/A: a=2.6.3,b=2.6.3); "
+                        "a path to a local sdist or wheel is accepted. The first is the baseline.")
+    p.add_argument("--config", metavar="FILE", help="YAML config replacing any part of the built-in default")
+    p.add_argument("--envs-dir", default="envs", metavar="DIR", help="where envs live (default: envs/)")
+    p.add_argument("--wheel-cache", metavar="DIR", default=None,
+                   help=f"matrix-run's wheel/sdist cache (default: {wheels.default_cache_dir()})")
+    p.add_argument("--torch", default="inherit", metavar="inherit|X.Y.Z",
+                   help="inherit (default): each env sees the torch of the interpreter running matrix-run; "
+                        "X.Y.Z: install that torch into each env")
+    p.add_argument("--torch-index", metavar="URL", help="PyTorch wheel index for --torch X.Y.Z (a CUDA variant)")
+    p.add_argument("--find-links", action="append", default=[], metavar="DIR",
+                   help="dir of flash-attn wheels/sdists (and build deps) to use first; repeatable")
+    p.add_argument("--offline", action="store_true", help="use no index at all (air-gapped GPU nodes)")
+    p.add_argument("--index-url", default=wheels.DEFAULT_INDEX, help="PEP 691 index for sdists (default PyPI)")
+    p.add_argument("--build", choices=("auto", "slim", "full"), default="auto",
+                   help="source builds: slim = only the kernels the config needs, for --archs (auto: slim when a GPU "
+                        "is visible); full = every kernel")
+    p.add_argument("--archs", metavar="LIST", help="CUDA archs to build, e.g. 90 or 80,90 (default: the visible GPU's)")
+    p.add_argument("--rebuild", action="store_true", help="ignore matching envs and recreate them")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="matrix-run",
+        description="Time flash_attn_func across flash-attn versions, each in its own env; say per shape which "
+                    "version is faster, by how much, how sure, and whether it is host overhead or kernel time.",
+        epilog="Subcommands: run (default), plan, report, envs. `matrix-run SUBCOMMAND -h` for each.")
+    ap.add_argument("--version", action="version", version=f"matrix-run {__version__}")
+    sub = ap.add_subparsers(dest="cmd")
+
+    r = sub.add_parser("run", help="build envs, time, compare, report (the default)")
+    _add_env_args(r)
+    r.add_argument("--output", metavar="DIR", help="run directory (default: reports/<run-id>/)")
+    r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="cuda: time on the GPU; cpu: time the same call on CPU tensors (real flash-attn rejects "
+                        "them); auto: cuda when a GPU is visible")
+    r.add_argument("--quick", action="store_true", help="one worker process per env, short sampling (smoke runs)")
+    r.add_argument("--min-effect", type=float, metavar="FRAC",
+                   help="smallest ratio change called faster/slower (default 0.05 = 5%%)")
+    r.add_argument("--min-rounds", type=int, help="worker processes per env before stopping early (default 3)")
+    r.add_argument("--max-rounds", type=int, help="most worker processes per env (default 8)")
+    r.add_argument("--time-budget", type=float, metavar="S", help="seconds for the timing phase (default 100)")
+    r.add_argument("--case-timeout", type=float, default=300.0, metavar="S",
+                   help="a case running longer than this is stopped and failed (default 300)")
+    r.add_argument("--fail-on-regression", type=float, metavar="PCT",
+                   help="exit 1 if any candidate's wall time is 'slower' by more than PCT percent")
+    r.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
+
+    p = sub.add_parser("plan", help="show, per env, where flash-attn will come from; builds nothing")
+    _add_env_args(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    rp = sub.add_parser("report", help="re-render HTML from saved results.json files")
+    rp.add_argument("results", nargs="+", metavar="RESULTS.json")
+    rp.add_argument("-o", "--output", required=True, metavar="DIR")
+    rp.add_argument("--markdown", metavar="FILE")
+    rp.add_argument("--min-effect", type=float, default=None)
+
+    e = sub.add_parser("envs", help="list or remove envs")
+    e.add_argument("action", choices=("list", "clean"))
+    e.add_argument("labels", nargs="*", help="with clean: only these labels (default: all)")
+    e.add_argument("--envs-dir", default="envs")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["run", *argv]
+    if not argv:
+        argv = ["--help"]
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "run":
+            return cmd_run(args, argv)
+        if args.cmd == "plan":
+            return cmd_plan(args)
+        if args.cmd == "report":
+            return cmd_report(args)
+        if args.cmd == "envs":
+            return cmd_envs(args)
+    except (ConfigError, envmod.UsageError, results.ResultsError) as e:
+        console.print(f"[red]error:[/] {e}")
+        return EXIT_USAGE
+    ap.print_help()
+    return EXIT_USAGE
+
+
+# ---------------------------------------------------------------------------------------------
+def _options(args) -> envmod.Options:
+    envs_dir = Path(args.envs_dir).expanduser()
+    envs_dir.mkdir(parents=True, exist_ok=True)
+    archs = None
+    if args.archs:
+        archs = [a.strip().replace(".", "").replace("sm_", "") for a in args.archs.split(",") if a.strip()]
+        if not all(a.isdigit() and len(a) in (2, 3) for a in archs):
+            raise envmod.UsageError(f"--archs {args.archs!r}: give compute capabilities like 90 or 80,90")
+    if args.torch != "inherit":
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            Version(args.torch)
+        except InvalidVersion:
+            raise envmod.UsageError(f"--torch {args.torch!r}: give inherit or a torch version like 2.4.1") from None
+    fl = []
+    for d in args.find_links:
+        p = Path(d).expanduser().resolve()
+        if not p.is_dir():
+            raise envmod.UsageError(f"--find-links {d}: not a directory")
+        fl.append(p)
+    cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
+    return envmod.Options(envs_dir=envs_dir.resolve(), cache_dir=cache, find_links=fl, offline=args.offline,
+                          torch=args.torch, torch_index=args.torch_index, build=args.build, archs=archs,
+                          index_url=args.index_url, rebuild=args.rebuild)
+
+
+def _plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
+    items = []
+    n_builds = len(reqs)
+    for r in reqs:
+        items.append(envmod.plan_env(r, cases, opts, dprobe, n_builds_hint=n_builds))
+    return items
+
+
+def _print_plan(items: list[envmod.PlanItem]) -> None:
+    t = Table(title="Plan: where each env's flash-attn comes from", title_justify="left")
+    for col in ("env", "version", "method", "wheel key", "kernels", "archs", "estimate"):
+        t.add_column(col)
+    for it in items:
+        kern = it.kernels if isinstance(it.kernels, str) else f"{len(it.kernels)}: " + ", ".join(it.kernels)
+        est = f"~{it.estimate_s / 60:.1f} min (MAX_JOBS={it.jobs['max_jobs']})" if it.estimate_s else "–"
+        meth = it.method if it.method != "failed" else f"[red]failed[/]: {it.error}"
+        t.add_row(it.label, it.version, meth, it.key_id, kern, ",".join(it.archs) if isinstance(it.archs, list) else it.archs, est)
+    console.print(t)
+    for it in items:
+        for n in it.notes:
+            console.print(f"  [dim]{it.label}: {n}[/]")
+
+
+def cmd_plan(args) -> int:
+    cfg = load_config(args.config)
+    reqs = envmod.parse_versions(args.versions)
+    opts = _options(args)
+    dprobe = envmod.probe(sys.executable)
+    items = _plan_all(reqs, cfg.cases, opts, dprobe)
+    if args.json:
+        print(json.dumps([i.to_dict() for i in items], indent=1, default=str))
+    else:
+        _print_plan(items)
+    return EXIT_FAILED if any(i.method == "failed" for i in items) else EXIT_OK
+
+
+def cmd_envs(args) -> int:
+    envs_dir = Path(args.envs_dir)
+    rows = envmod.list_envs(envs_dir)
+    if args.action == "list":
+        t = Table(title=f"envs in {envs_dir}")
+        for col in ("label", "requested", "status", "torch", "python", "wheel", "created", "MB"):
+            t.add_column(col)
+        for r in rows:
+            t.add_row(r["label"], str(r["requested"]), r["status"], str(r["torch"]), str(r["python"]), r["wheel"],
+                      str(r["created"]), str(r["size_mb"]))
+        Console().print(t)
+        return EXIT_OK
+    import shutil
+
+    wanted = set(args.labels)
+    unknown = wanted - {r["label"] for r in rows}
+    if unknown:
+        raise envmod.UsageError(f"envs clean: no env named {', '.join(sorted(unknown))} in {envs_dir}")
+    for r in rows:
+        if not wanted or r["label"] in wanted:
+            shutil.rmtree(r["path"])
+            console.print(f"removed {r['path']} ({r['size_mb']} MB)")
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    runs = [results.load(p) for p in args.results]
+    res = results.merge(runs, args.min_effect)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    json_name = None
+    if len(runs) > 1 or args.min_effect is not None:
+        results.write_json(out / "results.json", res)
+        json_name = "results.json"
+    else:
+        src = Path(args.results[0]).resolve()
+        if src.parent == out.resolve():
+            json_name = src.name
+        else:
+            results.write_json(out / "results.json", res)
+            json_name = "results.json"
+    p = report.write_html(res, out, json_name)
+    if args.markdown:
+        Path(args.markdown).write_text(report.markdown(res))
+    report.terminal_table(res, Console())
+    console.print(f"report: {p}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+def cmd_run(args, argv: list[str]) -> int:
+    t_start = time.monotonic()
+    cfg = load_config(args.config)
+    samp = cfg.sampling
+    for name, attr in (("min_effect", "min_effect"), ("min_rounds", "min_rounds"), ("max_rounds", "max_rounds"),
+                       ("time_budget", "time_budget_s")):
+        v = getattr(args, name)
+        if v is not None:
+            setattr(samp, attr, v)
+    if samp.max_rounds < samp.min_rounds:
+        raise envmod.UsageError(f"--max-rounds {samp.max_rounds} is below --min-rounds {samp.min_rounds}")
+    if not 0 < samp.min_effect < 1:
+        raise envmod.UsageError(f"--min-effect {samp.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
+    reqs = envmod.parse_versions(args.versions)
+    opts = _options(args)
+
+    created = datetime.now(timezone.utc)
+    run_id = created.strftime("%Y%m%d-%H%M%S") + "-" + "-vs-".join(r.label for r in reqs)
+    out_dir = Path(args.output) if args.output else Path("reports") / run_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    console.print(f"[bold]matrix-run[/] {__version__}: {len(reqs)} env(s), {len(cfg.cases)} case(s) "
+                  f"({cfg.source}) → {out_dir}")
+    dprobe = envmod.probe(sys.executable)
+    mach = machine.collect(dprobe)
+    device = args.device
+    no_gpu_msg = None
+    if device == "auto":
+        has_gpu = bool(((dprobe.get("torch") or {}).get("cuda_available")) or mach.get("nvidia_smi"))
+        device = "cuda" if has_gpu else "none"
+        if not has_gpu:
+            t = dprobe.get("torch") or {}
+            no_gpu_msg = ("flash-attn needs an NVIDIA GPU (its kernels are CUDA-only), and none is visible here: "
+                          f"nvidia-smi is missing and torch {t.get('version', '(not importable)')} reports no CUDA device. "
+                          "Nothing was built or timed. Did instead: checked the config and the versions, showed the "
+                          "plan for each env, and wrote results.json and index.html marking every env 'skipped'. "
+                          "Run on a machine with an NVIDIA GPU, or use --device cpu to exercise the pipeline on CPU "
+                          "(real flash-attn rejects CPU tensors; see the README's stand-in).")
+
+    settings = {"device": device, "torch": opts.torch, "quick": args.quick, "min_effect": samp.min_effect,
+                "min_rounds": samp.min_rounds, "max_rounds": samp.max_rounds, "time_budget_s": samp.time_budget_s,
+                "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,
+                "find_links": [str(p) for p in opts.find_links], "no_gpu_message": no_gpu_msg}
+    base_doc = {"schema": results.SCHEMA, "run_id": run_id, "created": created.isoformat(timespec="seconds"),
+                "title": cfg.title, "command": ["matrix-run", *argv[1:]] if argv and argv[0] == "run" else ["matrix-run", *argv],
+                "config": cfg.raw, "config_source": cfg.source, "settings": settings, "machine": mach,
+                "matrix_run_version": __version__}
+
+    items = _plan_all(reqs, cfg.cases, opts, dprobe) if (dprobe.get("torch") or opts.torch != "inherit") else []
+    if items:
+        _print_plan(items)
+
+    if device == "none":
+        console.print(f"[yellow]{no_gpu_msg}[/]")
+        env_results = [envmod.EnvResult(r.label, r.version, str(opts.envs_dir / r.label), status="skipped",
+                                        error="no NVIDIA GPU visible", plan=(items[i].to_dict() if items else None))
+                       for i, r in enumerate(reqs)]
+        doc = _finish_doc(base_doc, env_results, {}, cfg, [], "no GPU", 0.0, 0.0, t_start)
+        _write(doc, out_dir, args)
+        return EXIT_FAILED
+
+    # ---- envs -------------------------------------------------------------------------------
+    t_env = time.monotonic()
+    env_results = _prepare_envs(reqs, items, opts, dprobe, cfg.cases)
+    env_s = time.monotonic() - t_env
+    for e in env_results:
+        if e.status == "ok":
+            how = "reused" if e.build.get("reused") else e.build.get("method")
+            console.print(f"  [green]✓[/] {e.label}: flash_attn {e.probe['flash_attn']['version']} ({how}, "
+                          f"{e.build.get('seconds', 0):.1f} s)")
+        else:
+            console.print(f"  [red]✗ {e.label}: {e.error}[/]")
+            if e.error_tail:
+                console.print("[dim]" + "\n".join("    " + ln for ln in e.error_tail.splitlines()[-12:]) + "[/]")
+    ok_envs = [e for e in env_results if e.status == "ok"]
+
+    # ---- timing -------------------------------------------------------------------------------
+    stop = threading.Event()
+    runner.stop_on_signals(stop)
+    t_tm = time.monotonic()
+    data: dict = {}
+    rounds: list = []
+    reason = "no env could be timed"
+    if ok_envs:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console) as prog:
+            per_round = len(ok_envs) * len(cfg.cases)
+            task = prog.add_task("timing", total=per_round * (1 if args.quick else samp.min_rounds))
+            done = {"n": 0}
+
+            def on_case(env, cid, status):
+                if status == "start":
+                    prog.update(task, description=f"timing {env}: {cid}")
+                else:
+                    done["n"] += 1
+                    total = prog.tasks[0].total or 0
+                    prog.update(task, completed=done["n"], total=max(total, done["n"]))
+
+            def on_round(rec):
+                try:  # results so far, so that a crash or kill of the driver keeps them
+                    partial = _finish_doc(base_doc, env_results, data, cfg, rounds, "running", env_s,
+                                          time.monotonic() - t_tm, t_start)
+                    results.write_json(out_dir / "results.json", partial)
+                except Exception as ex:  # noqa: BLE001 - a partial write must never stop the run
+                    console.print(f"[dim]partial results not written: {ex}[/]")
+
+            reason = runner.run_all(ok_envs, cfg.cases, samp, device=device, quick=args.quick,
+                                    work=out_dir / ".work", case_timeout=args.case_timeout, stop=stop,
+                                    data=data, rounds=rounds, on_case=on_case, on_round=on_round)
+    timing_s = time.monotonic() - t_tm
+    doc = _finish_doc(base_doc, env_results, data, cfg, rounds, reason, env_s, timing_s, t_start)
+    _write(doc, out_dir, args)
+    console.print(f"[dim]time: envs {env_s:.1f} s, timing {timing_s:.1f} s ({len(rounds)} worker processes; "
+                  f"stopped: {reason})[/]")
+
+    if reason == "interrupted":
+        console.print("[yellow]interrupted: results measured so far are written[/]")
+        return EXIT_INTERRUPTED
+    code = EXIT_OK
+    failed_cases = [c for c in doc["cases"] if c["status"] != "ok"]
+    if len(ok_envs) < len(env_results) or failed_cases or not ok_envs:
+        code = EXIT_FAILED
+        if failed_cases:
+            kinds = sorted({c.get("error_kind") or "error" for c in failed_cases})
+            console.print(f"[yellow]{len(failed_cases)} case(s) failed ({', '.join(kinds)}); see the report[/]")
+    if args.fail_on_regression is not None:
+        bad = [c for c in doc["comparisons"] if c["metric"] == "wall_us" and c["verdict"] == "slower"
+               and (c["ratio"] - 1) * 100 > args.fail_on_regression]
+        if bad:
+            console.print(f"[red]{len(bad)} regression(s) over {args.fail_on_regression:g}%[/]: " +
+                          ", ".join(f"{c['candidate']} {c['label']} {c['op']} {c['ratio']:.2f}x" for c in bad))
+            code = EXIT_REGRESSION
+    return code
+
+
+def _prepare_envs(reqs, items, opts, dprobe, cases) -> list[envmod.EnvResult]:
+    """Prepare every env in parallel threads (builds run as subprocesses), with a progress display."""
+    res: list[envmod.EnvResult | None] = [None] * len(reqs)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as prog:
+        tasks = {r.label: prog.add_task(f"{r.label}: planning", total=None) for r in reqs}
+
+        def progress(label, msg):
+            prog.update(tasks[label], description=f"{label}: {msg}")
+
+        def one(i):
+            r = reqs[i]
+            try:
+                out = envmod.prepare_env(r, items[i], opts, dprobe, cases, progress)
+            except Exception as e:  # noqa: BLE001 - one env never sinks the others
+                out = envmod.EnvResult(r.label, r.version, str(items[i].env_dir), status="failed",
+                                       error=f"{type(e).__name__}: {e}")
+            prog.update(tasks[r.label], description=f"{r.label}: {out.status}", total=1, completed=1)
+            return out
+
+        with ThreadPoolExecutor(max_workers=max(1, len(reqs))) as ex:
+            for i, out in enumerate(ex.map(one, range(len(reqs)))):
+                res[i] = out
+    return res  # type: ignore[return-value]
+
+
+def _finish_doc(base_doc, env_results, data, cfg, rounds, reason, env_s, timing_s, t_start) -> dict:
+    doc = dict(base_doc)
+    doc["envs"] = [e.to_dict() for e in env_results]
+    cases = []
+    for (label, cid), cd in data.items():
+        cases.append(results.case_record(cd, cd.case))
+    # keep config order: by case then env order
+    order = {c.id: i for i, c in enumerate(cfg.cases)}
+    labels = [e.label for e in env_results]
+    cases.sort(key=lambda c: (order.get(c["id"], 0), labels.index(c["env"]) if c["env"] in labels else 0))
+    doc["cases"] = cases
+    ok_labels = [e.label for e in env_results if e.status == "ok"]
+    doc["comparisons"] = results.comparisons(cases, ok_labels, doc["settings"]["min_effect"])
+    doc["rounds"] = rounds
+    doc["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    doc["timing"] = {"env_phase_s": round(env_s, 2), "timing_phase_s": round(timing_s, 2),
+                     "total_s": round(time.monotonic() - t_start, 2), "stop_reason": reason}
+    return doc
+
+
+def _write(doc: dict, out_dir: Path, args) -> None:
+    results.write_json(out_dir / "results.json", doc)
+    p = report.write_html(doc, out_dir, "results.json")
+    if getattr(args, "markdown", None):
+        Path(args.markdown).write_text(report.markdown(doc))
+    if doc["cases"]:
+        report.terminal_table(doc, Console())
+    console.print(f"results: {out_dir / 'results.json'}\nreport:  {p}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""Stage 1 — the benchmark config: built-in default, YAML loading and validation.
+
+A config is a workload description: shared settings (dtype, dropout_p, softmax_scale, causal, ops)
+plus a list of shapes. It expands into :class:`Case` objects, one per (op, shape), that every env
+times identically.
+
+YAML schema (every key optional; a missing key keeps the built-in default)::
+
+    title: "my comparison"
+    dtype: fp16             # fp16 | bf16 (flash-attn 2.x supports only these)
+    dropout_p: 0.0          # 0 <= dropout_p < 1
+    softmax_scale: null     # null -> 1/sqrt(head_dim), as flash-attn does
+    causal: false
+    ops: [fwd, bwd]
+    input: embed            # embed: inputs are (batch, seqlen, embed_dim), split into heads in the call
+                            # heads: inputs are already (batch, seqlen, nheads, head_dim)
+    shapes:
+      - {batch: 2, seqlen: 50, nheads: 16, embed_dim: 256}
+      - {batch: 4, seqlen_q: 128, seqlen_k: 512, nheads: 32, nheads_k: 8, head_dim: 64, causal: true}
+    sampling:
+      min_rounds: 3         # worker processes per env before a verdict may stop sampling
+      max_rounds: 8
+      time_budget_s: 100    # wall-clock budget for the timing phase (s)
+      min_effect: 0.05      # smallest ratio change called faster/slower (0.05 = 5 %)
+
+Errors: :class:`ConfigError` (a ``ValueError``) naming the key, the value and the rule.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DTYPES = ("fp16", "bf16")
+OPS = ("fwd", "bwd")
+#: Head dims flash-attn 2.x dispatches to: a call runs the kernel of the smallest one that is >= its
+#: head_dim rounded up to a multiple of 8 (``HEADDIM_SWITCH`` in csrc/flash_attn/src/static_switch.h
+#: of 2.6.3 and 2.7.0.post2; 2.6.3 pads to a multiple of 8 in C++, 2.7 in Python). Both ship stale
+#: hdim224 files that neither builds nor dispatches to. Source builds read the list from the
+#: version's own static_switch.h (:func:`matrix_runner.build.read_dispatch`); this is the fallback.
+KERNEL_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
+MAX_HEAD_DIM = 256
+
+
+class ConfigError(ValueError):
+    """A config value breaks a rule. The message names the key, the value and the rule."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One timed call: an op on one shape with the shared settings.
+
+    Shapes: q is (batch, seqlen_q, nheads, head_dim), k and v are (batch, seqlen_k, nheads_k, head_dim).
+    With ``layout == "embed"`` the inputs are (batch, seqlen, nheads*head_dim) tensors and the split
+    into heads (a ``view``) happens inside the timed call, as in the workload that started matrix-run.
+    """
+
+    op: str
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_k: int
+    head_dim: int
+    dtype: str = "fp16"
+    causal: bool = False
+    dropout_p: float = 0.0
+    softmax_scale: float | None = None
+    layout: str = "embed"
+
+    @property
+    def id(self) -> str:
+        """Stable identifier shared by every env, e.g. ``fwd-b2-sq50-sk50-h16-hk16-d16-fp16``."""
+        s = (f"{self.op}-b{self.batch}-sq{self.seqlen_q}-sk{self.seqlen_k}-h{self.nheads}"
+             f"-hk{self.nheads_k}-d{self.head_dim}-{self.dtype}")
+        if self.causal:
+            s += "-causal"
+        if self.dropout_p:
+            s += f"-p{self.dropout_p:g}"
+        if self.softmax_scale is not None:
+            s += f"-s{self.softmax_scale:g}"
+        return s
+
+    @property
+    def scale(self) -> float:
+        """softmax_scale actually used: the configured one, else 1/sqrt(head_dim) (flash-attn's default)."""
+        return self.softmax_scale if self.softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def kernel_head_dim(self) -> int:
+        """Head dim of the kernel flash-attn dispatches to (see :data:`KERNEL_HEAD_DIMS`)."""
+        return kernel_head_dim(self.head_dim)
+
+    @property
+    def label(self) -> str:
+        """Short human label: ``B2 S50 H16 D16`` (+ seqlen_k, nheads_k, causal when they differ)."""
+        s = f"B{self.batch} S{self.seqlen_q}"
+        if self.seqlen_k != self.seqlen_q:
+            s += f"/{self.seqlen_k}"
+        s += f" H{self.nheads}"
+        if self.nheads_k != self.nheads:
+            s += f"/{self.nheads_k}"
+        s += f" D{self.head_dim}"
+        if self.causal:
+            s += " causal"
+        return s
+
+    def flops(self) -> float:
+        """FLOPs of one call: 4·B·Sq·Sk·H·D for fwd (two matmuls), halved when causal; bwd is 2.5x fwd.
+
+        The same convention as flash-attn's benchmarks/benchmark_flash_attention.py.
+        """
+        f = 4.0 * self.batch * self.seqlen_q * self.seqlen_k * self.nheads * self.head_dim
+        if self.causal:
+            f /= 2
+        return f * (2.5 if self.op == "bwd" else 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["id"] = self.id
+        d["softmax_scale"] = self.scale
+        return d
+
+
+def kernel_head_dim(head_dim: int, dispatch: tuple[int, ...] = KERNEL_HEAD_DIMS) -> int:
+    """Kernel head dim for ``head_dim``: round up to a multiple of 8, then to the next size in
+    ``dispatch`` (the version's ``HEADDIM_SWITCH`` list). Raises ConfigError above the largest."""
+    padded = -(-head_dim // 8) * 8
+    for d in sorted(dispatch):
+        if padded <= d:
+            return d
+    raise ConfigError(f"head_dim {head_dim} is above flash-attn's limit of {MAX_HEAD_DIM}")
+
+
+@dataclass
+class Sampling:
+    """How long to sample: see the module docstring. ``time_budget_s`` is seconds of wall clock."""
+
+    min_rounds: int = 3
+    max_rounds: int = 8
+    time_budget_s: float = 100.0
+    min_effect: float = 0.05
+
+
+@dataclass
+class Config:
+    """A validated config: settings, shapes expanded into :class:`Case` objects, sampling rules."""
+
+    title: str
+    cases: list[Case]
+    sampling: Sampling = field(default_factory=Sampling)
+    source: str = "built-in default"
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def shapes(self) -> list[Case]:
+        """One case per shape (the first op's), in config order."""
+        seen, out = set(), []
+        for c in self.cases:
+            key = (c.batch, c.seqlen_q, c.seqlen_k, c.nheads, c.nheads_k, c.head_dim, c.dtype, c.causal)
+            if key not in seen:
+                seen.add(key)
+                out.append(c)
+        return out
+
+
+#: The workload that started matrix-run: batch 2 and 512, seqlen 50-300, 16 heads, embed_dim 256
+#: (head_dim 16, dispatched to the hdim32 kernels), fp16, non-causal, no dropout, fwd and bwd.
+DEFAULT_CONFIG: dict[str, Any] = {
+    "title": "flash-attn: small-batch host overhead (batch 2 and 512, seqlen 50-300, 16 heads, embed_dim 256)",
+    "dtype": "fp16",
+    "dropout_p": 0.0,
+    "softmax_scale": None,
+    "causal": False,
+    "ops": ["fwd", "bwd"],
+    "input": "embed",
+    "shapes": [
+        {"batch": 512, "seqlen": 50, "nheads": 16, "embed_dim": 256},
+        {"batch": 512, "seqlen": 150, "nheads": 16, "embed_dim": 256},
+        {"batch": 512, "seqlen": 300, "nheads": 16, "embed_dim": 256},
+        {"batch": 2, "seqlen": 50, "nheads": 16, "embed_dim": 256},
+        {"batch": 2, "seqlen": 150, "nheads": 16, "embed_dim": 256},
+        {"batch": 2, "seqlen": 300, "nheads": 16, "embed_dim": 256},
+    ],
+    "sampling": {"min_rounds": 3, "max_rounds": 8, "time_budget_s": 100.0, "min_effect": 0.05},
+}
+
+_TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling"}
+_SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
+               "causal", "dtype"}
+_SAMPLING_KEYS = {"min_rounds", "max_rounds", "time_budget_s", "min_effect"}
+
+
+def _err(where: str, value: Any, rule: str) -> ConfigError:
+    return ConfigError(f"{where} = {value!r}: {rule}")
+
+
+def _pos_int(where: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise _err(where, v, "must be a positive integer")
+    return v
+
+
+def _bool(where: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _err(where, v, "must be true or false")
+    return v
+
+
+def _dtype(where: str, v: Any) -> str:
+    if v not in DTYPES:
+        raise _err(where, v, f"must be one of {', '.join(DTYPES)} (flash-attn 2.x kernels exist only for these)")
+    return v
+
+
+def _unknown(where: str, d: dict, allowed: set) -> None:
+    extra = sorted(set(d) - allowed)
+    if extra:
+        raise ConfigError(f"{where}: unknown key {extra[0]!r}; allowed keys: {', '.join(sorted(allowed))}")
+
+
+def parse_config(data: Any, source: str = "<dict>") -> Config:
+    """Validate a config mapping (already parsed YAML) over the built-in default and expand its cases.
+
+    Raises ConfigError for any value that breaks a rule (positive sizes, head_dim <= 256, nheads
+    divisible by nheads_k, embed_dim divisible by nheads, dtype fp16/bf16, 0 <= dropout_p < 1, ...).
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of keys (title, shapes, ...), "
+                          f"got {type(data).__name__}")
+    _unknown(source, data, _TOP_KEYS)
+    merged = {**DEFAULT_CONFIG, **data}
+    title = merged["title"]
+    if not isinstance(title, str):
+        raise _err("title", title, "must be a string")
+    dtype = _dtype("dtype", merged["dtype"])
+    dropout = merged["dropout_p"]
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise _err("dropout_p", dropout, "must be a number with 0 <= dropout_p < 1")
+    scale = merged["softmax_scale"]
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0):
+        raise _err("softmax_scale", scale, "must be null (1/sqrt(head_dim)) or a positive number")
+    causal = _bool("causal", merged["causal"])
+    ops = merged["ops"]
+    if isinstance(ops, str):
+        ops = [ops]
+    if not isinstance(ops, list) or not ops or any(o not in OPS for o in ops):
+        raise _err("ops", merged["ops"], "must be a non-empty list of fwd, bwd")
+    layout = merged["input"]
+    if layout not in ("embed", "heads"):
+        raise _err("input", layout, "must be 'embed' (batch, seqlen, embed_dim) or 'heads' (batch, seqlen, nheads, head_dim)")
+    shapes = merged["shapes"]
+    if not isinstance(shapes, list) or not shapes:
+        raise _err("shapes", shapes, "must be a non-empty list of mappings")
+
+    cases: list[Case] = []
+    seen: set[str] = set()
+    for i, s in enumerate(shapes):
+        w = f"shapes[{i}]"
+        if not isinstance(s, dict):
+            raise _err(w, s, "must be a mapping like {batch: 2, seqlen: 50, nheads: 16, head_dim: 64}")
+        _unknown(w, s, _SHAPE_KEYS)
+        for k in ("batch", "nheads"):
+            if k not in s:
+                raise ConfigError(f"{w}: missing key {k!r} (each shape needs batch, seqlen, nheads and head_dim or embed_dim)")
+        batch = _pos_int(f"{w}.batch", s["batch"])
+        nheads = _pos_int(f"{w}.nheads", s["nheads"])
+        nheads_k = _pos_int(f"{w}.nheads_k", s.get("nheads_k", nheads))
+        if nheads % nheads_k:
+            raise _err(f"{w}.nheads_k", nheads_k, f"nheads ({nheads}) must be divisible by nheads_k (GQA/MQA groups)")
+        if "seqlen" in s and ("seqlen_q" in s or "seqlen_k" in s):
+            raise ConfigError(f"{w}: give either seqlen or seqlen_q/seqlen_k, not both")
+        if "seqlen" in s:
+            sq = sk = _pos_int(f"{w}.seqlen", s["seqlen"])
+        elif "seqlen_q" in s:
+            sq = _pos_int(f"{w}.seqlen_q", s["seqlen_q"])
+            sk = _pos_int(f"{w}.seqlen_k", s.get("seqlen_k", sq))
+        else:
+            raise ConfigError(f"{w}: missing key 'seqlen' (or seqlen_q and seqlen_k)")
+        if ("head_dim" in s) == ("embed_dim" in s):
+            raise ConfigError(f"{w}: give exactly one of head_dim or embed_dim (= nheads * head_dim)")
+        if "embed_dim" in s:
+            e = _pos_int(f"{w}.embed_dim", s["embed_dim"])
+            if e % nheads:
+                raise _err(f"{w}.embed_dim", e, f"must be divisible by nheads ({nheads}): head_dim = embed_dim / nheads")
+            head_dim = e // nheads
+        else:
+            head_dim = _pos_int(f"{w}.head_dim", s["head_dim"])
+        if head_dim > MAX_HEAD_DIM:
+            raise _err(f"{w}.head_dim", head_dim, f"must be <= {MAX_HEAD_DIM} (flash-attn 2.x's largest kernel)")
+        s_causal = _bool(f"{w}.causal", s.get("causal", causal))
+        s_dtype = _dtype(f"{w}.dtype", s.get("dtype", dtype))
+        for op in ops:
+            c = Case(op=op, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads, nheads_k=nheads_k,
+                     head_dim=head_dim, dtype=s_dtype, causal=s_causal, dropout_p=float(dropout),
+                     softmax_scale=None if scale is None else float(scale), layout=layout)
+            if c.id in seen:
+                raise ConfigError(f"{w}: duplicate of an earlier shape ({c.label}); remove one")
+            seen.add(c.id)
+            cases.append(c)
+
+    samp = merged.get("sampling") or {}
+    if not isinstance(samp, dict):
+        raise _err("sampling", samp, "must be a mapping")
+    _unknown("sampling", samp, _SAMPLING_KEYS)
+    sd = {**DEFAULT_CONFIG["sampling"], **samp}
+    sampling = Sampling(
+        min_rounds=_pos_int("sampling.min_rounds", sd["min_rounds"]),
+        max_rounds=_pos_int("sampling.max_rounds", sd["max_rounds"]),
+        time_budget_s=float(sd["time_budget_s"]),
+        min_effect=float(sd["min_effect"]),
+    )
+    if sampling.max_rounds < sampling.min_rounds:
+        raise _err("sampling.max_rounds", sampling.max_rounds, f"must be >= min_rounds ({sampling.min_rounds})")
+    if not 0 < sampling.min_effect < 1:
+        raise _err("sampling.min_effect", sampling.min_effect, "must be between 0 and 1 (0.05 = 5 %)")
+    if sampling.time_budget_s <= 0:
+        raise _err("sampling.time_budget_s", sampling.time_budget_s, "must be a positive number of seconds")
+    return Config(title=title, cases=cases, sampling=sampling, source=source, raw=merged)
+
+
+def load_config(path: str | Path | None) -> Config:
+    """Load ``path`` (YAML) over the built-in default; ``None`` gives the built-in default.
+
+    Raises ConfigError for a missing file, a YAML syntax error (with file, line and column) or a
+    rule broken by a value.
+    """
+    if path is None:
+        return parse_config({}, "built-in default")
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read the file ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    return parse_config(data, str(p))

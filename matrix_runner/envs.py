@@ -1,0 +1,577 @@
+"""Stage 2 — the env builder: one isolated uv venv per flash-attn version, with an identity record.
+
+For each ``LABEL=VERSION`` the builder
+
+1. *plans* (:func:`plan_env`): the wheel key for this env's torch/python/GPU, and where the wheel
+   comes from (reuse of an existing env, ``--find-links``, the wheel cache, the release wheel, a
+   slim or full source build) — printed before anything is built;
+2. *prepares* (:func:`prepare_env`): reuses ``envs/LABEL`` when its record
+   (``matrix-run-env.json``) matches, else creates it with ``uv venv``, makes the torch visible
+   (``--torch inherit``: a ``.pth`` listing the driver interpreter's site dirs, so the env sees the
+   same torch while its own packages win; ``--torch X.Y.Z``: ``uv pip install torch==X.Y.Z``),
+   obtains the wheel, installs it with ``uv pip install --no-deps``, and
+3. *preflights*: runs the worker's probe in the env and checks that it imports the requested
+   flash_attn version from inside the env, with its CUDA extension.
+
+Env records follow asv's idea of an environment identity: reuse only what provably matches.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock
+from packaging.version import InvalidVersion, Version
+
+from . import build as buildmod
+from . import wheels
+from .config import Case
+from .proc import capture, run_logged
+
+RECORD = "matrix-run-env.json"
+RECORD_SCHEMA = "matrix-runner/env/1"
+LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+WORKER = Path(__file__).with_name("worker.py")
+#: Installed with a pinned torch; a source build needs the first three (flash-attn's setup.py imports
+#: them), ninja makes torch's extension build parallel, psutil is imported only without MAX_JOBS.
+BUILD_DEPS = ("setuptools", "wheel", "packaging", "ninja", "psutil")
+
+
+class EnvError(RuntimeError):
+    """Preparing one env failed; ``tail`` holds the relevant log lines (the other envs go on)."""
+
+    def __init__(self, msg: str, tail: str = "", log: str | None = None):
+        super().__init__(msg)
+        self.tail = tail
+        self.log = log
+
+
+class UsageError(ValueError):
+    """Bad ``--versions``/``--torch``/path input: exit code 2."""
+
+
+@dataclass
+class EnvRequest:
+    label: str
+    version: str  # PEP 440 version, or a local path to an sdist/wheel/dir
+
+    @property
+    def is_path(self) -> bool:
+        return "/" in self.version or self.version.endswith((".whl", ".tar.gz"))
+
+
+def parse_versions(text: str) -> list[EnvRequest]:
+    """Parse ``--versions``: comma list of ``VERSION`` or ``LABEL=VERSION`` (A/A runs use two labels).
+
+    Raises UsageError for an empty list, a label that is not ``[A-Za-z0-9._+-]``, a version that is
+    neither a PEP 440 version nor an existing local file, or a duplicate label."""
+    out: list[EnvRequest] = []
+    items = [x.strip() for x in (text or "").split(",") if x.strip()]
+    if not items:
+        raise UsageError("--versions: give at least one flash-attn version, e.g. --versions 2.6.3,2.7.0.post2")
+    for it in items:
+        label, _, ver = it.partition("=") if "=" in it else (it, "", it)
+        label, ver = label.strip(), ver.strip()
+        if "/" in ver or ver.endswith((".whl", ".tar.gz")):
+            p = Path(ver).expanduser()
+            if not p.exists():
+                raise UsageError(f"--versions: {ver!r} looks like a path but does not exist")
+            if "=" not in it:
+                label = p.name.split("-")[1] if p.name.startswith("flash_attn-") else p.stem
+        else:
+            try:
+                Version(ver)
+            except InvalidVersion:
+                raise UsageError(f"--versions: {ver!r} is not a PEP 440 version (like 2.6.3 or 2.7.0.post2) "
+                                 "nor a path to a flash-attn sdist or wheel") from None
+        if not LABEL_RE.match(label) or label in (".", ".."):
+            raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + - "
+                             "(it names the env directory)")
+        if any(r.label == label for r in out):
+            raise UsageError(f"--versions: label {label!r} appears twice; use LABEL=VERSION to name each env "
+                             "(e.g. a=2.6.3,b=2.6.3 for an A/A run)")
+        out.append(EnvRequest(label, ver))
+    return out
+
+
+def find_uv() -> str:
+    """Path of the uv binary: ``$MATRIX_RUN_UV``, the ``uv`` package's binary, or ``uv`` on PATH."""
+    if os.environ.get("MATRIX_RUN_UV"):
+        return os.environ["MATRIX_RUN_UV"]
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except Exception:  # noqa: BLE001
+        pass
+    p = shutil.which("uv")
+    if not p:
+        raise EnvError("uv not found: pip install uv (or set MATRIX_RUN_UV to its path)")
+    return p
+
+
+def driver_site_dirs() -> list[str]:
+    """Site dirs of the interpreter running matrix-run, in ``sys.path`` order (venv, conda or system)."""
+    out = []
+    for p in sys.path:
+        if p and os.path.basename(p.rstrip("/")) in ("site-packages", "dist-packages") and os.path.isdir(p):
+            if p not in out:
+                out.append(p)
+    return out
+
+
+def probe(python: str | Path, timeout: float = 120.0) -> dict:
+    """Run the worker's probe with ``python``; returns its JSON (``error`` set on failure)."""
+    try:
+        cp = capture([str(python), str(WORKER), "probe"], timeout=timeout)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"probe could not run: {e}", "torch": None, "flash_attn": None}
+    for line in reversed(cp.stdout.strip().splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return {"error": f"probe failed (exit {cp.returncode}): {(cp.stderr or cp.stdout).strip()[-800:]}",
+            "torch": None, "flash_attn": None}
+
+
+def python_tag(version: str) -> str:
+    major, minor = version.split(".")[:2]
+    return f"cp{major}{minor}"
+
+
+def gpu_archs_from_probe(p: dict) -> list[str] | None:
+    gpu = ((p or {}).get("torch") or {}).get("gpu")
+    if gpu and gpu.get("capability"):
+        return [gpu["capability"].replace(".", "")]
+    try:
+        cp = capture(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], timeout=20)
+        caps = sorted({c.strip().replace(".", "") for c in cp.stdout.split() if c.strip()})
+        return caps or None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+@dataclass
+class Options:
+    """Settings shared by every env of a run (see ``matrix-run --help``)."""
+
+    envs_dir: Path
+    cache_dir: Path
+    find_links: list[Path] = field(default_factory=list)
+    offline: bool = False
+    torch: str = "inherit"
+    torch_index: str | None = None
+    build: str = "auto"  # auto | slim | full
+    archs: list[str] | None = None
+    index_url: str = wheels.DEFAULT_INDEX
+    rebuild: bool = False
+
+
+@dataclass
+class PlanItem:
+    """What :func:`prepare_env` will do for one env; shown by ``matrix-run plan``."""
+
+    label: str
+    version: str
+    env_dir: Path
+    method: str  # reuse | find-links | cache | prebuilt | source-slim | source-full | local-wheel | failed
+    key: dict
+    key_id: str
+    kernels: list[str] | str
+    archs: list[str] | str
+    wheel: str | None = None
+    sdist: str | None = None
+    prebuilt: str | None = None
+    estimate_s: float | None = None
+    jobs: dict | None = None
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        d = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+        return d
+
+
+def env_python(env_dir: Path) -> Path:
+    return env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def load_record(env_dir: Path) -> dict | None:
+    try:
+        return json.loads((env_dir / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _atomic_json(path: Path, data: dict) -> None:
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+    os.replace(tmp, path)
+
+
+def env_dir_for(opts: Options, label: str) -> Path:
+    d = (opts.envs_dir / label).resolve()
+    if d.parent != opts.envs_dir.resolve():
+        raise UsageError(f"env label {label!r} would leave --envs-dir {opts.envs_dir}")
+    return d
+
+
+def torch_identity(opts: Options, driver_probe: dict) -> dict:
+    """The torch part of every env's identity: inherit (driver's torch) or a pinned version."""
+    if opts.torch == "inherit":
+        t = (driver_probe or {}).get("torch")
+        if not t:
+            raise UsageError("--torch inherit: the interpreter running matrix-run "
+                             f"({sys.executable}) cannot import torch ({(driver_probe or {}).get('error')}); "
+                             "install torch there or pin one with --torch X.Y.Z")
+        return {"mode": "inherit", "version": t["version"], "cuda": t["cuda"], "cxx11abi": t["cxx11abi"],
+                "site_dirs": driver_site_dirs()}
+    return {"mode": "pinned", "version": opts.torch, "index": opts.torch_index}
+
+
+def wanted_key(version: str, tid: dict, py: str, archs, kernels, platform_tag: str = "linux_x86_64") -> dict:
+    return {"flash_attn": str(Version(version).public) if not ("/" in version) else version,
+            "torch": tid["version"], "torch_cuda": tid.get("cuda"), "cxx11abi": tid.get("cxx11abi"),
+            "python_tag": python_tag(py), "platform": platform_tag, "archs": archs, "kernels": kernels}
+
+
+def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int = 1) -> PlanItem:
+    """Decide, without building anything, how ``req``'s env will be obtained (see module doc)."""
+    env_dir = env_dir_for(opts, req.label)
+    tid = torch_identity(opts, driver_probe)
+    py = driver_probe.get("python") or sys.version.split()[0]
+    archs = opts.archs or gpu_archs_from_probe(driver_probe)
+    sdist = None
+    if req.is_path:
+        p = Path(req.version).expanduser().resolve()
+        if p.suffix == ".whl":
+            return PlanItem(req.label, req.version, env_dir, "local-wheel", {}, "local", "all", "all", wheel=str(p))
+        sdist = p
+        version = p.name[len("flash_attn-"):-len(".tar.gz")] if p.name.startswith("flash_attn-") else "local"
+    else:
+        version = req.version
+        sdist = wheels.find_sdist(opts.find_links, version) or wheels.find_sdist([opts.cache_dir / "sdists"], version)
+    mode = opts.build
+    if mode == "auto":
+        mode = "slim" if archs else "full"
+    if not tid.get("cuda") and tid["mode"] == "inherit":
+        mode = "nocuda"  # a CPU-only torch: no CUDA extension can be built against it
+    if mode == "slim":
+        kernels = buildmod.kernel_set(cases, buildmod.read_dispatch(sdist))
+    else:
+        kernels = [] if mode == "nocuda" else "all"
+    if mode == "nocuda":
+        arch_field = []
+    else:
+        arch_field = sorted(archs) if (archs and mode == "slim") else (sorted(opts.archs) if opts.archs else "all")
+    key = wanted_key(version, tid, py, arch_field, kernels)
+    kid = wheels.key_id(key)
+    item = PlanItem(req.label, version, env_dir, "", key, kid, kernels, arch_field, sdist=str(sdist) if sdist else None)
+    if tid["mode"] == "pinned":
+        item.notes.append("torch is pinned: the key's torch CUDA version and ABI are read after torch is installed")
+    rec = load_record(env_dir)
+    if rec and not opts.rebuild and _record_matches(rec, req, tid, key):
+        item.method = "reuse"
+        item.wheel = rec.get("wheel", {}).get("file")
+        return item
+    # 1. find-links, 2. cache
+    for origin, dirs in (("find-links", opts.find_links), ("cache", [opts.cache_dir / "wheels"])):
+        for c in wheels.scan_wheels(dirs, version, key, origin=origin):
+            if c.reason is None:
+                item.method, item.wheel = origin, str(c.path)
+                if not c.verified:
+                    item.notes.append(f"{c.path.name} has no matrix-run key: the import preflight will check it")
+                return item
+            item.notes.append(f"skipped {c.path.name} ({origin}): {c.reason}")
+    # 3. release wheel
+    if not req.is_path and tid.get("cuda"):
+        name = wheels.release_wheel_name(version, tid["version"], tid.get("cuda"), bool(tid.get("cxx11abi")),
+                                         python_tag(py))
+        item.prebuilt = name
+        if name and not opts.offline:
+            url = wheels.RELEASE_URL.format(version=version, wheel=name)
+            ok, why = _url_exists(url)
+            if ok:
+                item.method, item.wheel = "prebuilt", url
+                item.key = {**key, "archs": "all", "kernels": "all"}
+                item.key_id = wheels.key_id(item.key)
+                return item
+            item.notes.append(f"release wheel {name}: {why}")
+        elif opts.offline:
+            item.notes.append("--offline: release wheels not tried")
+    # 4. source build
+    if sdist is None and opts.offline:
+        item.method = "failed"
+        item.error = (f"no wheel for key {kid} and no flash_attn-{version}.tar.gz sdist in --find-links "
+                      f"({', '.join(map(str, opts.find_links)) or 'none given'}) while --offline; "
+                      "collect one with `matrix-run wheelhouse` on a connected machine")
+        return item
+    item.method = f"source-{mode}"
+    n_units = (len(kernels) + 2) if kernels != "all" else buildmod.FULL_KERNEL_COUNT + 1
+    item.jobs = buildmod.choose_jobs(n_builds_hint, n_units)
+    if mode == "nocuda":
+        item.estimate_s = 15
+        item.notes.append(f"torch {tid['version']} has no CUDA: only flash-attn's Python part is built "
+                          "(FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE); real flash-attn then fails the import preflight")
+        return item
+    item.estimate_s = round(buildmod.estimate_seconds(kernels, len(arch_field) if arch_field != "all" else 2,
+                                                      item.jobs["max_jobs"]))
+    if mode == "full":
+        item.notes.append("full build: every kernel file of the version (hours on few cores)")
+    return item
+
+
+def _url_exists(url: str, timeout: float = 15.0) -> tuple[bool, str]:
+    try:
+        req = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status == 200, f"HTTP {r.status}"
+    except urllib.error.HTTPError as e:
+        return False, f"not published (HTTP {e.code})"
+    except Exception as e:  # noqa: BLE001
+        return False, f"unreachable ({type(e).__name__}: {getattr(e, 'reason', e)})"
+
+
+def _record_matches(rec: dict, req: EnvRequest, tid: dict, key: dict) -> bool:
+    if rec.get("schema") != RECORD_SCHEMA or rec.get("requested") != req.version:
+        return False
+    if rec.get("torch") != tid:
+        return False
+    have = (rec.get("wheel") or {}).get("key")
+    if have == {} and req.is_path:
+        return rec.get("status") == "ok"
+    return bool(have) and wheels.compatible(have, key) is None and rec.get("status") == "ok"
+
+
+@dataclass
+class EnvResult:
+    """Outcome of preparing one env; becomes one entry of results.json's ``envs``."""
+
+    label: str
+    requested: str
+    env_dir: str
+    python: str | None = None
+    status: str = "pending"  # ok | failed | skipped
+    error: str | None = None
+    error_tail: str | None = None
+    probe: dict | None = None
+    build: dict = field(default_factory=dict)
+    plan: dict | None = None
+
+    def to_dict(self) -> dict:
+        p = self.probe or {}
+        fa = p.get("flash_attn") or {}
+        t = p.get("torch") or {}
+        return {
+            "label": self.label, "requested_version": self.requested, "env_dir": self.env_dir,
+            "python": p.get("python"), "python_executable": self.python,
+            "flash_attn_version": fa.get("version"), "flash_attn_file": fa.get("file"),
+            "flash_attn_ext_file": fa.get("ext_file"),
+            "torch": t.get("version"), "torch_cuda": t.get("cuda"), "gpu": (t.get("gpu") or {}).get("name"),
+            "status": self.status, "error": self.error, "error_tail": self.error_tail,
+            "build": self.build, "plan": self.plan,
+        }
+
+
+Progress = Callable[[str, str], None]
+
+
+def _uv(args: list[str], log: Path, timeout: float = 1800, offline: bool = False) -> None:
+    extra = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1"}
+    if offline:
+        extra["UV_OFFLINE"] = "1"
+    r = run_logged([find_uv(), *args], env_extra=extra, log=log, timeout=timeout)
+    if r.returncode != 0:
+        raise EnvError(f"uv {args[0]} {args[1] if len(args) > 1 else ''} failed (exit {r.returncode}); log: {log}",
+                       r.tail, str(log))
+
+
+def create_venv(env_dir: Path, python: str, tid: dict, opts: Options, log: Path) -> Path:
+    """(Re)create ``env_dir`` with uv and make torch visible in it; returns the env's python."""
+    if env_dir.exists():
+        shutil.rmtree(env_dir)
+    _uv(["venv", "--no-project", "--quiet", "--python", python, str(env_dir)], log)
+    py = env_python(env_dir)
+    if tid["mode"] == "inherit":
+        cp = capture([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        site = Path(cp.stdout.strip())
+        # path lines are appended after the env's own site-packages: the env's packages win
+        (site / "_matrix_run_inherit.pth").write_text("\n".join(tid["site_dirs"]) + "\n")
+    else:
+        args = ["pip", "install", "--python", str(py), f"torch=={tid['version']}", *BUILD_DEPS, "einops"]
+        if tid.get("index"):
+            args += ["--index-url", tid["index"], "--extra-index-url", opts.index_url]
+        for d in opts.find_links:
+            args += ["--find-links", str(d)]
+        _uv(args, log, offline=opts.offline)
+    return py
+
+
+def install_wheel(py: Path, wheel: Path, opts: Options, log: Path) -> None:
+    _uv(["pip", "install", "--python", str(py), "--no-deps", "--reinstall", "--no-index", str(wheel)], log,
+        offline=True)
+
+
+def preflight(py: Path, env_dir: Path, req: EnvRequest, version: str) -> dict:
+    """Probe the env and check it imports the requested flash_attn from inside itself, with its
+    CUDA extension. Returns the probe; raises EnvError otherwise."""
+    p = probe(py)
+    if p.get("error"):
+        raise EnvError(f"preflight: {p['error']}")
+    fa = p.get("flash_attn") or {}
+    root = str(env_dir.resolve())
+    if not str(Path(fa.get("file") or "/").resolve()).startswith(root):
+        raise EnvError(f"preflight: flash_attn was imported from {fa.get('file')}, not from the env {root}")
+    if not fa.get("ext_file") or not str(Path(fa["ext_file"]).resolve()).startswith(root):
+        raise EnvError(f"preflight: flash_attn_2_cuda was imported from {fa.get('ext_file')}, not from the env")
+    if version != "local" and not wheels.same_version(str(fa.get("version")), version):
+        raise EnvError(f"preflight: the env imports flash_attn {fa.get('version')}, not the requested {version}")
+    return p
+
+
+def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: dict, cases: list[Case],
+                progress: Progress = lambda label, msg: None) -> EnvResult:
+    """Carry out ``item`` for ``req``. Never raises for env-local failures: returns a failed result
+    with the reason and the log's last lines, so other envs go on."""
+    res = EnvResult(req.label, req.version, str(item.env_dir), plan=item.to_dict())
+    logdir = opts.envs_dir / ".logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    log = logdir / f"{req.label}.log"
+    t0 = time.monotonic()
+    res.build = {"method": item.method, "seconds": 0.0, "reused": False, "key": item.key, "key_id": item.key_id,
+                 "log": str(log)}
+    try:
+        if item.method == "failed":
+            raise EnvError(item.error or "no way to obtain this version")
+        with FileLock(str(opts.envs_dir / f".{req.label}.lock")):
+            res.build.update(_prepare_locked(req, item, opts, driver_probe, progress, log, res, cases))
+        res.status = "ok"
+    except (EnvError, buildmod.BuildError, wheels.urllib.error.URLError, LookupError, OSError) as e:
+        res.status = "failed"
+        res.error = str(e)
+        res.error_tail = getattr(e, "tail", "") or None
+    res.build["seconds"] = round(time.monotonic() - t0, 2)
+    return res
+
+
+def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) -> dict:
+    env_dir = item.env_dir
+    tid = torch_identity(opts, driver_probe)
+    info: dict = {}
+    if item.method == "reuse":
+        progress(req.label, "checking the existing env")
+        try:
+            res.probe = preflight(env_python(env_dir), env_dir, req, item.version)
+            res.python = str(env_python(env_dir))
+            return {"reused": True}
+        except EnvError as e:
+            progress(req.label, f"existing env is broken ({e}); rebuilding")
+            info["rebuilt_because"] = str(e)
+            item = plan_env(req, cases, replace(opts, rebuild=True), driver_probe)
+            if item.method == "failed":
+                raise EnvError(item.error or "no way to rebuild this env") from None
+    progress(req.label, "creating venv (uv)")
+    py = create_venv(env_dir, driver_probe.get("executable") or sys.executable, tid, opts, log)
+    res.python = str(py)
+    key = item.key
+    if tid["mode"] == "pinned":
+        tp = probe(py).get("torch") or {}
+        tid = {**tid, "cuda": tp.get("cuda"), "cxx11abi": tp.get("cxx11abi")}
+        key = {**key, "torch_cuda": tp.get("cuda"), "cxx11abi": tp.get("cxx11abi"), "torch": tp.get("version", tid["version"])}
+    wheel: Path | None = None
+    sha = None
+    if item.method in ("find-links", "cache", "local-wheel", "reuse") and item.wheel and not item.wheel.startswith("http"):
+        wheel = Path(item.wheel)
+    elif item.method == "prebuilt":
+        progress(req.label, "downloading the release wheel")
+        dest = opts.cache_dir / "downloads" / item.prebuilt
+        if not dest.exists():
+            wheels.download(item.wheel, dest, timeout=600)
+        wheel = wheels.cache_store(opts.cache_dir, dest, item.key, {"method": "prebuilt", "url": item.wheel})
+    else:
+        wheel = _build_into_cache(req, item, key, opts, py, progress, log, info)
+    progress(req.label, f"installing {wheel.name}")
+    install_wheel(py, wheel, opts, log)
+    sha = wheels.sha256_file(wheel)
+    progress(req.label, "preflight: importing flash_attn in the env")
+    res.probe = preflight(py, env_dir, req, item.version)
+    record = {"schema": RECORD_SCHEMA, "label": req.label, "requested": req.version, "torch": tid,
+              "python": res.probe.get("python"), "status": "ok",
+              "wheel": {"file": str(wheel), "sha256": sha, "key": key if item.method != "local-wheel" else {},
+                        "origin": item.method},
+              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "build": info}
+    _atomic_json(env_dir / RECORD, record)
+    return {"wheel": str(wheel), "wheel_sha256": sha, **info}
+
+
+def _build_into_cache(req, item, key, opts, py, progress, log, info) -> Path:
+    kid = wheels.key_id(key)
+    (opts.cache_dir / "wheels").mkdir(parents=True, exist_ok=True)
+    with FileLock(str(opts.cache_dir / "wheels" / f"{kid}.build.lock")):
+        # another matrix-run process may have built this key while we waited for the lock
+        for c in wheels.scan_wheels([opts.cache_dir / "wheels"], item.version, key, origin="cache"):
+            if c.reason is None:
+                info["built_by_other_process"] = True
+                return c.path
+        sdist = Path(item.sdist) if item.sdist else None
+        if sdist is None:
+            progress(req.label, "downloading the sdist")
+            sdist = wheels.fetch_sdist(item.version, opts.cache_dir, opts.index_url)
+        kernels = item.kernels
+        if kernels != "all":  # re-derive with the sdist's own dispatch list
+            info["dispatch"] = list(buildmod.read_dispatch(sdist))
+        missing = [m for m in BUILD_DEPS[:3] if not _importable(py, m)]
+        if kernels != [] and not _importable(py, "ninja"):
+            info["warning"] = "ninja is not importable in the env: torch builds the extension serially"
+        if missing:
+            raise EnvError(f"a source build needs {', '.join(missing)} in the env: install them in the interpreter "
+                           "running matrix-run (--torch inherit) or put their wheels in --find-links")
+        jobs = item.jobs or buildmod.choose_jobs(1, 8)
+        progress(req.label, f"building from source ({'slim: ' + str(len(kernels)) + ' kernel files' if kernels != 'all' else 'full'}, "
+                            f"MAX_JOBS={jobs['max_jobs']}, est. {item.estimate_s or '?'} s)")
+        workdir = opts.envs_dir / ".build" / f"{req.label}-{kid}"
+        extra = {"FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"} if item.method == "source-nocuda" else None
+        wheel, manifest = buildmod.source_build(python=py, sdist=sdist, workdir=workdir, version=item.version,
+                                                kernels=kernels if kernels != [] else "all",
+                                                archs=item.archs if item.archs != [] else "all", jobs=jobs,
+                                                log=log, extra_env=extra)
+        info.update({"source_build": manifest, "jobs": jobs, "sdist": str(sdist),
+                     "sdist_sha256": wheels.sha256_file(sdist)})
+        cached = wheels.cache_store(opts.cache_dir, wheel, key, {"method": item.method, "manifest": manifest,
+                                                                "jobs": jobs, "sdist": sdist.name})
+        shutil.rmtree(workdir, ignore_errors=True)
+        return cached
+
+
+def _importable(py: Path, mod: str) -> bool:
+    try:
+        return capture([str(py), "-c", f"import {mod}"], timeout=60).returncode == 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def list_envs(envs_dir: Path) -> list[dict]:
+    """Records of every env under ``envs_dir`` (with size in MB), for ``matrix-run envs list``."""
+    out = []
+    if not envs_dir.is_dir():
+        return out
+    for d in sorted(envs_dir.iterdir()):
+        if d.is_dir() and not d.name.startswith("."):
+            rec = load_record(d) or {}
+            size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+            out.append({"label": d.name, "requested": rec.get("requested"), "status": rec.get("status", "no record"),
+                        "torch": (rec.get("torch") or {}).get("version"), "python": rec.get("python"),
+                        "wheel": Path((rec.get("wheel") or {}).get("file") or "-").name,
+                        "created": rec.get("created"), "size_mb": round(size / 2**20, 1), "path": str(d)})
+    return out

@@ -1,0 +1,173 @@
+"""Stage 4 — statistics: summaries, the ratio's confidence interval, verdicts and attribution.
+
+Why rounds matter: a worker process can land in a "mode" up to 2x slower than another process of
+the same version (seen on the H200: one process in eight ran 43 % slow). Samples within one process
+are therefore *not* independent draws of what the version costs. The unit of evidence is the
+round (one worker process), and every statistic here is hierarchical:
+
+- a metric's ``median`` is the **median of per-round medians** (``pooled_median`` is also kept);
+- the 95 % confidence interval of the ratio candidate/baseline comes from a two-level bootstrap:
+  resample rounds with replacement, and inside each drawn round resample its samples (the
+  bootstrap distribution of a sample median is drawn exactly from order statistics: the median of
+  a resample of n values is <= x_(k) iff at least ceil(n/2) draws are <= x_(k), a binomial tail);
+- the rank test (Mann-Whitney U, scipy) runs on round medians when both sides have >= 3 rounds,
+  else on the pooled samples (then it ignores the process effect; it is reported, not used for
+  verdicts).
+
+Verdict, with ``e`` the minimum effect (default 0.05) and ``[lo, hi]`` the ratio's CI:
+``slower`` if ratio > 1+e and lo > 1; ``faster`` if ratio < 1/(1+e) and hi < 1; ``same`` if
+1/(1+e) <= lo and hi <= 1+e (an equivalence test); otherwise ``ambiguous`` (sample more).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats as sps
+
+N_BOOT = 2000
+CI_LEVEL = 0.95
+
+
+def _median(x) -> float:
+    return float(np.median(np.asarray(x, dtype=float)))
+
+
+def summarize(rounds: list[list[float]]) -> dict | None:
+    """Summary of one metric for one (env, case): ``rounds`` holds one list of µs samples per round.
+
+    Returns ``{median, pooled_median, iqr, q1, q3, n, n_rounds, round_medians, samples}`` (µs),
+    or None when there are no samples."""
+    rounds = [list(map(float, r)) for r in rounds if r]
+    if not rounds:
+        return None
+    pooled = np.concatenate([np.asarray(r) for r in rounds])
+    q1, q3 = np.percentile(pooled, [25, 75])
+    rm = [_median(r) for r in rounds]
+    return {
+        "median": _median(rm),
+        "pooled_median": _median(pooled),
+        "iqr": float(q3 - q1),
+        "q1": float(q1),
+        "q3": float(q3),
+        "n": int(pooled.size),
+        "n_rounds": len(rounds),
+        "round_medians": rm,
+        "samples": rounds,
+    }
+
+
+def boot_medians(x, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_boot`` draws of the bootstrap distribution of the median of ``x`` (lower median for even n).
+
+    Exact: with x sorted, P(median* <= x_(k)) = P(Binomial(n, k/n) >= m), m = ceil(n/2)."""
+    xs = np.sort(np.asarray(x, dtype=float))
+    n = xs.size
+    if n == 1:
+        return np.full(n_boot, xs[0])
+    m = (n + 1) // 2
+    k = np.arange(1, n + 1)
+    cdf = sps.binom.sf(m - 1, n, k / n)  # P(at least m draws <= x_(k))
+    cdf[-1] = 1.0
+    u = rng.random(n_boot)
+    idx = np.searchsorted(cdf, u, side="left")
+    return xs[np.minimum(idx, n - 1)]
+
+
+def boot_stat(rounds: list[list[float]], n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Two-level bootstrap draws of the median of round medians (see module doc)."""
+    rounds = [r for r in rounds if len(r)]
+    m = np.stack([boot_medians(r, n_boot, rng) for r in rounds])  # (R, B)
+    r = m.shape[0]
+    if r == 1:
+        return m[0]
+    pick = rng.integers(0, r, size=(n_boot, r))
+    vals = m[pick, np.arange(n_boot)[:, None]]
+    return np.median(vals, axis=1)
+
+
+def verdict(ratio: float, lo: float, hi: float, min_effect: float) -> str:
+    """faster / slower / same / ambiguous from the ratio candidate/baseline and its CI (module doc)."""
+    up, down = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
+    if ratio > up and lo > 1.0:
+        return "slower"
+    if ratio < down and hi < 1.0:
+        return "faster"
+    if lo >= down and hi <= up:
+        return "same"
+    return "ambiguous"
+
+
+def compare(base: list[list[float]], cand: list[list[float]], min_effect: float = 0.05,
+            seed: int = 0, n_boot: int = N_BOOT) -> dict | None:
+    """Compare one metric of one case between two envs (``rounds`` lists of µs samples each).
+
+    Returns ``{ratio, ci_low, ci_high, delta_us, delta_ci_low, delta_ci_high, p_value, verdict,
+    base_median, cand_median, n_rounds: [base, cand], within_process_only}``; ratio > 1 means the
+    candidate is slower. None when either side has no samples."""
+    base = [r for r in base if r]
+    cand = [r for r in cand if r]
+    if not base or not cand:
+        return None
+    rng = np.random.default_rng(seed)
+    sb, sc = boot_stat(base, n_boot, rng), boot_stat(cand, n_boot, rng)
+    mb = _median([_median(r) for r in base])
+    mc = _median([_median(r) for r in cand])
+    a = (1 - CI_LEVEL) / 2
+    ratios = sc / sb
+    lo, hi = (float(v) for v in np.quantile(ratios, [a, 1 - a]))
+    dl, dh = (float(v) for v in np.quantile(sc - sb, [a, 1 - a]))
+    ratio = mc / mb if mb > 0 else math.inf
+    if len(base) >= 3 and len(cand) >= 3:
+        x, y = [_median(r) for r in base], [_median(r) for r in cand]
+    else:
+        x, y = np.concatenate(base), np.concatenate(cand)
+    try:
+        p = float(sps.mannwhitneyu(x, y, alternative="two-sided").pvalue)
+    except ValueError:
+        p = float("nan")
+    return {
+        "ratio": ratio, "ci_low": lo, "ci_high": hi,
+        "delta_us": mc - mb, "delta_ci_low": dl, "delta_ci_high": dh,
+        "p_value": p, "verdict": verdict(ratio, lo, hi, min_effect),
+        "base_median": mb, "cand_median": mc, "n_rounds": [len(base), len(cand)],
+        "within_process_only": len(base) < 2 or len(cand) < 2,
+    }
+
+
+def attribute(wall: dict | None, host: dict | None, device: dict | None) -> tuple[str | None, str]:
+    """Is a wall-time difference host overhead, device (kernel) time, or both?
+
+    Rules: no attribution when the wall verdict is same/ambiguous or there is no device clock (CPU).
+    ``host`` if the device comparison is "same" (kernel time equal within the minimum effect);
+    ``device`` if the host comparison is "same"; otherwise by the share of the wall delta that the
+    device delta explains: >= 0.7 device, <= 0.3 host, else ``mixed``. Returns (attribution, why)."""
+    if not wall or wall["verdict"] not in ("faster", "slower"):
+        return None, "no wall-time difference to attribute"
+    if not device:
+        return None, "no device clock (CPU run): wall time is all host time"
+    if device["verdict"] == "same":
+        return "host", f"kernel time equal (device ratio {device['ratio']:.2f}) while wall ratio is {wall['ratio']:.2f}"
+    if host and host["verdict"] == "same":
+        return "device", f"host time equal (host ratio {host['ratio']:.2f}); device ratio {device['ratio']:.2f}"
+    dw = wall["delta_us"]
+    share = device["delta_us"] / dw if dw else 0.0
+    if share >= 0.7:
+        return "device", f"device time explains {share:.0%} of the wall difference"
+    if share <= 0.3:
+        return "host", f"device time explains only {share:.0%} of the wall difference"
+    return "mixed", f"device time explains {share:.0%} of the wall difference"
+
+
+def host_bound(host_median: float | None, device_median: float | None) -> bool | None:
+    """A call is host-bound when its host dispatch time is >= its kernel time (µs medians)."""
+    if host_median is None or device_median is None:
+        return None
+    return host_median >= device_median
+
+
+def tflops(flops: float, us: float | None) -> float | None:
+    """TFLOP/s for ``flops`` done in ``us`` microseconds."""
+    if not us or us <= 0:
+        return None
+    return flops / (us * 1e-6) / 1e12

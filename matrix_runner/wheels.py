@@ -1,0 +1,288 @@
+"""Stage 2a — where a flash-attn wheel comes from: the wheel key, the cache, find-links, releases, PyPI.
+
+Resolution order for one env (shown by ``matrix-run plan`` before anything is built):
+
+1. ``--find-links`` dirs: a ``flash_attn-VERSION-*.whl`` whose key is compatible (see below);
+2. matrix-run's own wheel cache (``--wheel-cache``, default ``~/.cache/matrix-run/wheels``);
+3. the prebuilt release wheel, named as that version's setup.py names it (skipped with ``--offline``);
+4. a source build from the sdist (found in ``--find-links`` or downloaded from the index).
+
+**Wheel key.** A flash-attn wheel contains a C++/CUDA extension compiled against one torch: it
+only imports under the same torch version, CUDA major, C++11 ABI and Python. The key is
+``(flash_attn, torch, torch_cuda, cxx11abi, python_tag, platform, archs, kernels)``. A wheel is
+*compatible* with a wanted key when the first six fields are equal and its archs and kernel set
+contain the wanted ones ("all" contains everything). Every wheel matrix-run builds or caches
+carries a sidecar ``<wheel>.matrix-run.json`` with its key; a wheel without one is checked against
+the ``+cuXXtorchX.Ycxx11abiBOOL`` local version that release wheels carry, and otherwise used as
+"unverified" (the import preflight then decides).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+SIDECAR_SUFFIX = ".matrix-run.json"
+KEY_FIELDS_EXACT = ("flash_attn", "torch", "torch_cuda", "cxx11abi", "python_tag", "platform")
+RELEASE_URL = "https://github.com/Dao-AILab/flash-attention/releases/download/v{version}/{wheel}"
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+def default_cache_dir() -> Path:
+    """``$MATRIX_RUN_CACHE`` or ``$XDG_CACHE_HOME/matrix-run`` or ``~/.cache/matrix-run``."""
+    if os.environ.get("MATRIX_RUN_CACHE"):
+        return Path(os.environ["MATRIX_RUN_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "matrix-run"
+
+
+def key_id(key: dict) -> str:
+    """16 hex digits of sha256 over the key's canonical JSON."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def compatible(have: dict, want: dict) -> str | None:
+    """None when a wheel with key ``have`` may be installed for key ``want``, else the reason why not."""
+    for f in KEY_FIELDS_EXACT:
+        if have.get(f) != want.get(f):
+            return f"{f} {have.get(f)!r} != wanted {want.get(f)!r}"
+    for f in ("archs", "kernels"):
+        h, w = have.get(f), want.get(f)
+        if h == "all":
+            continue
+        if w == "all" or not set(w or []) <= set(h or []):
+            return f"{f} {h!r} does not cover wanted {w!r}"
+    return None
+
+
+def same_version(a: str, b: str) -> bool:
+    """PEP 440 equality of public versions (``2.7.0.post2`` == ``2.7.0-post2``; local labels ignored)."""
+    try:
+        return Version(a).public == Version(b).public
+    except InvalidVersion:
+        return a == b
+
+
+_LOCAL_RE = re.compile(r"^cu(\d+)torch(\d+)\.(\d+)cxx11abi(TRUE|FALSE)$")
+
+
+@dataclass
+class WheelCandidate:
+    """A wheel file found somewhere, with what is known of its key."""
+
+    path: Path
+    origin: str  # "find-links" | "cache"
+    key: dict | None
+    verified: bool
+    reason: str | None = None  # why it does not fit (None: it fits)
+
+
+def read_sidecar(wheel: Path) -> dict | None:
+    p = wheel.with_name(wheel.name + SIDECAR_SUFFIX)
+    if p.is_file():
+        try:
+            return json.loads(p.read_text())
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def _check_local_tag(wheel: Path, want: dict) -> tuple[bool, str | None]:
+    """(verified, reason) from a release wheel's local version ``+cu12torch2.4cxx11abiFALSE``."""
+    try:
+        _, ver, _, tags = parse_wheel_filename(wheel.name)
+    except Exception:  # noqa: BLE001
+        return False, "not a valid wheel file name"
+    pytags = {t.interpreter for t in tags}
+    if not ({want["python_tag"], "py3"} & pytags):
+        return True, f"python tag {sorted(pytags)} != wanted {want['python_tag']}"
+    local = ver.local
+    if not local:
+        return False, None
+    m = _LOCAL_RE.match(local.replace(".", ".", 1))
+    if not m:
+        return False, None
+    cu, tmaj, tmin, abi = m.groups()
+    want_torch = ".".join(want["torch"].split("+")[0].split(".")[:2])
+    if f"{tmaj}.{tmin}" != want_torch:
+        return True, f"built for torch {tmaj}.{tmin}, env has {want_torch}"
+    if want.get("torch_cuda") and not cu.startswith(str(want["torch_cuda"]).split(".")[0]):
+        return True, f"built for CUDA {cu}, torch has {want['torch_cuda']}"
+    if (abi == "TRUE") != bool(want["cxx11abi"]):
+        return True, f"cxx11abi {abi} != torch's {want['cxx11abi']}"
+    return True, None
+
+
+def scan_wheels(dirs: list[Path], version: str, want: dict, origin: str = "find-links") -> list[WheelCandidate]:
+    """Every ``flash_attn`` wheel of ``version`` under ``dirs`` (recursively for the cache), with
+    whether it fits ``want``; fitting, verified ones first."""
+    out: list[WheelCandidate] = []
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        files = d.rglob("*.whl") if origin == "cache" else d.glob("*.whl")
+        for w in sorted(files):
+            try:
+                name, ver, _, _ = parse_wheel_filename(w.name)
+            except Exception:  # noqa: BLE001
+                continue
+            if name != canonicalize_name("flash-attn") or not same_version(str(ver), version):
+                continue
+            side = read_sidecar(w)
+            if side and isinstance(side.get("key"), dict):
+                out.append(WheelCandidate(w, origin, side["key"], True, compatible(side["key"], want)))
+            else:
+                verified, reason = _check_local_tag(w, want)
+                out.append(WheelCandidate(w, origin, None, verified, reason))
+    out.sort(key=lambda c: (c.reason is not None, not c.verified))
+    return out
+
+
+def find_sdist(dirs: list[Path], version: str) -> Path | None:
+    """A ``flash_attn-VERSION.tar.gz`` sdist under ``dirs``, if any."""
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        for f in sorted(d.glob("*.tar.gz")):
+            try:
+                name, ver = parse_sdist_filename(f.name)
+            except Exception:  # noqa: BLE001
+                continue
+            if name == canonicalize_name("flash-attn") and same_version(str(ver), version):
+                return f
+    return None
+
+
+def release_wheel_name(version: str, torch_version: str, torch_cuda: str | None, cxx11abi: bool,
+                       python_tag: str, platform: str = "linux_x86_64") -> str | None:
+    """The prebuilt wheel name flash-attn's setup.py (``get_wheel_url``) asks GitHub releases for.
+
+    Rule read from the setup.py of 2.6.3 (CUDA tag ``118`` for CUDA 11, ``123`` for 12) and of
+    2.7.0.post2 (CUDA major only: ``11`` or ``12``); other versions are assumed to follow the rule
+    of the nearer of the two. Returns None without a CUDA torch (no release wheel exists).
+    """
+    if not torch_cuda:
+        return None
+    cuda_major = int(str(torch_cuda).split(".")[0])
+    v = Version(version)
+    if v < Version("2.7.0"):
+        cu = "118" if cuda_major == 11 else "123"
+    else:
+        cu = str(cuda_major)
+    tv = Version(torch_version.split("+")[0])
+    abi = "TRUE" if cxx11abi else "FALSE"
+    return f"flash_attn-{version}+cu{cu}torch{tv.major}.{tv.minor}cxx11abi{abi}-{python_tag}-{python_tag}-{platform}.whl"
+
+
+def download(url: str, dest: Path, timeout: float = 30.0) -> Path:
+    """Download ``url`` to ``dest`` atomically (temp file + rename). Raises urllib errors."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".part-")
+    try:
+        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as r:
+            shutil.copyfileobj(r, f)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest
+
+
+def index_versions(index_url: str = DEFAULT_INDEX, timeout: float = 20.0) -> dict[str, dict]:
+    """``{version: sdist file record}`` for flash-attn on a PEP 691 (JSON simple API) index."""
+    req = urllib.request.Request(f"{index_url.rstrip('/')}/flash-attn/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        data = json.load(r)
+    out: dict[str, dict] = {}
+    for f in data.get("files", []):
+        fn = f.get("filename", "")
+        if fn.endswith(".tar.gz") and not f.get("yanked"):
+            try:
+                _, ver = parse_sdist_filename(fn)
+            except Exception:  # noqa: BLE001
+                continue
+            out[str(ver)] = f
+    return out
+
+
+def nearest_versions(version: str, available: list[str], n: int = 3) -> list[str]:
+    """The ``n`` available versions closest to ``version`` (by release tuple), for error messages."""
+    try:
+        target = Version(version).release
+    except InvalidVersion:
+        return sorted(available, key=Version)[-n:]
+
+    def dist(v: str):
+        r = Version(v).release
+        r = r + (0,) * (4 - len(r))
+        t = target + (0,) * (4 - len(target))
+        return tuple(abs(a - b) for a, b in zip(r, t))
+
+    return sorted(available, key=dist)[:n]
+
+
+def fetch_sdist(version: str, cache: Path, index_url: str = DEFAULT_INDEX) -> Path:
+    """Download flash-attn ``version``'s sdist into ``cache/sdists`` (sha256-checked), or reuse it.
+
+    Raises LookupError naming the nearest versions when the index has no such version."""
+    dest_dir = cache / "sdists"
+    for f in dest_dir.glob("*.tar.gz") if dest_dir.is_dir() else []:
+        try:
+            if same_version(str(parse_sdist_filename(f.name)[1]), version):
+                return f
+        except Exception:  # noqa: BLE001
+            continue
+    files = index_versions(index_url)
+    match = next((files[v] for v in files if same_version(v, version)), None)
+    if match is None:
+        near = nearest_versions(version, list(files))
+        raise LookupError(f"flash-attn {version} is not on {index_url}; nearest: {', '.join(near)}")
+    dest = dest_dir / match["filename"]
+    with FileLock(str(dest) + ".lock"):
+        if not dest.exists():
+            download(match["url"], dest, timeout=120)
+            want = match.get("hashes", {}).get("sha256")
+            if want and sha256_file(dest) != want:
+                dest.unlink()
+                raise RuntimeError(f"sha256 mismatch for {match['filename']} from {index_url}")
+    return dest
+
+
+def cache_store(cache: Path, wheel: Path, key: dict, build: dict) -> Path:
+    """Copy ``wheel`` into ``cache/wheels/<key_id>/`` with its sidecar, atomically and under a lock.
+
+    Returns the cached wheel's path. Concurrent matrix-run processes serialize on the key's lock."""
+    kid = key_id(key)
+    d = cache / "wheels" / kid
+    d.mkdir(parents=True, exist_ok=True)
+    dest = d / wheel.name
+    with FileLock(str(d) + ".lock"):
+        tmp = d / (".tmp-" + wheel.name)
+        shutil.copyfile(wheel, tmp)
+        os.replace(tmp, dest)
+        side = {"schema": "matrix-runner/wheel/1", "key": key, "key_id": kid, "sha256": sha256_file(dest),
+                "build": build}
+        stmp = d / (".tmp-" + wheel.name + SIDECAR_SUFFIX)
+        stmp.write_text(json.dumps(side, indent=1, sort_keys=True))
+        os.replace(stmp, dest.with_name(dest.name + SIDECAR_SUFFIX))
+    return dest

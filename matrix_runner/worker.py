@@ -1,0 +1,481 @@
+"""Stage 3 — the timing worker. Runs *inside* each env's interpreter, by path.
+
+It imports nothing but the standard library, torch and flash_attn (it is never imported from
+matrix_runner by the env; the driver runs ``<env>/bin/python .../worker.py``).
+
+Protocol (versioned like pyperf's worker protocol):
+
+``worker.py probe``
+    prints one JSON object (schema ``matrix-runner/probe/1``) describing the interpreter, torch and
+    the imported flash_attn (version, file, CUDA extension file); never raises.
+
+``worker.py run --spec SPEC.json --out OUT.jsonl``
+    SPEC (schema ``matrix-runner/worker-spec/1``) lists cases and budgets. OUT receives one JSON
+    object per line, flushed as written, so a crash loses at most the case in progress:
+    ``{"type": "hello", "schema": "matrix-runner/worker/1", "probe": {...}}``, then per case
+    ``{"type": "start", "case": ID}`` and ``{"type": "result", "case": ID, "status": "ok"|"error", ...}``,
+    then ``{"type": "done"}``.
+
+Clocks per case, all in µs per call:
+
+- ``wall_us``: ``call(); synchronize()`` timed with ``time.perf_counter_ns``; each sample is the mean
+  of ``inner`` such synchronized calls (``inner`` calibrated so a sample lasts >= ~1 ms, far above
+  the timer's resolution).
+- ``host_us``: the time until the call returns, without synchronizing; the device is synchronized
+  *before* each timed call (outside the timing) so the launch queue is empty: host dispatch overhead.
+- ``device_us`` (CUDA only): the summed GPU time of every kernel/memset/memcpy the call launched, from
+  ``torch.profiler`` (CUPTI); one sample per profiled call; kernel names are kept.
+- ``graph_us`` (CUDA only): the call captured ``inner`` times in a CUDA graph, replayed and timed with
+  CUDA events: the GPU floor without host overhead.
+
+Inputs are rotated over several sets when one set is smaller than twice the GPU's L2, so the timed
+calls do not all hit a warm L2.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+WORKER_SCHEMA = "matrix-runner/worker/1"
+SPEC_SCHEMA = "matrix-runner/worker-spec/1"
+PROBE_SCHEMA = "matrix-runner/probe/1"
+
+#: Seconds of sampling per clock per case (normal, quick).
+BUDGETS = {
+    False: {"warmup": 0.05, "wall": 0.25, "host": 0.10, "device_calls": 24, "graph": 0.05},
+    True: {"warmup": 0.03, "wall": 0.08, "host": 0.04, "device_calls": 8, "graph": 0.02},
+}
+TARGET_SAMPLE_US = 1000.0
+MIN_SAMPLES = 5
+
+
+def probe() -> dict:
+    """Describe this interpreter, its torch and its flash_attn; errors are reported, never raised."""
+    info: dict = {
+        "schema": PROBE_SCHEMA,
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "prefix": sys.prefix,
+        "torch": None,
+        "flash_attn": None,
+        "error": None,
+    }
+    try:
+        import torch
+
+        info["torch"] = {
+            "version": torch.__version__,
+            "file": torch.__file__,
+            "cuda": torch.version.cuda,
+            "cxx11abi": bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False)),
+            "cuda_available": bool(torch.cuda.is_available()),
+        }
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            info["torch"]["gpu"] = {
+                "name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "sm_count": p.multi_processor_count,
+                "memory_gib": round(p.total_memory / 2**30, 1),
+                "l2_bytes": getattr(p, "L2_cache_size", None),
+            }
+    except Exception as e:  # noqa: BLE001 - reported to the driver
+        info["error"] = f"import torch failed: {type(e).__name__}: {e}"
+        return info
+    try:
+        import flash_attn
+
+        fa = {"version": getattr(flash_attn, "__version__", None), "file": flash_attn.__file__, "ext_file": None}
+        info["flash_attn"] = fa
+        import flash_attn_2_cuda  # the CUDA extension (the stand-in ships a module of that name)
+
+        fa["ext_file"] = getattr(flash_attn_2_cuda, "__file__", None)
+        from flash_attn import flash_attn_func
+
+        fa["func_params"] = list(inspect.signature(flash_attn_func).parameters)
+    except Exception as e:  # noqa: BLE001
+        info["error"] = f"import flash_attn failed: {type(e).__name__}: {e}"
+    return info
+
+
+class _Out:
+    """Line-buffered JSONL writer: every record is flushed before the next step starts."""
+
+    def __init__(self, path: str):
+        self.f = open(path, "a", encoding="utf-8")
+
+    def write(self, rec: dict) -> None:
+        self.f.write(json.dumps(rec) + "\n")
+        self.f.flush()
+
+
+def _median(xs):
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+class Bench:
+    """Builds the timed call for one case and measures each clock. All times in µs per call."""
+
+    def __init__(self, case: dict, device: str, seed: int):
+        import torch
+        from flash_attn import flash_attn_func
+
+        self.torch = torch
+        self.case = case
+        self.cuda = device == "cuda"
+        self.dev = torch.device(device)
+        self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[case["dtype"]]
+        b, sq, sk = case["batch"], case["seqlen_q"], case["seqlen_k"]
+        h, hk, d = case["nheads"], case["nheads_k"], case["head_dim"]
+        params = inspect.signature(flash_attn_func).parameters
+        kw = {"dropout_p": case["dropout_p"], "softmax_scale": case["softmax_scale"], "causal": case["causal"]}
+        # Keyword arguments only, filtered by the installed version's signature (window_size,
+        # softcap, alibi_slopes, deterministic appeared over 2.x); defaults are left to the version.
+        self.kwargs = {k: v for k, v in kw.items() if k in params}
+        if case["dropout_p"] and "dropout_p" not in params:
+            raise RuntimeError("this flash_attn_func has no dropout_p parameter")
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        set_bytes = (b * sq * h * d + 2 * b * sk * hk * d) * 2
+        l2 = 50 * 2**20
+        if self.cuda:
+            l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", l2) or l2
+        nsets = 1 if not self.cuda else max(1, min(8, math.ceil(2 * l2 / max(set_bytes, 1))))
+        self.nsets = nsets
+        embed = case.get("layout", "embed") == "embed"
+
+        def mk(*shape):
+            return torch.randn(*shape, generator=g, dtype=torch.float32).to(self.dev, self.dtype)
+
+        self.sets = []
+        for _ in range(nsets):
+            if embed:
+                xq, xk, xv = mk(b, sq, h * d), mk(b, sk, hk * d), mk(b, sk, hk * d)
+            else:
+                xq, xk, xv = mk(b, sq, h, d), mk(b, sk, hk, d), mk(b, sk, hk, d)
+            self.sets.append([xq, xk, xv])
+        fa = flash_attn_func
+        kwargs = self.kwargs
+
+        def split(xq, xk, xv):
+            # the split into heads is part of the timed call (a view, as in the user's model code)
+            return xq.view(b, sq, h, d), xk.view(b, sk, hk, d), xv.view(b, sk, hk, d)
+
+        self.split = split
+        if case["op"] == "fwd":
+            self.calls = [(lambda s=s: fa(*split(*s), **kwargs)) for s in self.sets]
+        else:
+            self.calls = []
+            for s in self.sets:
+                for t in s:
+                    t.requires_grad_(True)
+                out = fa(*split(*s), **kwargs)
+                if isinstance(out, tuple):
+                    out = out[0]
+                grad = torch.randn(out.shape, generator=g, dtype=torch.float32).to(self.dev, self.dtype)
+                s.extend([out, grad])
+                self.calls.append(
+                    lambda s=s: torch.autograd.grad(s[3], (s[0], s[1], s[2]), s[4], retain_graph=True))
+        self.i = 0
+
+    def sync(self):
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def call(self):
+        self.i += 1
+        return self.calls[self.i % self.nsets]()
+
+    # -- clocks ---------------------------------------------------------------------------------
+    def warmup(self, seconds: float) -> float:
+        """Run the call until ``seconds`` have passed (at least 3 calls); returns µs per synced call."""
+        t_end = time.perf_counter() + seconds
+        n = 0
+        t0 = time.perf_counter_ns()
+        while n < 3 or time.perf_counter() < t_end:
+            self.call()
+            self.sync()
+            n += 1
+        return (time.perf_counter_ns() - t0) / n / 1e3
+
+    def _plan(self, per_call_us: float, budget_s: float) -> tuple[int, int]:
+        inner = max(1, int(math.ceil(TARGET_SAMPLE_US / max(per_call_us, 1e-3))))
+        n = int(budget_s * 1e6 / (inner * max(per_call_us, 1e-3)))
+        return inner, max(MIN_SAMPLES, min(n, 2000))
+
+    def wall(self, per_call_us: float, budget_s: float) -> dict:
+        pc, call, sync = time.perf_counter_ns, self.call, self.sync
+        inner, n = self._plan(per_call_us, budget_s)
+        out = []
+        for _ in range(n):
+            t0 = pc()
+            for _ in range(inner):
+                call()
+                sync()
+            out.append((pc() - t0) / inner / 1e3)
+        return {"samples": out, "inner": inner}
+
+    def host(self, per_call_us: float, budget_s: float) -> dict:
+        pc, call, sync = time.perf_counter_ns, self.call, self.sync
+        inner, n = self._plan(per_call_us, budget_s)
+        out = []
+        for _ in range(n):
+            tot = 0
+            for _ in range(inner):
+                sync()
+                t0 = pc()
+                call()
+                tot += pc() - t0
+            sync()
+            out.append(tot / inner / 1e3)
+        return {"samples": out, "inner": inner}
+
+    def device(self, ncalls: int) -> dict:
+        torch = self.torch
+        from torch.profiler import ProfilerActivity, profile
+
+        self.sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(ncalls):
+                self.call()
+                self.sync()
+        evs = []
+        for e in prof.events():
+            dt = str(getattr(e, "device_type", ""))
+            if dt.endswith("CUDA") and getattr(e, "time_range", None) is not None:
+                evs.append((e.time_range.start, e.time_range.end - e.time_range.start, e.name))
+        evs.sort()
+        if not evs:
+            raise RuntimeError("the profiler recorded no GPU activity (CUPTI unavailable?)")
+        per_name: dict = {}
+        for _, dur, name in evs:
+            per_name[name] = per_name.get(name, 0.0) + dur
+        kernels = sorted(({"name": k, "us": v / ncalls} for k, v in per_name.items()), key=lambda r: -r["us"])
+        note = None
+        if len(evs) % ncalls == 0:
+            k = len(evs) // ncalls
+            samples = [sum(d for _, d, _ in evs[i * k:(i + 1) * k]) for i in range(ncalls)]
+        else:  # the calls did not all launch the same number of kernels: keep the mean only
+            samples = [sum(d for _, d, _ in evs) / ncalls]
+            note = f"{len(evs)} GPU events over {ncalls} calls: per-call samples unavailable, mean kept"
+        del torch
+        return {"samples": samples, "inner": 1, "kernels": kernels, "kernels_per_call": len(evs) / ncalls,
+                "note": note}
+
+    def graph(self, per_call_us: float, budget_s: float) -> dict:
+        torch = self.torch
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        inner = max(1, min(64, int(math.ceil(TARGET_SAMPLE_US / max(per_call_us, 1e-3)))))
+        with torch.cuda.stream(s):
+            if self.case["op"] == "bwd":
+                # the backward must be captured on the stream its forward ran on
+                for st in self.sets:
+                    out = self.torch_fwd(st)
+                    st[3] = out
+            for _ in range(3):
+                self.call()
+        torch.cuda.current_stream().wait_stream(s)
+        self.sync()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(inner):
+                self.call()
+        self.sync()
+        g.replay()
+        self.sync()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        n = max(MIN_SAMPLES, min(500, int(budget_s * 1e6 / (inner * max(per_call_us, 1e-3)))))
+        out = []
+        for _ in range(n):
+            e0.record()
+            g.replay()
+            e1.record()
+            e1.synchronize()
+            out.append(e0.elapsed_time(e1) * 1e3 / inner)
+        del g
+        return {"samples": out, "inner": inner}
+
+    def torch_fwd(self, st):
+        from flash_attn import flash_attn_func
+
+        out = flash_attn_func(*self.split(st[0], st[1], st[2]), **self.kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    # -- correctness ----------------------------------------------------------------------------
+    def correctness(self) -> dict:
+        """Max abs and relative (Frobenius) error of this version's output (fwd) or gradients (bwd)
+        against an fp32 reference computed with torch on the same inputs. µs are not involved."""
+        torch = self.torch
+        c = self.case
+        if c["dropout_p"]:
+            return {"skipped": "dropout_p > 0: outputs are random"}
+        b, sq, sk, h, hk, d = c["batch"], c["seqlen_q"], c["seqlen_k"], c["nheads"], c["nheads_k"], c["head_dim"]
+        # keep the check cheap for large shapes: first 2 batch entries
+        bb = min(b, 2)
+        st = self.sets[0]
+        xq, xk, xv = (t.detach()[:bb].clone().requires_grad_(True) for t in st[:3])
+        from flash_attn import flash_attn_func
+
+        q, k, v = xq.view(bb, sq, h, d), xk.view(bb, sk, hk, d), xv.view(bb, sk, hk, d)
+        out = flash_attn_func(q, k, v, **self.kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        rq, rk, rv = (t.detach().float().requires_grad_(True) for t in (xq, xk, xv))
+        qf = rq.view(bb, sq, h, d).transpose(1, 2)
+        kf = rk.view(bb, sk, hk, d).transpose(1, 2).repeat_interleave(h // hk, dim=1)
+        vf = rv.view(bb, sk, hk, d).transpose(1, 2).repeat_interleave(h // hk, dim=1)
+        scores = (qf @ kf.transpose(-1, -2)) * c["softmax_scale"]
+        if c["causal"]:  # flash-attn >= 2.1 aligns the causal mask to the bottom-right corner
+            i = torch.arange(sq, device=scores.device)[:, None]
+            j = torch.arange(sk, device=scores.device)[None, :]
+            scores = scores.masked_fill(j > i + (sk - sq), float("-inf"))
+        ref = (scores.softmax(-1) @ vf).transpose(1, 2)
+        if c["op"] == "fwd":
+            pairs = [("out", out.float(), ref)]
+        else:
+            g = torch.randn(ref.shape, device=ref.device, dtype=torch.float32)
+            got = torch.autograd.grad(out, (xq, xk, xv), g.to(out.dtype))
+            exp = torch.autograd.grad(ref, (rq, rk, rv), g)
+            pairs = [(n, a.float(), e) for n, a, e in zip(("dq", "dk", "dv"), got, exp)]
+        res = {}
+        for name, a, e in pairs:
+            a = a.reshape(e.shape) if a.shape != e.shape else a
+            diff = (a - e)
+            res[name] = {
+                "max_abs_err": float(diff.abs().max()),
+                "rel_err": float(diff.norm() / e.norm().clamp_min(1e-30)),
+                "finite": bool(torch.isfinite(a).all()),
+            }
+        return res
+
+
+def _classify(e: BaseException) -> str:
+    msg = str(e)
+    name = type(e).__name__
+    if "OutOfMemory" in name or "out of memory" in msg:
+        return "oom"
+    if "matrix-run slim build" in msg:
+        return "kernel-not-built"
+    if "only supports CUDA" in msg or "on CUDA" in msg or "must be on CUDA" in msg or "CUDA" in msg and "cpu" in msg.lower():
+        return "device-unsupported"
+    return "error"
+
+
+def run_case(case: dict, spec: dict, out: _Out) -> None:
+    """Measure every clock for one case and write its ``result`` record. Errors fail this case only."""
+    import torch
+
+    quick = bool(spec.get("quick"))
+    bud = BUDGETS[quick]
+    t_start = time.perf_counter()
+    out.write({"type": "start", "case": case["id"], "t": time.time()})
+    rec: dict = {"type": "result", "case": case["id"], "status": "ok", "error": None, "metrics": {},
+                 "notes": []}
+    try:
+        clock_s = rec["clock_seconds"] = {}
+        tick = time.perf_counter()
+
+        def lap(name):
+            nonlocal tick
+            now = time.perf_counter()
+            clock_s[name] = round(now - tick, 3)
+            tick = now
+
+        bench = Bench(case, spec["device"], int(spec.get("seed", 0)))
+        rec["input_sets"] = bench.nsets
+        per_call = bench.warmup(bud["warmup"])
+        lap("setup+warmup")
+        rec["metrics"]["wall_us"] = bench.wall(per_call, bud["wall"])
+        lap("wall")
+        per_call = _median(rec["metrics"]["wall_us"]["samples"])
+        rec["metrics"]["host_us"] = bench.host(per_call, bud["host"])
+        lap("host")
+        if bench.cuda:
+            try:
+                d = bench.device(bud["device_calls"])
+                rec["kernels"] = d.pop("kernels")
+                if d.get("note"):
+                    rec["notes"].append(d["note"])
+                rec["metrics"]["device_us"] = d
+            except Exception as e:  # noqa: BLE001 - one clock failing keeps the others
+                rec["notes"].append(f"device_us unavailable: {type(e).__name__}: {e}")
+            lap("device")
+            try:
+                gr = _median(rec["metrics"]["device_us"]["samples"]) if "device_us" in rec["metrics"] else per_call
+                rec["metrics"]["graph_us"] = bench.graph(max(gr, 1.0), bud["graph"])
+            except Exception as e:  # noqa: BLE001
+                rec["notes"].append(f"graph_us unavailable: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                torch.cuda.synchronize()
+            lap("graph")
+        if spec.get("correctness", True):
+            try:
+                rec["correctness"] = bench.correctness()
+            except Exception as e:  # noqa: BLE001
+                rec["notes"].append(f"correctness check failed to run: {type(e).__name__}: {e}")
+            lap("correctness")
+        del bench
+    except Exception as e:  # noqa: BLE001 - the case fails, the worker goes on
+        rec["status"] = "error"
+        rec["error_kind"] = _classify(e)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        rec["error"] = f"{type(e).__name__}: {first[:500]}"
+        rec["traceback"] = traceback.format_exc()[-2000:]
+        if rec["error_kind"] == "oom" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    rec["seconds"] = round(time.perf_counter() - t_start, 3)
+    out.write(rec)
+
+
+def run(spec_path: str, out_path: str) -> int:
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    if spec.get("schema") != SPEC_SCHEMA:
+        print(f"worker: spec schema {spec.get('schema')!r} is not {SPEC_SCHEMA!r}: "
+              "the driver and worker versions differ", file=sys.stderr)
+        return 2
+    out = _Out(out_path)
+    info = probe()
+    out.write({"type": "hello", "schema": WORKER_SCHEMA, "pid": os.getpid(), "probe": info})
+    if info["error"]:
+        out.write({"type": "fatal", "error": info["error"]})
+        return 3
+    import torch
+
+    if spec["device"] == "cuda" and not torch.cuda.is_available():
+        out.write({"type": "fatal", "error": "CUDA is not available in this env's torch "
+                   f"({torch.__version__}); flash-attn needs an NVIDIA GPU"})
+        return 3
+    torch.manual_seed(int(spec.get("seed", 0)))
+    if spec["device"] == "cpu":
+        # one intra-op thread: tiny CPU calls are dominated by thread wake-ups otherwise (CPU runs
+        # exist to exercise the pipeline, not to benchmark CPU attention)
+        torch.set_num_threads(1)
+    for case in spec["cases"]:
+        run_case(case, spec, out)
+    out.write({"type": "done"})
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="matrix-run timing worker (runs inside one env)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("probe")
+    r = sub.add_parser("run")
+    r.add_argument("--spec", required=True)
+    r.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    if a.cmd == "probe":
+        print(json.dumps(probe()))
+        return 0
+    return run(a.spec, a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
