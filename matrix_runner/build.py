@@ -108,6 +108,19 @@ def estimate_seconds(kernels: list[str] | str, n_archs: int, max_jobs: int) -> f
     return max(lanes) + EST_OVERHEAD_S
 
 
+def ninja_times(src: Path) -> dict[str, float]:
+    """Per-file compile seconds from the ``.ninja_log`` torch's extension build leaves under ``build/``
+    (columns: start ms, end ms, mtime, output, hash). Empty when the build did not use ninja."""
+    out: dict[str, float] = {}
+    for log in Path(src).glob("build/**/.ninja_log"):
+        for line in log.read_text(errors="replace").splitlines()[1:]:
+            parts = line.split("\t")
+            if len(parts) >= 4 and parts[0].isdigit() and parts[1].isdigit():
+                name = Path(parts[3]).name
+                out[name] = round((int(parts[1]) - int(parts[0])) / 1000.0, 1)
+    return out
+
+
 class BuildError(RuntimeError):
     """A source build failed; ``log`` is the build log's path, ``tail`` its last lines."""
 
@@ -161,6 +174,7 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
                      log=log, timeout=timeout)
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     manifest["seconds"] = round(time.monotonic() - t0, 1)
+    manifest["compile_seconds"] = ninja_times(src)
     wheels = sorted(dist.glob("*.whl")) if dist.is_dir() else []
     if res.returncode != 0 or not wheels:
         why = "timed out" if res.timed_out else f"exit code {res.returncode}"

@@ -49,6 +49,9 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
                         "is visible); full = every kernel")
     p.add_argument("--archs", metavar="LIST", help="CUDA archs to build, e.g. 90 or 80,90 (default: the visible GPU's)")
     p.add_argument("--rebuild", action="store_true", help="ignore matching envs and recreate them")
+    p.add_argument("--backend", choices=("uv", "here"), default="uv",
+                   help="uv (default): one uv venv per version under --envs-dir; here: time the interpreter "
+                        "running matrix-run as the only env (for tox: --backend here --versions LABEL=VERSION)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     rp = sub.add_parser("report", help="re-render HTML from saved results.json files")
-    rp.add_argument("results", nargs="+", metavar="RESULTS.json")
+    rp.add_argument("results", nargs="+", metavar="RESULTS.json|DIR",
+                    help="results files, or dirs searched for results.json (several are merged: first env = baseline)")
     rp.add_argument("-o", "--output", required=True, metavar="DIR")
     rp.add_argument("--markdown", metavar="FILE")
     rp.add_argument("--min-effect", type=float, default=None)
@@ -209,6 +213,17 @@ def cmd_envs(args) -> int:
 
 
 def cmd_report(args) -> int:
+    paths: list[Path] = []
+    for a in args.results:
+        p = Path(a)
+        if p.is_dir():  # e.g. reports/tox: every results.json below it (one per tox env)
+            found = sorted(p.rglob("results.json"))
+            if not found:
+                raise results.ResultsError(f"{p}: no results.json below this directory")
+            paths += [f for f in found if f.parent.resolve() != Path(args.output).resolve()]
+        else:
+            paths.append(p)
+    args.results = [str(p) for p in paths]
     runs = [results.load(p) for p in args.results]
     res = results.merge(runs, args.min_effect)
     out = Path(args.output)
@@ -281,14 +296,18 @@ def cmd_run(args, argv: list[str]) -> int:
                 "config": cfg.raw, "config_source": cfg.source, "settings": settings, "machine": mach,
                 "matrix_run_version": __version__}
 
-    items = _plan_all(reqs, cfg.cases, opts, dprobe) if (dprobe.get("torch") or opts.torch != "inherit") else []
+    if args.backend == "here" and len(reqs) != 1:
+        raise envmod.UsageError("--backend here times this interpreter: give exactly one --versions entry")
+    items = []
+    if args.backend == "uv" and (dprobe.get("torch") or opts.torch != "inherit"):
+        items = _plan_all(reqs, cfg.cases, opts, dprobe)
     if items:
         _print_plan(items)
 
     if device == "none":
         console.print(f"[yellow]{no_gpu_msg}[/]")
         env_results = [envmod.EnvResult(r.label, r.version, str(opts.envs_dir / r.label), status="skipped",
-                                        error="no NVIDIA GPU visible", plan=(items[i].to_dict() if items else None))
+                                        error="no NVIDIA GPU visible", plan=(items[i].to_dict() if i < len(items) else None))
                        for i, r in enumerate(reqs)]
         doc = _finish_doc(base_doc, env_results, {}, cfg, [], "no GPU", 0.0, 0.0, t_start)
         _write(doc, out_dir, args)
@@ -296,7 +315,10 @@ def cmd_run(args, argv: list[str]) -> int:
 
     # ---- envs -------------------------------------------------------------------------------
     t_env = time.monotonic()
-    env_results = _prepare_envs(reqs, items, opts, dprobe, cfg.cases)
+    if args.backend == "here":
+        env_results = [envmod.prepare_here(reqs[0], dprobe)]
+    else:
+        env_results = _prepare_envs(reqs, items, opts, dprobe, cfg.cases)
     env_s = time.monotonic() - t_env
     for e in env_results:
         if e.status == "ok":

@@ -82,7 +82,9 @@ def parse_versions(text: str) -> list[EnvRequest]:
     for it in items:
         label, _, ver = it.partition("=") if "=" in it else (it, "", it)
         label, ver = label.strip(), ver.strip()
-        if "/" in ver or ver.endswith((".whl", ".tar.gz")):
+        if ver == "here":
+            pass
+        elif "/" in ver or ver.endswith((".whl", ".tar.gz")):
             p = Path(ver).expanduser()
             if not p.exists():
                 raise UsageError(f"--versions: {ver!r} looks like a path but does not exist")
@@ -559,6 +561,23 @@ def _importable(py: Path, mod: str) -> bool:
         return capture([str(py), "-c", f"import {mod}"], timeout=60).returncode == 0
     except Exception:  # noqa: BLE001
         return False
+
+
+def prepare_here(req: EnvRequest, driver_probe: dict) -> EnvResult:
+    """The ``here`` backend (for tox and other env managers): the interpreter running matrix-run is
+    the env. Nothing is built; the preflight checks the imported flash_attn version."""
+    res = EnvResult(req.label, req.version, sys.prefix, python=sys.executable)
+    res.build = {"method": "here", "seconds": 0.0, "reused": True}
+    p = driver_probe
+    fa = (p or {}).get("flash_attn") or {}
+    if p.get("error"):
+        res.status, res.error = "failed", f"preflight: {p['error']}"
+    elif req.version != "here" and not wheels.same_version(str(fa.get("version")), req.version):
+        res.status, res.error = "failed", (f"preflight: this interpreter imports flash_attn {fa.get('version')}, "
+                                           f"not the requested {req.version}")
+    else:
+        res.status, res.probe = "ok", p
+    return res
 
 
 def list_envs(envs_dir: Path) -> list[dict]:

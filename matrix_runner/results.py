@@ -40,7 +40,7 @@ def case_record(cd, case: Case) -> dict:
     d = case.to_dict()
     d.update({"env": cd.env, "label": case.label, "status": cd.status, "error": cd.error,
               "error_kind": cd.error_kind, "notes": cd.notes, "seconds": round(cd.seconds, 2),
-              "kernels": cd.kernels, "inner": cd.inner})
+              "kernels": cd.kernels, "inner": cd.inner, "clock_seconds": cd.clock_seconds})
     metrics = {}
     for m, rounds in cd.rounds.items():
         s = stats.summarize(rounds)

@@ -40,6 +40,7 @@ class CaseData:
     notes: list = field(default_factory=list)
     seconds: float = 0.0
     inner: dict = field(default_factory=dict)
+    clock_seconds: dict = field(default_factory=dict)
 
 
 class GpuMonitor:
@@ -134,7 +135,7 @@ def run_worker_round(env: EnvResult, cases: list[Case], data: dict, *, device: s
         out_path.unlink(missing_ok=True)
         p = spawn([env.python, str(WORKER), "run", "--spec", str(spec_path), "--out", str(out_path)],
                   env_extra={"PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"}, log=log)
-        done_ids, current, started, pos, fatal = set(), None, time.monotonic(), 0, None
+        done_ids, current, started, pos, fatal, phase = set(), None, time.monotonic(), 0, None, "timing"
         try:
             while True:
                 if stop.is_set():
@@ -146,12 +147,17 @@ def run_worker_round(env: EnvResult, cases: list[Case], data: dict, *, device: s
                     t = line.get("type")
                     if t == "start":
                         current, started = line["case"], time.monotonic()
-                        on_case(line["case"], "start")
+                        phase = line.get("phase", "timing")
+                        if phase == "timing":
+                            on_case(line["case"], "start")
                     elif t == "result":
                         _fold(data[(env.label, line["case"])], line)
                         done_ids.add(line["case"])
                         current = None
                         on_case(line["case"], line["status"])
+                    elif t == "device":
+                        _fold_device(data[(env.label, line["case"])], line)
+                        current = None
                     elif t == "fatal":
                         fatal = line["error"]
                 if rc is not None and not lines:
@@ -176,6 +182,12 @@ def run_worker_round(env: EnvResult, cases: list[Case], data: dict, *, device: s
                 cd = data[(env.label, c.id)]
                 if c.id not in done_ids:
                     cd.status, cd.error, cd.error_kind = "error", fatal, "env"
+            break
+        if current and phase == "device":  # died in the profiler pass: wall/host stay, device is lost
+            cd = data[(env.label, current)]
+            cd.notes.append(f"device_us: the worker {_exit_reason(p.returncode)} during the profiler pass")
+            rec["restarts"] += 1
+            todo = []
             break
         if current:  # the worker died inside a case: that case fails, the rest go on
             cd = data[(env.label, current)]
@@ -232,6 +244,7 @@ def _read_new(path: Path, pos: int) -> tuple[int, list[dict]]:
 
 def _fold(cd: CaseData, line: dict) -> None:
     cd.seconds += float(line.get("seconds") or 0)
+    _add_clock_seconds(cd, line)
     for n in line.get("notes") or []:
         if n not in cd.notes:
             cd.notes.append(n)
@@ -249,6 +262,24 @@ def _fold(cd: CaseData, line: dict) -> None:
         cd.kernels = line["kernels"]
     if line.get("correctness"):
         cd.correctness.append(line["correctness"])
+
+
+def _fold_device(cd: CaseData, line: dict) -> None:
+    cd.seconds += float((line.get("clock_seconds") or {}).get("device") or 0)
+    _add_clock_seconds(cd, line)
+    for n in line.get("notes") or []:
+        if n not in cd.notes:
+            cd.notes.append(n)
+    v = (line.get("metrics") or {}).get("device_us")
+    if v and v.get("samples"):
+        cd.rounds["device_us"].append(v["samples"])
+    if line.get("kernels"):
+        cd.kernels = line["kernels"]
+
+
+def _add_clock_seconds(cd: CaseData, line: dict) -> None:
+    for k, v in (line.get("clock_seconds") or {}).items():
+        cd.clock_seconds[k] = round(cd.clock_seconds.get(k, 0.0) + float(v), 3)
 
 
 def decided(data: dict, baseline: str, envs: list[str], cases: list[Case], min_effect: float) -> tuple[int, int]:

@@ -82,7 +82,7 @@ def same_version(a: str, b: str) -> bool:
         return a == b
 
 
-_LOCAL_RE = re.compile(r"^cu(\d+)torch(\d+)\.(\d+)cxx11abi(TRUE|FALSE)$")
+_LOCAL_RE = re.compile(r"^cu(\d+)torch(\d+)\.(\d+)cxx11abi(TRUE|FALSE)$", re.IGNORECASE)
 
 
 @dataclass
@@ -115,13 +115,14 @@ def _check_local_tag(wheel: Path, want: dict) -> tuple[bool, str | None]:
     pytags = {t.interpreter for t in tags}
     if not ({want["python_tag"], "py3"} & pytags):
         return True, f"python tag {sorted(pytags)} != wanted {want['python_tag']}"
-    local = ver.local
-    if not local:
+    if not ver.local:
         return False, None
-    m = _LOCAL_RE.match(local.replace(".", ".", 1))
+    raw_local = wheel.name.split("+", 1)[1].split("-", 1)[0] if "+" in wheel.name else ""
+    m = _LOCAL_RE.match(raw_local)
     if not m:
         return False, None
     cu, tmaj, tmin, abi = m.groups()
+    abi = abi.upper()
     want_torch = ".".join(want["torch"].split("+")[0].split(".")[:2])
     if f"{tmaj}.{tmin}" != want_torch:
         return True, f"built for torch {tmaj}.{tmin}, env has {want_torch}"

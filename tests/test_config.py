@@ -1,0 +1,68 @@
+import math
+
+import pytest
+
+from matrix_runner.config import ConfigError, load_config, parse_config
+
+
+def test_default_config_is_the_seed_workload():
+    cfg = load_config(None)
+    assert len(cfg.cases) == 12
+    shapes = [(c.batch, c.seqlen_q, c.seqlen_k, c.nheads, c.head_dim) for c in cfg.cases if c.op == "fwd"]
+    assert shapes == [(512, 50, 50, 16, 16), (512, 150, 150, 16, 16), (512, 300, 300, 16, 16),
+                      (2, 50, 50, 16, 16), (2, 150, 150, 16, 16), (2, 300, 300, 16, 16)]
+    c = cfg.cases[0]
+    assert (c.dtype, c.causal, c.dropout_p, c.layout) == ("fp16", False, 0.0, "embed")
+    assert c.scale == pytest.approx(1 / math.sqrt(16))
+    assert c.kernel_head_dim == 32
+    assert [c.op for c in cfg.cases[:2]] == ["fwd", "bwd"]
+
+
+def test_flops_convention():
+    cfg = parse_config({"shapes": [{"batch": 2, "seqlen": 100, "nheads": 4, "head_dim": 64, "causal": True}]})
+    fwd, bwd = cfg.cases
+    assert fwd.flops() == 4 * 2 * 100 * 100 * 4 * 64 / 2
+    assert bwd.flops() == 2.5 * fwd.flops()
+
+
+def test_yaml_syntax_error_names_file_line_column(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("title: x\nshapes:\n  - {batch: 2, seqlen: 50\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value).startswith(f"{p}:4:1: YAML syntax error: expected ',' or '}}'")
+
+
+@pytest.mark.parametrize("shape,needle", [
+    ({"batch": 0, "seqlen": 5, "nheads": 2, "head_dim": 8}, "shapes[0].batch = 0: must be a positive integer"),
+    ({"batch": 1, "seqlen": 5, "nheads": 2, "head_dim": 300}, "shapes[0].head_dim = 300: must be <= 256"),
+    ({"batch": 1, "seqlen": 5, "nheads": 6, "nheads_k": 4, "head_dim": 8}, "nheads (6) must be divisible by nheads_k"),
+    ({"batch": 1, "seqlen": 5, "nheads": 3, "embed_dim": 64}, "must be divisible by nheads (3)"),
+    ({"batch": 1, "seqlen": 5, "nheads": 2}, "give exactly one of head_dim or embed_dim"),
+    ({"batch": 1, "nheads": 2, "head_dim": 8}, "missing key 'seqlen'"),
+    ({"batch": 1, "seqlen": 5, "nheads": 2, "head_dim": 8, "dtype": "fp32"}, "shapes[0].dtype = 'fp32': must be one of fp16, bf16"),
+    ({"batch": 1, "seqlen": 5, "nheads": 2, "head_dim": 8, "heads": 3}, "unknown key 'heads'"),
+])
+def test_shape_rules(shape, needle):
+    with pytest.raises(ConfigError) as e:
+        parse_config({"shapes": [shape]})
+    assert needle in str(e.value)
+
+
+def test_top_level_rules():
+    with pytest.raises(ConfigError, match="dropout_p = 1.5: must be a number with 0 <= dropout_p < 1"):
+        parse_config({"dropout_p": 1.5})
+    with pytest.raises(ConfigError, match="ops = .*must be a non-empty list of fwd, bwd"):
+        parse_config({"ops": ["fwd", "sideways"]})
+    with pytest.raises(ConfigError, match="sampling.max_rounds = 1: must be >= min_rounds"):
+        parse_config({"sampling": {"min_rounds": 3, "max_rounds": 1}})
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        parse_config(["a"])
+
+
+def test_seqlen_q_k_and_gqa():
+    cfg = parse_config({"ops": ["fwd"], "shapes": [{"batch": 1, "seqlen_q": 8, "seqlen_k": 32, "nheads": 8,
+                                                     "nheads_k": 2, "head_dim": 60}]})
+    (c,) = cfg.cases
+    assert (c.seqlen_q, c.seqlen_k, c.nheads_k, c.kernel_head_dim) == (8, 32, 2, 64)
+    assert c.id == "fwd-b1-sq8-sk32-h8-hk2-d60-fp16"

@@ -1,0 +1,113 @@
+"""The whole pipeline on CPU, for real: real uv, real venvs, real worker subprocesses, real torch,
+against the stand-in flash_attn (conftest.standins). The "2.7.0.post2" stand-in plants PLANTED_US
+of host overhead in every forward call; the comparison must find it, by about that much."""
+import json
+
+import pytest
+from conftest import PLANTED_US, load_results, run_cli
+
+
+@pytest.fixture(scope="module")
+def first_run(standins, tiny_config, tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    args = ["--versions", "2.6.3,2.7.0.post2", "--config", str(tiny_config), "--device", "cpu",
+            "--find-links", str(standins["wheels"]), "--envs-dir", str(root / "envs"),
+            "--wheel-cache", str(root / "cache"), "--markdown", str(root / "summary.md")]
+    cp = run_cli(*args, "--output", str(root / "out1"))
+    return {"root": root, "args": args, "cp": cp, "res": load_results(root / "out1") if (root / "out1/results.json").exists() else None}
+
+
+def test_run_succeeds_and_writes_versioned_results(first_run):
+    cp, res = first_run["cp"], first_run["res"]
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert "Traceback" not in cp.stderr
+    assert res["schema"] == "matrix-runner/results/1"
+    assert [e["label"] for e in res["envs"]] == ["2.6.3", "2.7.0.post2"]
+    for e in res["envs"]:
+        assert e["status"] == "ok"
+        assert e["flash_attn_version"] == e["requested_version"]
+        assert e["flash_attn_file"].startswith(str(first_run["root"] / "envs" / e["label"]))
+        assert e["build"]["method"] == "find-links" and e["build"]["reused"] is False
+        assert e["build"]["seconds"] > 0
+        assert e["torch"].startswith("2.")
+    assert len(res["cases"]) == 2 * 4
+    for c in res["cases"]:
+        assert c["status"] == "ok", c
+        assert set(c["metrics"]) == {"wall_us", "host_us"}  # CPU: no device or graph clock
+        w = c["metrics"]["wall_us"]
+        assert w["n_rounds"] >= 3 and w["n"] >= 3 * 5 and len(w["samples"]) == w["n_rounds"]
+        assert w["q1"] <= w["median"] <= w["q3"] or w["n_rounds"] > 1
+        assert c["correctness"]["ok"] is True
+    assert {r["env"] for r in res["rounds"]} == {"2.6.3", "2.7.0.post2"}
+    # interleaved: the two envs alternate (A B, B A, A B ...)
+    envs_in_order = [r["env"] for r in res["rounds"]]
+    assert envs_in_order[:4] == ["2.6.3", "2.7.0.post2", "2.7.0.post2", "2.6.3"]
+    assert res["timing"]["stop_reason"]
+    assert res["machine"]["cpu_count"] >= 1
+
+
+def test_planted_host_overhead_is_flagged_slower_by_about_that_much(first_run):
+    res = first_run["res"]
+    wall = [c for c in res["comparisons"] if c["metric"] == "wall_us"]
+    assert len(wall) == 4
+    for c in wall:
+        assert (c["baseline"], c["candidate"]) == ("2.6.3", "2.7.0.post2")
+        if c["op"] == "fwd":
+            assert c["verdict"] == "slower", c
+            assert c["delta_us"] == pytest.approx(PLANTED_US, rel=0.2), c
+            assert c["ci_low"] > 1.0
+            assert c["attribution"] is None and "CPU" in c["attribution_why"]
+        else:  # the stand-in plants nothing in bwd
+            assert c["verdict"] in ("same", "ambiguous"), c
+            assert abs(c["delta_us"]) < PLANTED_US / 2
+
+
+def test_report_and_markdown(first_run):
+    root = first_run["root"]
+    html = (root / "out1" / "index.html").read_text()
+    assert "<script" not in html and "http://" not in html and "https://" not in html
+    assert "2.7.0.post2 vs 2.6.3" in html and "slower" in html
+    md = (root / "summary.md").read_text()
+    assert "| B1 S16 H2 D16 | fwd |" in md and "slower" in md
+
+
+def test_second_run_reuses_envs(first_run):
+    root = first_run["root"]
+    cp = run_cli(*first_run["args"], "--output", str(root / "out2"), "--quick")
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    res = load_results(root / "out2")
+    for e in res["envs"]:
+        assert e["build"]["reused"] is True and e["build"]["method"] == "reuse"
+        assert e["build"]["seconds"] < 10
+    assert res["timing"]["env_phase_s"] < 15
+    assert all(c["metrics"]["wall_us"]["n_rounds"] == 1 for c in res["cases"])
+
+
+def test_report_subcommand_rerenders(first_run, tmp_path):
+    root = first_run["root"]
+    cp = run_cli("report", str(root / "out1" / "results.json"), "-o", str(tmp_path / "re"))
+    assert cp.returncode == 0, cp.stderr
+    html = (tmp_path / "re" / "index.html").read_text()
+    assert "2.7.0.post2 vs 2.6.3" in html
+    assert json.loads((tmp_path / "re" / "results.json").read_text())["run_id"] == first_run["res"]["run_id"]
+
+
+def test_source_build_from_sdist_records_torch_and_caches(standins, tiny_config, tmp_path):
+    args = ["--versions", "2.6.3", "--config", str(tiny_config), "--device", "cpu", "--quick",
+            "--find-links", str(standins["sdists"]), "--envs-dir", str(tmp_path / "envs"),
+            "--wheel-cache", str(tmp_path / "cache")]
+    cp = run_cli(*args, "--output", str(tmp_path / "o1"))
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    e = load_results(tmp_path / "o1")["envs"][0]
+    assert e["build"]["method"] == "source-nocuda"  # CPU torch: only the Python part can be built
+    cached = list((tmp_path / "cache" / "wheels").glob("*/flash_attn-2.6.3-*.whl"))
+    assert len(cached) == 1
+    side = json.loads(cached[0].with_name(cached[0].name + ".matrix-run.json").read_text())
+    assert side["key"]["torch"] == e["torch"] and side["key"]["flash_attn"] == "2.6.3"
+    # the stand-in recorded the torch it was built against
+    info = list((tmp_path / "envs" / "2.6.3").rglob("flash_attn/_build_info.py"))[0].read_text()
+    assert f"TORCH_AT_BUILD = {e['torch']!r}" in info
+    # a new env with another label comes from the cache, no second build
+    cp = run_cli(*args, "--versions", "other=2.6.3", "--output", str(tmp_path / "o2"))
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert load_results(tmp_path / "o2")["envs"][0]["build"]["method"] == "cache"

@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+
+from matrix_runner import stats
+
+
+def test_boot_medians_matches_brute_force_bootstrap():
+    rng = np.random.default_rng(1)
+    x = rng.lognormal(3, 0.3, size=41)
+    exact = stats.boot_medians(x, 20000, np.random.default_rng(2))
+    idx = np.random.default_rng(3).integers(0, x.size, size=(20000, x.size))
+    brute = np.median(x[idx], axis=1)
+    for q in (0.025, 0.25, 0.5, 0.75, 0.975):
+        assert np.quantile(exact, q) == pytest.approx(np.quantile(brute, q), rel=0.01)
+
+
+def test_summarize_uses_median_of_round_medians():
+    s = stats.summarize([[1, 2, 3], [10, 11, 12, 13], [5]])
+    assert s["round_medians"] == [2, 11.5, 5]
+    assert s["median"] == 5
+    assert s["n"] == 8 and s["n_rounds"] == 3
+    assert s["pooled_median"] == 7.5
+
+
+@pytest.mark.parametrize("ratio,lo,hi,v", [
+    (1.30, 1.10, 1.50, "slower"), (0.70, 0.60, 0.80, "faster"), (1.01, 0.97, 1.04, "same"),
+    (1.20, 0.90, 1.50, "ambiguous"), (1.03, 1.01, 1.06, "ambiguous"), (1.04, 1.01, 1.048, "same"),
+])
+def test_verdict_rules(ratio, lo, hi, v):
+    assert stats.verdict(ratio, lo, hi, 0.05) == v
+
+
+def test_compare_detects_planted_shift_and_aa():
+    rng = np.random.default_rng(0)
+    base = [list(rng.normal(100, 3, 200)) for _ in range(4)]
+    cand = [list(rng.normal(120, 3, 200)) for _ in range(4)]
+    c = stats.compare(base, cand, 0.05)
+    assert c["verdict"] == "slower"
+    assert c["ratio"] == pytest.approx(1.2, abs=0.01)
+    assert c["delta_us"] == pytest.approx(20, abs=1)
+    assert c["ci_low"] > 1.15 and c["ci_high"] < 1.25
+    aa = stats.compare(base, [list(rng.normal(100, 3, 200)) for _ in range(4)], 0.05)
+    assert aa["verdict"] == "same"
+
+
+def test_process_modes_widen_the_interval():
+    # one of three processes of the baseline landed in a 2x slow mode: the CI must reflect it
+    base = [[40.0] * 50, [41.0] * 50, [85.0] * 50]
+    cand = [[42.0] * 50, [43.0] * 50, [42.5] * 50]
+    c = stats.compare(base, cand, 0.05)
+    assert c["ci_high"] - c["ci_low"] > 0.3
+    assert c["verdict"] != "slower" and c["verdict"] != "faster"
+
+
+def test_attribution_rules():
+    def cmp(ratio, verdict, delta):
+        return {"ratio": ratio, "verdict": verdict, "delta_us": delta}
+    assert stats.attribute(cmp(3.0, "slower", 90), cmp(3.0, "slower", 70), cmp(1.0, "same", 0))[0] == "host"
+    assert stats.attribute(cmp(1.5, "slower", 500), cmp(1.0, "same", 1), cmp(1.5, "slower", 499))[0] == "device"
+    assert stats.attribute(cmp(1.5, "slower", 100), cmp(1.5, "slower", 50), cmp(1.2, "slower", 50))[0] == "mixed"
+    assert stats.attribute(cmp(1.0, "same", 0), None, None)[0] is None
+    assert stats.attribute(cmp(2.0, "slower", 100), cmp(2.0, "slower", 100), None)[0] is None
+
+
+def test_host_bound_and_tflops():
+    assert stats.host_bound(40.0, 5.0) is True
+    assert stats.host_bound(30.0, 150.0) is False
+    assert stats.tflops(2e12, 1e6) == pytest.approx(2.0)

@@ -1,0 +1,58 @@
+"""Wheel keys, compatibility, release names, find-links scanning."""
+import json
+
+from matrix_runner import wheels
+
+KEY = {"flash_attn": "2.6.3", "torch": "2.11.0+cu130", "torch_cuda": "13.0", "cxx11abi": True,
+       "python_tag": "cp312", "platform": "linux_x86_64", "archs": ["90"],
+       "kernels": ["bwd_hdim32_fp16", "fwd_hdim32_fp16", "fwd_split_hdim32_fp16"]}
+
+
+def test_compatible_requires_same_torch_and_covering_kernels():
+    assert wheels.compatible(KEY, KEY) is None
+    assert "torch" in wheels.compatible({**KEY, "torch": "2.10.0+cu130"}, KEY)
+    assert "cxx11abi" in wheels.compatible({**KEY, "cxx11abi": False}, KEY)
+    assert "python_tag" in wheels.compatible({**KEY, "python_tag": "cp311"}, KEY)
+    assert wheels.compatible({**KEY, "kernels": "all", "archs": "all"}, KEY) is None  # a full build covers all
+    assert "kernels" in wheels.compatible(KEY, {**KEY, "kernels": KEY["kernels"] + ["fwd_hdim64_fp16"]})
+    assert "archs" in wheels.compatible(KEY, {**KEY, "archs": ["80"]})
+    assert "kernels" in wheels.compatible(KEY, {**KEY, "kernels": "all"})
+
+
+def test_release_wheel_names_match_setup_py():
+    # the names flash-attn's setup.py (get_wheel_url) asks GitHub releases for
+    assert wheels.release_wheel_name("2.6.3", "2.4.1+cu121", "12.1", False, "cp310") == \
+        "flash_attn-2.6.3+cu123torch2.4cxx11abiFALSE-cp310-cp310-linux_x86_64.whl"
+    assert wheels.release_wheel_name("2.6.3", "2.3.0", "11.8", True, "cp311") == \
+        "flash_attn-2.6.3+cu118torch2.3cxx11abiTRUE-cp311-cp311-linux_x86_64.whl"
+    assert wheels.release_wheel_name("2.7.0.post2", "2.5.1+cu124", "12.4", False, "cp312") == \
+        "flash_attn-2.7.0.post2+cu12torch2.5cxx11abiFALSE-cp312-cp312-linux_x86_64.whl"
+    assert wheels.release_wheel_name("2.7.0.post2", "2.5.1+cpu", None, False, "cp312") is None
+
+
+def test_scan_prefers_keyed_compatible_wheels(tmp_path):
+    good = tmp_path / "flash_attn-2.6.3-cp312-cp312-linux_x86_64.whl"
+    good.write_bytes(b"x")
+    (tmp_path / (good.name + wheels.SIDECAR_SUFFIX)).write_text(json.dumps({"key": KEY}))
+    other = tmp_path / "flash_attn-2.6.3+cu123torch2.4cxx11abiFALSE-cp312-cp312-linux_x86_64.whl"
+    other.write_bytes(b"x")
+    (tmp_path / "flash_attn-2.7.0.post2-cp312-cp312-linux_x86_64.whl").write_bytes(b"x")
+    found = wheels.scan_wheels([tmp_path], "2.6.3", KEY)
+    assert [c.path.name for c in found] == [good.name, other.name]
+    assert found[0].reason is None and found[0].verified
+    assert "built for torch 2.4" in found[1].reason
+
+
+def test_cache_store_writes_sidecar_atomically(tmp_path):
+    w = tmp_path / "flash_attn-2.6.3-cp312-cp312-linux_x86_64.whl"
+    w.write_bytes(b"wheel-bytes")
+    dest = wheels.cache_store(tmp_path / "cache", w, KEY, {"method": "source-slim"})
+    side = json.loads((dest.parent / (dest.name + wheels.SIDECAR_SUFFIX)).read_text())
+    assert side["key"] == KEY and side["key_id"] == wheels.key_id(KEY) == dest.parent.name
+    assert side["sha256"] == wheels.sha256_file(w)
+    assert [c.path for c in wheels.scan_wheels([tmp_path / "cache"], "2.6.3", KEY, origin="cache")] == [dest]
+
+
+def test_nearest_versions():
+    avail = ["2.5.9.post1", "2.6.0", "2.6.1", "2.6.3", "2.7.0.post2", "2.8.3"]
+    assert wheels.nearest_versions("2.6.4", avail)[:2] == ["2.6.3", "2.6.1"]
