@@ -57,8 +57,14 @@ def main() -> int:
             r["mr_wall"].append(statistics.median(bench.wall(per, 0.25)["samples"]))
             t = Timer("f(); torch.cuda.synchronize()", globals={"f": bench.call, "torch": torch}).blocked_autorange(min_run_time=0.25)
             r["timer_wall"].append(t.median * 1e6)
-            r["mr_graph"].append(statistics.median(bench.graph(per, 0.05)["samples"]))
-            r["do_bench_cudagraph"].append(tt.do_bench_cudagraph(bench.call, rep=100, return_mode="median") * 1e3)
+        for _ in range(a.rounds):  # graph captures last: a failed capture can disturb later calls
+            for name, fn in (("mr_graph", lambda: statistics.median(bench.graph(per, 0.05)["samples"])),
+                             ("do_bench_cudagraph", lambda: tt.do_bench_cudagraph(bench.call, rep=100, return_mode="median") * 1e3)):
+                try:
+                    r[name].append(fn())
+                except Exception as e:  # noqa: BLE001
+                    r.setdefault("errors", []).append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                    torch.cuda.synchronize()
         rows.append(r)
     # device clock last: CUPTI starts here, after all wall measurements above
     for r, (op, b, s) in zip(rows, SHAPES):
@@ -74,7 +80,7 @@ def main() -> int:
     print(f"{'case':<14}{'mr wall':>9}{'Timer(sync)':>12}{'ratio':>7}{'mr device':>11}{'do_bench_cg':>12}{'ratio':>7}"
           f"{'mr graph':>10}{'wall after prof':>16}", file=sys.stderr)
     for r in rows:
-        m = {k: statistics.median(v) for k, v in r.items() if isinstance(v, list)}
+        m = {k: (statistics.median(v) if v else float("nan")) for k, v in r.items() if isinstance(v, list) and k != "errors"}
         wr, dr = m["mr_wall"] / m["timer_wall"], m["mr_device"] / m["do_bench_cudagraph"]
         out["rows"].append({**r, "median": m, "wall_ratio": wr, "device_ratio": dr})
         print(f"{r['op']}-B{r['batch']}-S{r['seqlen']:<6}{m['mr_wall']:>9.1f}{m['timer_wall']:>12.1f}{wr:>7.3f}"

@@ -278,10 +278,11 @@ class Bench:
         inner = max(1, min(64, int(math.ceil(TARGET_SAMPLE_US / max(per_call_us, 1e-3)))))
         with torch.cuda.stream(s):
             if self.case["op"] == "bwd":
-                # the backward must be captured on the stream its forward ran on
+                # the backward must be captured on the stream its forward ran on, with leaves (and
+                # their grad accumulators) created there too, not on the legacy default stream
                 for st in self.sets:
-                    out = self.torch_fwd(st)
-                    st[3] = out
+                    st[0], st[1], st[2] = (t.detach().requires_grad_(True) for t in st[:3])
+                    st[3] = self.torch_fwd(st)
             for _ in range(3):
                 self.call()
         torch.cuda.current_stream().wait_stream(s)
@@ -412,6 +413,12 @@ def run_case(case: dict, spec: dict, out: _Out) -> bool:
         per_call = _median(rec["metrics"]["wall_us"]["samples"])
         rec["metrics"]["host_us"] = bench.host(per_call, bud["host"])
         lap("host")
+        if spec.get("correctness", True):
+            try:
+                rec["correctness"] = bench.correctness()
+            except Exception as e:  # noqa: BLE001
+                rec["notes"].append(f"correctness check failed to run: {type(e).__name__}: {e}")
+            lap("correctness")
         if bench.cuda:
             err = None
             for attempt in range(2):  # the first capture of a backward in a process can fail on lazy init
@@ -429,12 +436,6 @@ def run_case(case: dict, spec: dict, out: _Out) -> bool:
             else:
                 rec["notes"].append(err)
             lap("graph")
-        if spec.get("correctness", True):
-            try:
-                rec["correctness"] = bench.correctness()
-            except Exception as e:  # noqa: BLE001
-                rec["notes"].append(f"correctness check failed to run: {type(e).__name__}: {e}")
-            lap("correctness")
         del bench
     except Exception as e:  # noqa: BLE001 - the case fails, the worker goes on
         _error_fields(rec, e)
