@@ -61,6 +61,8 @@ def kernel_set(cases: list[Case], dispatch: tuple[int, ...] = KERNEL_HEAD_DIMS) 
     """
     need = set()
     for c in cases:
+        if getattr(c, "impl", "flash_attn") == "sdpa":
+            continue  # torch's own kernels
         tail = f"hdim{kernel_head_dim(c.head_dim, dispatch)}_{c.dtype}{'_causal' if c.causal else ''}"
         need.add(f"fwd_{tail}")
         if not c.dropout_p:

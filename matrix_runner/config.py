@@ -12,6 +12,8 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
     softmax_scale: null     # null -> 1/sqrt(head_dim), as flash-attn does
     causal: false
     ops: [fwd, bwd]
+    impls: [flash_attn]     # also: flash_attn+compile (torch.compile of the call), sdpa (torch's
+                            # scaled_dot_product_attention: same torch in every env = an A/A control)
     input: embed            # embed: inputs are (batch, seqlen, embed_dim), split into heads in the call
                             # heads: inputs are already (batch, seqlen, nheads, head_dim)
     shapes:
@@ -35,6 +37,11 @@ from typing import Any
 import yaml
 
 DTYPES = ("fp16", "bf16")
+#: What is timed: flash_attn_func (default); torch.compile of the same call (default mode; the fix
+#: suggested upstream for the Python overhead); torch's scaled_dot_product_attention on the same
+#: inputs — the same torch in every env, so it is a built-in A/A control of the comparison.
+IMPLS = ("flash_attn", "flash_attn+compile", "sdpa")
+IMPL_SUFFIX = {"flash_attn+compile": "compile", "sdpa": "sdpa"}
 OPS = ("fwd", "bwd")
 #: Head dims flash-attn 2.x dispatches to: a call runs the kernel of the smallest one that is >= its
 #: head_dim rounded up to a multiple of 8 (``HEADDIM_SWITCH`` in csrc/flash_attn/src/static_switch.h
@@ -70,6 +77,7 @@ class Case:
     dropout_p: float = 0.0
     softmax_scale: float | None = None
     layout: str = "embed"
+    impl: str = "flash_attn"
 
     @property
     def id(self) -> str:
@@ -82,6 +90,8 @@ class Case:
             s += f"-p{self.dropout_p:g}"
         if self.softmax_scale is not None:
             s += f"-s{self.softmax_scale:g}"
+        if self.impl != "flash_attn":
+            s += "-" + IMPL_SUFFIX[self.impl]
         return s
 
     @property
@@ -106,6 +116,8 @@ class Case:
         s += f" D{self.head_dim}"
         if self.causal:
             s += " causal"
+        if self.impl != "flash_attn":
+            s += f" [{IMPL_SUFFIX[self.impl]}]"
         return s
 
     def flops(self) -> float:
@@ -188,7 +200,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "sampling": {"min_rounds": 3, "max_rounds": 8, "time_budget_s": 100.0, "min_effect": 0.05},
 }
 
-_TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling"}
+_TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling", "impls"}
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
                "causal", "dtype"}
 _SAMPLING_KEYS = {"min_rounds", "max_rounds", "time_budget_s", "min_effect"}
@@ -251,6 +263,11 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
         ops = [ops]
     if not isinstance(ops, list) or not ops or any(o not in OPS for o in ops):
         raise _err("ops", merged["ops"], "must be a non-empty list of fwd, bwd")
+    impls = merged.get("impls", ["flash_attn"])
+    if isinstance(impls, str):
+        impls = [impls]
+    if not isinstance(impls, list) or not impls or any(i not in IMPLS for i in impls):
+        raise _err("impls", merged.get("impls"), f"must be a non-empty list of {', '.join(IMPLS)}")
     layout = merged["input"]
     if layout not in ("embed", "heads"):
         raise _err("input", layout, "must be 'embed' (batch, seqlen, embed_dim) or 'heads' (batch, seqlen, nheads, head_dim)")
@@ -295,14 +312,15 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
             raise _err(f"{w}.head_dim", head_dim, f"must be <= {MAX_HEAD_DIM} (flash-attn 2.x's largest kernel)")
         s_causal = _bool(f"{w}.causal", s.get("causal", causal))
         s_dtype = _dtype(f"{w}.dtype", s.get("dtype", dtype))
-        for op in ops:
-            c = Case(op=op, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads, nheads_k=nheads_k,
-                     head_dim=head_dim, dtype=s_dtype, causal=s_causal, dropout_p=float(dropout),
-                     softmax_scale=None if scale is None else float(scale), layout=layout)
-            if c.id in seen:
-                raise ConfigError(f"{w}: duplicate of an earlier shape ({c.label}); remove one")
-            seen.add(c.id)
-            cases.append(c)
+        for impl in impls:
+            for op in ops:
+                c = Case(op=op, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads, nheads_k=nheads_k,
+                         head_dim=head_dim, dtype=s_dtype, causal=s_causal, dropout_p=float(dropout),
+                         softmax_scale=None if scale is None else float(scale), layout=layout, impl=impl)
+                if c.id in seen:
+                    raise ConfigError(f"{w}: duplicate of an earlier shape ({c.label}); remove one")
+                seen.add(c.id)
+                cases.append(c)
 
     samp = merged.get("sampling") or {}
     if not isinstance(samp, dict):
