@@ -22,6 +22,10 @@ timeout --signal=TERM --kill-after=15 "$left" \
   python3 -m matrix_runner run "${COMMON[@]}" --output /tmp/mr-run --case-timeout 120 "$@" 2>&1 | tee /tmp/mr-logs/console.txt
 echo "matrix-run exit: ${PIPESTATUS[0]}" | tee -a /tmp/mr-logs/console.txt
 cp /tmp/mr-run/results.json /tmp/mr-run/index.html "$OUT/" 2>/dev/null
+left=$((LIMIT - (SECONDS - T0) - 20))
+if [ "$left" -gt 60 ] && [ -x envs/2.6.3/bin/python ]; then   # process-to-process spread, pinned vs not
+  timeout "$left" envs/2.6.3/bin/python -W ignore benchmarks/process_modes.py envs/2.6.3/bin/python 6 2 2>&1 | tee /tmp/mr-logs/process-modes.txt | grep -v '^{'
+fi
 for w in /tmp/mr-cache/wheels/*/*.whl; do [ -f "$w" ] && cp "$w" "$w.matrix-run.json" "$OUT/"; done
 cp -r envs/.logs /tmp/mr-logs/envs-logs 2>/dev/null; cp -r /tmp/mr-run/.work /tmp/mr-logs/work 2>/dev/null
 tar czf "$OUT/logs.tgz" -C /tmp mr-logs
