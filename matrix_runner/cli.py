@@ -22,7 +22,7 @@ from rich.table import Table
 from . import __version__, envs as envmod, machine, report, results, runner, wheels
 from .config import ConfigError, load_config
 
-SUBCOMMANDS = ("run", "report", "plan", "envs")
+SUBCOMMANDS = ("run", "report", "plan", "envs", "compare", "publish")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 console = Console(stderr=True, highlight=False)
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="matrix-run",
         description="Time flash_attn_func across flash-attn versions, each in its own env; say per shape which "
                     "version is faster, by how much, how sure, and whether it is host overhead or kernel time.",
-        epilog="Subcommands: run (default), plan, report, envs. `matrix-run SUBCOMMAND -h` for each.")
+        epilog="Subcommands: run (default), plan, report, compare, publish, envs. `matrix-run SUBCOMMAND -h` for each.")
     ap.add_argument("--version", action="version", version=f"matrix-run {__version__}")
     sub = ap.add_subparsers(dest="cmd")
 
@@ -92,6 +92,32 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--markdown", metavar="FILE")
     rp.add_argument("--min-effect", type=float, default=None)
 
+    c = sub.add_parser(
+        "compare", help="compare two saved runs (B against A): same versions on two machines or two dates",
+        description="Compare run B against run A, both saved results.json files. For each env present in both "
+                    "(same label; else the same flash-attn version) and each case timed OK in both, the ratio "
+                    "B/A of the median wall, host and device time per call, with a 95% CI from the per-process "
+                    "samples stored in the files (two-level bootstrap), a verdict and an attribution. Above 1, B "
+                    "is slower than A. No timing is redone; the envs inside each run are not compared with each "
+                    "other (that is what each run's own report does).")
+    c.add_argument("a", metavar="A.json", help="the reference run (results.json, or its directory)")
+    c.add_argument("b", metavar="B.json", help="the run compared against A (results.json, or its directory)")
+    c.add_argument("-o", "--output", metavar="DIR", help="also write DIR/index.html (self-contained)")
+    c.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
+    c.add_argument("--min-effect", type=float, default=None, metavar="FRAC",
+                   help="smallest ratio change called faster/slower (default: A's setting, else 0.05)")
+
+    pb = sub.add_parser(
+        "publish", help="build a static site of saved runs: an index page linking each run's report",
+        description="Build a static site from REPORTS_DIR/*/results.json (schema matrix-runner/results/1; "
+                    "anything else is skipped with a warning): SITE/index.html lists the runs, newest first, with "
+                    "date, machine, versions and headline verdict; SITE/<run>/ holds a copy of each run's "
+                    "index.html and results.json. Open SITE/index.html from disk or serve SITE as static files.")
+    pb.add_argument("reports_dir", metavar="REPORTS_DIR", help="directory of run directories (e.g. reports/)")
+    pb.add_argument("-o", "--output", required=True, metavar="SITE", help="where to write the site")
+    pb.add_argument("--rerender", action="store_true",
+                    help="render each run's report with this matrix-run instead of copying its index.html")
+
     e = sub.add_parser("envs", help="list or remove envs")
     e.add_argument("action", choices=("list", "clean"))
     e.add_argument("labels", nargs="*", help="with clean: only these labels (default: all)")
@@ -116,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_report(args)
         if args.cmd == "envs":
             return cmd_envs(args)
+        if args.cmd == "compare":
+            return cmd_compare(args)
+        if args.cmd == "publish":
+            return cmd_publish(args)
     except (ConfigError, envmod.UsageError, results.ResultsError) as e:
         console.print(f"[red]error:[/] {e}")
         return EXIT_USAGE
@@ -245,6 +275,42 @@ def cmd_report(args) -> int:
     report.terminal_table(res, Console())
     console.print(f"report: {p}")
     return EXIT_OK
+
+
+def _results_path(a: str) -> Path:
+    p = Path(a)
+    return p / "results.json" if p.is_dir() else p
+
+
+def cmd_compare(args) -> int:
+    pa, pb = _results_path(args.a), _results_path(args.b)
+    a, b = results.load(pa), results.load(pb)
+    if args.min_effect is not None and not 0 < args.min_effect < 1:
+        raise envmod.UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
+    cmp = report.compare_runs(a, b, args.min_effect, str(pa), str(pb))
+    if not cmp["pairs"]:
+        raise results.ResultsError(
+            f"no env in common: A has {', '.join(e['label'] for e in a.get('envs', [])) or 'none'}, "
+            f"B has {', '.join(e['label'] for e in b.get('envs', [])) or 'none'} (envs are matched by label, "
+            "else by flash-attn version; only envs that were built and timed count)")
+    report.compare_terminal(cmp, Console())
+    if args.output:
+        console.print(f"report: {report.write_compare_html(cmp, Path(args.output))}")
+    if args.markdown:
+        Path(args.markdown).write_text(report.compare_markdown(cmp))
+    return EXIT_OK if cmp["rows"] else EXIT_FAILED
+
+
+def cmd_publish(args) -> int:
+    from . import publish
+
+    out = publish.build_site(Path(args.reports_dir), Path(args.output), rerender=args.rerender)
+    for w in out["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}")
+    for r in out["runs"]:
+        console.print(f"  {r['name']}: {r['date']} · {r['gpu']} · {', '.join(e['label'] for e in r['envs'])}")
+    console.print(f"site: {out['index']} ({len(out['runs'])} run(s))")
+    return EXIT_OK if out["runs"] else EXIT_FAILED
 
 
 # ---------------------------------------------------------------------------------------------

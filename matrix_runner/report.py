@@ -1,16 +1,28 @@
-"""Stage 5b — the report: self-contained HTML (jinja2, autoescaped), the terminal table (rich) and a
-Markdown summary. Everything here renders from a results dict (results.json), never from live state.
+"""Stage 5b — the report: self-contained HTML (jinja2, autoescaped, charts as inline SVG), the
+terminal table (rich) and a Markdown summary; plus the cross-run comparison behind
+``matrix-run compare``. Everything here renders from results dicts (results.json), never from live
+state.
+
+The HTML report answers, on its first screen: which version is faster, where (per case), by how much
+(ratio with its 95 % CI), how sure (the verdict), and why (host overhead or kernel time). It fetches
+nothing: CSS is inline, charts are inline SVG (see charts.py), there is no script, and every string
+that comes from a results file is escaped by jinja2's autoescaping.
 """
 from __future__ import annotations
 
 import html
 import json
+import zlib
 from pathlib import Path
 
+import numpy as np
 from jinja2 import Environment, PackageLoader, select_autoescape
+
+from . import charts, stats
 
 VERDICT_WORD = {"faster": "faster", "slower": "slower", "same": "same", "ambiguous": "ambiguous"}
 METRIC_NAMES = {"wall_us": "wall", "host_us": "host", "device_us": "device", "graph_us": "graph"}
+ATTR_PHRASE = {"host": "host overhead", "device": "kernel (device) time", "mixed": "host and kernel time"}
 
 
 def fmt_us(v) -> str:
@@ -33,27 +45,132 @@ def fmt_ratio(c: dict | None) -> str:
     return f"{c['ratio']:.2f}x [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
 
 
-def headline(c: dict) -> str:
-    """'2.7.0.post2 3.06x slower' style phrase for a wall comparison."""
+def fmt_x(r: float) -> str:
+    """A ratio as a size of effect: 2.04 -> '2.04x', 0.5 -> '2.00x' (callers say faster/slower)."""
+    return f"{(r if r >= 1 else 1 / r):.2f}x"
+
+
+def headline(c: dict, min_effect: float = 0.05) -> str:
+    """'3.06x slower' style phrase for one wall comparison."""
     r = c["ratio"]
     if c["verdict"] == "slower":
         return f"{r:.2f}x slower"
     if c["verdict"] == "faster":
         return f"{1 / r:.2f}x faster"
     if c["verdict"] == "same":
-        return "same (within ±{:.0%})".format(0.05)
+        return f"same (within ±{min_effect:.0%})"
     return "ambiguous"
 
 
-def view_model(res: dict) -> dict:
+# --------------------------------------------------------------------------------------------
+def short_labels(cases: list[dict]) -> tuple[dict, str]:
+    """Case id -> label without the tokens every case shares, and the shared part as a phrase.
+
+    ``B2 S300 H16 D16`` with H16 D16 in every case -> ``B2 S300``, common ``H16 D16 · fp16``."""
+    first: dict = {}
+    for c in cases:
+        first.setdefault(c["id"], c)
+    if not first:
+        return {}, ""
+    dtypes = {c.get("dtype") for c in first.values()}
+    full = {cid: str(c.get("label") or cid) + (f" {c.get('dtype')}" if len(dtypes) > 1 else "")
+            for cid, c in first.items()}
+    toks = [lab.split() for lab in full.values()]
+    common = set(toks[0]).intersection(*map(set, toks[1:])) if len(toks) > 1 else set()
+    short = {cid: " ".join(t for t in lab.split() if t not in common) or lab for cid, lab in full.items()}
+    ops = {cid: first[cid].get("op") for cid in first}
+    if len({(short[c], ops[c]) for c in short}) < len(short):  # shortening made two cases look alike
+        short = dict(full)
+        common = set()
+    shared = " ".join(t for t in toks[0] if t in common)
+    dtype = str(next(iter(dtypes))) if len(dtypes) == 1 and None not in dtypes else ""
+    return short, " · ".join(x for x in (shared, dtype) if x)
+
+
+def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
+              device: list[dict] | None = None, host: list[dict] | None = None,
+              min_effect: float = 0.05, prefix: str = "") -> dict:
+    """The one-line verdict for a candidate: ``{cls, text, detail}``.
+
+    ``wall``: the candidate's wall comparisons (with attribution), ``name``: case id -> short name
+    (label + op). ``cls`` is slower / faster / mixed / same / none for the colour."""
+    counts = {v: [c for c in wall if c["verdict"] == v] for v in ("slower", "faster", "same", "ambiguous")}
+    parts = []
+
+    def side(word: str) -> str:
+        lst = counts[word]
+        attrs = [c.get("attribution") for c in lst]
+        s = f"{word} in {len(lst)}/{n_cases} case{'s' if n_cases != 1 else ''}"
+        known = [a for a in attrs if a]
+        if known and len(set(known)) == 1 and len(known) == len(lst):
+            s += ", all " + ATTR_PHRASE.get(known[0], known[0]) if len(lst) > 1 else ", " + ATTR_PHRASE.get(known[0], known[0])
+        elif known:
+            tally = {a: known.count(a) for a in ("host", "device", "mixed") if known.count(a)}
+            s += " (" + ", ".join(f"{n} {a}" for a, n in tally.items()) + ")"
+        elif lst and any("CPU" in (c.get("attribution_why") or "") for c in lst):
+            s += " (CPU run: no device clock, wall is all host time)"
+        ext = max(lst, key=lambda c: c["ratio"]) if word == "slower" else min(lst, key=lambda c: c["ratio"])
+        s += f"; largest {fmt_x(ext['ratio'])} at {name.get(ext['case'], ext['case'])}"
+        return s
+
+    for word in ("slower", "faster"):
+        if counts[word]:
+            parts.append(side(word))
+    rest = []
+    if counts["same"]:
+        rest.append(f"same in {len(counts['same'])}")
+    if counts["ambiguous"]:
+        rest.append(f"ambiguous in {len(counts['ambiguous'])}")
+    missing = n_cases - len(wall)
+    if missing:
+        rest.append(f"not compared in {missing} (failed or not run)")
+    if not parts:
+        if wall:
+            parts.append(f"no difference beyond ±{min_effect:.0%} in any of {n_cases} cases")
+        else:
+            parts.append("nothing could be compared")
+    text = f"{prefix}{cand} vs {base}: " + "; ".join(parts) + "."
+    if rest:
+        text += " " + ", ".join(rest).capitalize() + "."
+    cls = ("mixed" if counts["slower"] and counts["faster"] else "slower" if counts["slower"]
+           else "faster" if counts["faster"] else "same" if wall else "none")
+    detail = []
+    for lst, what in ((device, "Kernel (device) time"), (host, "Host time")):
+        if not lst:
+            continue
+        vc = {v: sum(1 for c in lst if c["verdict"] == v) for v in ("slower", "faster", "same", "ambiguous")}
+        detail.append(what + ": " + ", ".join(f"{v} in {n}" for v, n in vc.items() if n) + f" of {len(lst)}")
+    return {"cls": cls, "text": text, "detail": ". ".join(detail) + ("." if detail else ""),
+            "counts": {k: len(v) for k, v in counts.items()}}
+
+
+def ci_bands(cases: list[dict], metric: str = "wall_us", n_boot: int = 1000) -> dict:
+    """(env, case id) -> (lo, hi): 95 % CI of the median of per-process medians, from the same
+    two-level bootstrap as the ratio CIs (stats.boot_stat), seeded per case so it is reproducible."""
+    out = {}
+    for c in cases:
+        m = (c.get("metrics") or {}).get(metric)
+        if c.get("status") != "ok" or not m or not m.get("samples"):
+            continue
+        rng = np.random.default_rng(zlib.crc32(f"band/{c['env']}/{c['id']}".encode()))
+        draws = stats.boot_stat(m["samples"], n_boot, rng)
+        lo, hi = np.quantile(draws, [0.025, 0.975])
+        out[(c["env"], c["id"])] = (float(lo), float(hi))
+    return out
+
+
+def view_model(res: dict, with_charts: bool = False) -> dict:
     """Reshape results for templates: per case rows with each env's clocks and each comparison."""
     envs = res.get("envs", [])
     labels = [e["label"] for e in envs]
     ok_labels = [e["label"] for e in envs if e["status"] == "ok"]
     base = ok_labels[0] if ok_labels else None
     cases = res.get("cases", [])
+    settings = res.get("settings") or {}
+    min_effect = settings.get("min_effect") or 0.05
     by = {(c["env"], c["id"]): c for c in cases}
     ids = list(dict.fromkeys(c["id"] for c in cases))
+    short, common = short_labels(cases)
     cmps = {}
     for c in res.get("comparisons", []):
         cmps[(c["candidate"], c["case"], c["metric"])] = c
@@ -65,7 +182,7 @@ def view_model(res: dict) -> dict:
             c = by.get((lab, cid))
             if c is None:
                 continue
-            m = c.get("metrics", {})
+            m = c.get("metrics") or {}
             per_env.append({"label": lab, "case": c, "m": {k: m.get(k) for k in METRIC_NAMES}})
         comps = []
         for lab in ok_labels[1:]:
@@ -73,13 +190,55 @@ def view_model(res: dict) -> dict:
             comps.append({"candidate": lab, "wall": w, "host": cmps.get((lab, cid, "host_us")),
                           "device": cmps.get((lab, cid, "device_us")), "graph": cmps.get((lab, cid, "graph_us"))})
         host_bound = [e["label"] for e in per_env if e["case"].get("host_bound")]
-        rows.append({"id": cid, "label": any_case["label"], "op": any_case["op"], "case": any_case,
-                     "envs": per_env, "comps": comps, "host_bound": host_bound})
+        rows.append({"id": cid, "label": any_case.get("label", cid), "short": short.get(cid, cid),
+                     "op": any_case.get("op"), "case": any_case, "envs": per_env, "comps": comps,
+                     "by_env": {e["label"]: e for e in per_env}, "host_bound": host_bound})
+    name = {r["id"]: f"{r['short']} {r['op']}" for r in rows}
+    summaries = []
+    for j, cand in enumerate(ok_labels[1:]):
+        pick = lambda k: [c[k] for r in rows for c in r["comps"][j:j + 1] if c[k]]  # noqa: E731
+        s = summarize(pick("wall"), len(rows), name, cand, base, pick("device"), pick("host"), min_effect)
+        hb = {lab: sum(1 for r in rows if lab in r["host_bound"]) for lab in (base, cand)}
+        if any(r["case"].get("host_bound") is not None for r in rows):
+            s["detail"] += (" Host-bound (host dispatch ≥ kernel time): " +
+                            ", ".join(f"{lab} {n}/{len(rows)}" for lab, n in hb.items()) + ".")
+        wrong = sorted({name[c["id"]] for c in cases if c["env"] == cand and (c.get("correctness") or {}).get("ok") is False})
+        s["wrong"] = wrong
+        s["candidate"] = cand
+        summaries.append(s)
     wrong = [(c["env"], c["label"], c["op"]) for c in cases
              if (c.get("correctness") or {}).get("ok") is False]
     failed_cases = [c for c in cases if c["status"] not in ("ok",)]
-    return {"res": res, "labels": labels, "ok_labels": ok_labels, "base": base, "rows": rows,
-            "candidates": ok_labels[1:], "wrong": wrong, "failed_cases": failed_cases}
+    failed_envs = [e for e in envs if e["status"] != "ok"]
+    # columns of the verdict table: envs with at least one case (a failed env is named above the table)
+    table_labels = [lab for lab in labels if any(lab in r["by_env"] for r in rows)]
+    vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
+          "candidates": ok_labels[1:], "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
+          "summaries": summaries, "common": common, "min_effect": min_effect,
+          "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
+          "has_device": any("device_us" in (c.get("metrics") or {}) for c in cases)}
+    if with_charts:
+        vm["charts"] = build_charts(vm)
+    return vm
+
+
+def build_charts(vm: dict) -> dict:
+    """The report's charts as {name: {"svg"|"error": ...}} (empty entries are left out)."""
+    rows, labels = vm["rows"], vm["labels"]
+    ok_rows_labels = [lab for lab in labels if any(e["label"] == lab and e["case"]["status"] == "ok"
+                                                   for r in rows for e in r["envs"])]
+    out = {}
+    if vm["candidates"]:
+        out["ratio"] = charts.safe(charts.ratio_chart, rows, vm["candidates"], vm["base"], vm["min_effect"])
+    out["breakdown"] = charts.safe(charts.breakdown_chart, rows, ok_rows_labels or labels)
+    try:
+        bands = ci_bands(vm["res"].get("cases", []))
+    except Exception:  # noqa: BLE001 - without bands the curves are still worth drawing
+        bands = {}
+    out["seqlen"] = charts.safe(charts.sweep_chart, rows, ok_rows_labels, "seqlen", bands, prefix="seq")
+    out["batch"] = charts.safe(charts.sweep_chart, rows, ok_rows_labels, "batch", bands, prefix="bat")
+    out["correctness"] = charts.safe(charts.correctness_chart, rows, ok_rows_labels)
+    return {k: v for k, v in out.items() if v}
 
 
 def _env() -> Environment:
@@ -88,18 +247,34 @@ def _env() -> Environment:
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["us"] = fmt_us
     env.filters["ratio"] = fmt_ratio
+    env.filters["xr"] = fmt_x
     env.filters["headline"] = headline
     env.filters["pct"] = lambda v: "–" if v is None else f"{v:.0%}"
     env.filters["tf"] = lambda v: "–" if v is None else f"{v:.2f}"
     env.filters["sci"] = lambda v: "–" if v is None else f"{v:.1e}"
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, default=str)
+    env.filters["shell"] = _shell_join
     return env
 
 
-def render_html(res: dict, json_name: str | None = "results.json") -> str:
-    """The self-contained HTML report for ``res`` (no external fetches; CSS inline)."""
-    vm = view_model(res)
+def _shell_join(argv) -> str:
+    import shlex
+
+    return " ".join(shlex.quote(str(a)) for a in (argv or []))
+
+
+def _svg(chart: dict | None):
+    """Mark a chart's SVG (built by charts.py: matplotlib-escaped text, URLs stripped) as safe HTML."""
+    from markupsafe import Markup
+
+    return Markup(chart["svg"]) if chart and chart.get("svg") else None
+
+
+def render_html(res: dict, json_name: str | None = "results.json", with_charts: bool = True) -> str:
+    """The self-contained HTML report for ``res`` (no external fetches; CSS inline, charts inline SVG)."""
+    vm = view_model(res, with_charts=with_charts)
     vm["json_name"] = json_name
+    vm["svg"] = {k: _svg(v) for k, v in (vm.get("charts") or {}).items()}
     return _env().get_template("report.html.j2").render(**vm)
 
 
@@ -113,52 +288,68 @@ def write_html(res: dict, out_dir: Path, json_name: str | None = "results.json")
 
 
 def markdown(res: dict) -> str:
-    """A GitHub-comment-sized summary: the verdict table in Markdown."""
+    """A GitHub-comment-sized summary: the headline per candidate and the verdict table in Markdown."""
     vm = view_model(res)
-    lines = [f"### {res.get('title', 'matrix-run')}", ""]
+    esc = lambda x: html.escape(str(x)).replace("|", "\\|")  # noqa: E731
+    lines = [f"### {esc(res.get('title', 'matrix-run'))}", ""]
     m = res.get("machine") or {}
-    lines.append(f"{m.get('gpu') or 'CPU'} · driver {m.get('driver') or '–'} · CUDA {m.get('cuda') or '–'} · "
-                 f"torch {m.get('torch') or '–'} · baseline **{vm['base']}**")
+    lines.append(esc(f"{m.get('gpu') or 'CPU'} · driver {m.get('driver') or '–'} · CUDA {m.get('cuda') or '–'} · "
+                     f"torch {m.get('torch') or '–'}") + f" · baseline **{esc(vm['base'])}**")
     lines.append("")
-    hdr = "| case | op | " + " | ".join(f"{lab} wall µs" for lab in vm["labels"]) + " | " + \
-          " | ".join(f"{c} vs {vm['base']}" for c in vm["candidates"]) + " |"
+    for s in vm["summaries"]:
+        lines.append(f"- **{esc(s['text'])}** {esc(s['detail'])}")
+    if vm["summaries"]:
+        lines.append("")
+    hdr = "| case | op | " + " | ".join(f"{esc(lab)} wall µs" for lab in vm["labels"]) + " | " + \
+          " | ".join(f"{esc(c)} vs {esc(vm['base'])}" for c in vm["candidates"]) + " |"
     lines += [hdr, "|" + "---|" * (2 + len(vm["labels"]) + len(vm["candidates"]))]
     for r in vm["rows"]:
         cells = [r["label"], r["op"]]
-        for e in r["envs"]:
-            w = e["m"]["wall_us"]
-            cells.append(fmt_us(w["median"]) if w else e["case"]["status"])
+        by = {e["label"]: e for e in r["envs"]}
+        for lab in vm["labels"]:
+            e = by.get(lab)
+            w = e["m"]["wall_us"] if e else None
+            cells.append(fmt_us(w["median"]) if w else (e["case"]["status"] if e else "–"))
         for c in r["comps"]:
             w = c["wall"]
             cells.append(f"{w['verdict']} {fmt_ratio(w)}" + (f" ({w['attribution']})" if w.get("attribution") else "")
                          if w else "–")
-        lines.append("| " + " | ".join(html.escape(str(x)) for x in cells) + " |")
+        lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
     lines.append("")
-    lines.append("ratio = candidate / baseline wall time (median of per-process medians), 95% bootstrap CI.")
+    lines.append("ratio = candidate / baseline wall time (median of per-process medians), 95% bootstrap CI; "
+                 "(host) / (device): the difference is host overhead / kernel time.")
     return "\n".join(lines) + "\n"
 
 
+VERDICT_STYLE = {"slower": "red", "faster": "green", "same": "white", "ambiguous": "yellow"}
+
+
 def terminal_table(res: dict, console=None) -> None:
-    """Print the verdict table with rich."""
+    """Print the verdict table with rich, then one headline per candidate."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
     vm = view_model(res)
-    t = Table(title=res.get("title"), show_lines=False)
+    t = Table(title=escape(str(res.get("title") or "")), show_lines=False)
     t.add_column("case")
     t.add_column("op")
     for lab in vm["labels"]:
-        t.add_column(f"{lab}\nwall / host / dev µs", justify="right")
+        t.add_column(f"{escape(lab)}\nwall / host / dev µs", justify="right")
     for c in vm["candidates"]:
-        t.add_column(f"{c} vs {vm['base']}\nwall ratio [95% CI]", justify="left")
-    colors = {"slower": "red", "faster": "green", "same": "white", "ambiguous": "yellow"}
+        t.add_column(f"{escape(c)} vs {escape(vm['base'])}\nwall ratio [95% CI]", justify="left")
     for r in vm["rows"]:
-        cells = [r["label"], r["op"]]
-        for e in r["envs"]:
+        cells = [escape(r["label"]), escape(str(r["op"]))]
+        by = {e["label"]: e for e in r["envs"]}
+        for lab in vm["labels"]:
+            e = by.get(lab)
+            if e is None:
+                cells.append("–")
+                continue
             m = e["m"]
             if e["case"]["status"] != "ok":
-                cells.append(f"[red]{e['case']['status']}: {e['case'].get('error_kind') or ''}[/]")
+                cells.append(f"[red]{escape(e['case']['status'])}: {escape(e['case'].get('error_kind') or '')}[/]")
                 continue
             cells.append(" / ".join(fmt_us(m[k]["median"]) if m.get(k) else "–" for k in ("wall_us", "host_us", "device_us"))
                          + (" [dim]host-bound[/]" if e["case"].get("host_bound") else ""))
@@ -167,8 +358,170 @@ def terminal_table(res: dict, console=None) -> None:
             if not w:
                 cells.append("–")
                 continue
-            col = colors[w["verdict"]]
+            col = VERDICT_STYLE[w["verdict"]]
             attr = f" · {w['attribution']}" if w.get("attribution") else ""
             cells.append(f"[{col}]{w['verdict']}[/] {fmt_ratio(w)}{attr}")
         t.add_row(*cells)
     console.print(t)
+    colors = {"slower": "red", "faster": "green", "mixed": "yellow", "same": "white", "none": "dim"}
+    for s in vm["summaries"]:
+        console.print(f"[bold {colors[s['cls']]}]{escape(s['text'])}[/] [dim]{escape(s['detail'])}[/]")
+
+
+# --------------------------------------------------------------------------------------------
+# matrix-run compare: two saved runs
+def run_meta(res: dict, path: str | None = None) -> dict:
+    m = res.get("machine") or {}
+    return {"path": path, "run_id": res.get("run_id"), "created": res.get("created"), "title": res.get("title"),
+            "gpu": m.get("gpu") or "no GPU", "driver": m.get("driver"), "cuda": m.get("cuda"), "torch": m.get("torch"),
+            "hostname": m.get("hostname"), "cpu": m.get("cpu"), "device": (res.get("settings") or {}).get("device"),
+            "versions": [e["label"] for e in res.get("envs", [])]}
+
+
+def pair_envs(a: dict, b: dict) -> list[tuple[str, str]]:
+    """Env pairs (label in A, label in B): same label first; an env left over on both sides is then
+    paired by flash-attn version when that version names exactly one env on each side."""
+    ea = [e for e in a.get("envs", []) if e.get("status") == "ok"]
+    eb = [e for e in b.get("envs", []) if e.get("status") == "ok"]
+    lb = {e["label"] for e in eb}
+    pairs = [(e["label"], e["label"]) for e in ea if e["label"] in lb]
+    used_a = {p[0] for p in pairs}
+    used_b = {p[1] for p in pairs}
+    ver = lambda e: e.get("flash_attn_version") or e.get("requested_version")  # noqa: E731
+    ra = [e for e in ea if e["label"] not in used_a]
+    rb = [e for e in eb if e["label"] not in used_b]
+    for e in ra:
+        same = [f for f in rb if ver(f) == ver(e)]
+        if len(same) == 1 and sum(1 for g in ra if ver(g) == ver(e)) == 1:
+            pairs.append((e["label"], same[0]["label"]))
+    return pairs
+
+
+def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str | None = None,
+                 b_path: str | None = None) -> dict:
+    """Compare run B against run A: for each env in both (see pair_envs) and each case timed OK in
+    both, the ratio B/A of wall, host and device time (stats.compare on the stored per-process
+    samples: median of per-process medians, two-level bootstrap CI), its verdict and attribution.
+    Above 1, B is slower than A."""
+    eff = min_effect if min_effect is not None else ((a.get("settings") or {}).get("min_effect") or 0.05)
+    pairs = pair_envs(a, b)
+    ca = {(c["env"], c["id"]): c for c in a.get("cases", [])}
+    cb = {(c["env"], c["id"]): c for c in b.get("cases", [])}
+    short, common = short_labels(list(a.get("cases", [])) + list(b.get("cases", [])))
+    rows, skipped = [], []
+    for la, lb in pairs:
+        ids = [c["id"] for c in a.get("cases", []) if c["env"] == la]
+        for cid in ids:
+            x, y = ca.get((la, cid)), cb.get((lb, cid))
+            if y is None:
+                skipped.append({"env": la, "case": cid, "why": "not in B"})
+                continue
+            if x["status"] != "ok" or y["status"] != "ok":
+                skipped.append({"env": la, "case": cid, "why": f"A {x['status']}, B {y['status']}"})
+                continue
+            per = {}
+            for m in ("wall_us", "host_us", "device_us"):
+                sa = ((x.get("metrics") or {}).get(m) or {}).get("samples")
+                sb = ((y.get("metrics") or {}).get(m) or {}).get("samples")
+                if sa and sb:
+                    per[m] = stats.compare(sa, sb, eff, seed=zlib.crc32(f"{la}/{cid}/{m}".encode()))
+            if not per.get("wall_us"):
+                skipped.append({"env": la, "case": cid, "why": "no wall samples"})
+                continue
+            attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
+            w = dict(per["wall_us"], case=cid, attribution=attr, attribution_why=why)
+            rows.append({"env": la, "env_b": lb, "id": cid, "label": x.get("label", cid), "short": short.get(cid, cid),
+                         "op": x.get("op"), "wall": w, "host": per.get("host_us"), "device": per.get("device_us"),
+                         "host_bound": {"a": x.get("host_bound"), "b": y.get("host_bound")}})
+    in_b = {c["id"] for c in b.get("cases", [])}
+    only_a = sorted({c["id"] for c in a.get("cases", [])} - in_b)
+    only_b = sorted(in_b - {c["id"] for c in a.get("cases", [])})
+    summaries = []
+    for la, lb in pairs:
+        rs = [r for r in rows if r["env"] == la]
+        n = len([c for c in a.get("cases", []) if c["env"] == la])
+        name = {r["id"]: f"{r['short']} {r['op']}" for r in rs}
+        env_name = la if la == lb else f"{la} (A) / {lb} (B)"
+        s = summarize([r["wall"] for r in rs], n, name, "B", "A", [r["device"] for r in rs if r["device"]],
+                      [r["host"] for r in rs if r["host"]], eff, prefix=f"{env_name} — ")
+        s["env"] = la
+        summaries.append(s)
+    unpaired = ([f"A {e['label']}" for e in a.get("envs", []) if e["label"] not in {p[0] for p in pairs}] +
+                [f"B {e['label']}" for e in b.get("envs", []) if e["label"] not in {p[1] for p in pairs}])
+    return {"a": run_meta(a, a_path), "b": run_meta(b, b_path), "pairs": pairs, "rows": rows, "skipped": skipped,
+            "unpaired": unpaired,
+            "only_a": only_a, "only_b": only_b, "min_effect": eff, "common": common, "summaries": summaries}
+
+
+def compare_terminal(cmp: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or Console()
+    for side in ("a", "b"):
+        x = cmp[side]
+        console.print(escape(f"{side.upper()}: {x['run_id']} · {x['gpu']} · driver {x['driver'] or '–'} · CUDA "
+                             f"{x['cuda'] or '–'} · torch {x['torch'] or '–'} · {x['created']} · {x['path'] or ''}"))
+    t = Table(title="B / A per env and case" + (f" (every case: {escape(cmp['common'])})" if cmp["common"] else ""),
+              title_justify="left")
+    for col, j in (("env", "left"), ("case", "left"), ("op", "left"), ("A wall µs", "right"), ("B wall µs", "right"),
+                   ("B/A wall [95% CI]", "left"), ("verdict · why", "left"), ("B/A host", "right"),
+                   ("B/A dev", "right")):
+        t.add_column(col, justify=j)
+    for r in cmp["rows"]:
+        w = r["wall"]
+        env = r["env"] if r["env"] == r["env_b"] else f"{r['env']}→{r['env_b']}"
+        t.add_row(escape(env), escape(r["short"]), escape(str(r["op"])), fmt_us(w["base_median"]), fmt_us(w["cand_median"]),
+                  fmt_ratio(w), f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/]" +
+                  (f" · {escape(w['attribution'])}" if w.get("attribution") else ""),
+                  f"{r['host']['ratio']:.2f}x" if r["host"] else "–",
+                  f"{r['device']['ratio']:.2f}x" if r["device"] else "–")
+    console.print(t)
+    colors = {"slower": "red", "faster": "green", "mixed": "yellow", "same": "white", "none": "dim"}
+    for s in cmp["summaries"]:
+        console.print(f"[bold {colors[s['cls']]}]{escape(s['text'])}[/] [dim]{escape(s['detail'])}[/]")
+    if cmp["skipped"]:
+        console.print(f"[dim]{len(cmp['skipped'])} case(s) not compared (failed, or missing on one side)[/]")
+
+
+def compare_markdown(cmp: dict) -> str:
+    esc = lambda x: html.escape(str(x)).replace("|", "\\|")  # noqa: E731
+    a, b = cmp["a"], cmp["b"]
+    lines = [f"### matrix-run compare: B / A", "",
+             f"- **A**: {esc(a['run_id'])} · {esc(a['gpu'])} · driver {esc(a['driver'] or '–')} · CUDA {esc(a['cuda'] or '–')} · torch {esc(a['torch'] or '–')} · {esc(a['created'])}",
+             f"- **B**: {esc(b['run_id'])} · {esc(b['gpu'])} · driver {esc(b['driver'] or '–')} · CUDA {esc(b['cuda'] or '–')} · torch {esc(b['torch'] or '–')} · {esc(b['created'])}",
+             ""]
+    for s in cmp["summaries"]:
+        lines.append(f"- **{esc(s['text'])}** {esc(s['detail'])}")
+    lines += ["", "| env | case | op | A wall µs | B wall µs | B/A wall [95% CI] | verdict | B/A host | B/A device |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in cmp["rows"]:
+        w = r["wall"]
+        cells = [r["env"] if r["env"] == r["env_b"] else f"{r['env']}→{r['env_b']}", r["label"], r["op"],
+                 fmt_us(w["base_median"]), fmt_us(w["cand_median"]), fmt_ratio(w),
+                 w["verdict"] + (f" ({w['attribution']})" if w.get("attribution") else ""),
+                 f"{r['host']['ratio']:.2f}x" if r["host"] else "–", f"{r['device']['ratio']:.2f}x" if r["device"] else "–"]
+        lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
+    lines += ["", "ratio = B / A (median of per-process medians), 95% two-level bootstrap CI; above 1 B is slower."]
+    return "\n".join(lines) + "\n"
+
+
+def render_compare_html(cmp: dict) -> str:
+    by_env: dict = {}
+    for r in cmp["rows"]:
+        by_env.setdefault(r["env"], []).append(r)
+    ratio_svgs = {}
+    for env, rs in by_env.items():
+        rows = [{"short": r["short"], "op": r["op"], "comps": [{"wall": r["wall"]}]} for r in rs]
+        ch = charts.safe(charts.ratio_chart, rows, ["B"], "A", cmp["min_effect"], prefix=f"cmp{len(ratio_svgs)}",
+                         what="B / A")
+        ratio_svgs[env] = _svg(ch)
+    return _env().get_template("compare.html.j2").render(cmp=cmp, by_env=by_env, svgs=ratio_svgs)
+
+
+def write_compare_html(cmp: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    p = out_dir / "index.html"
+    p.write_text(render_compare_html(cmp), encoding="utf-8")
+    return p

@@ -1,0 +1,105 @@
+"""``matrix-run publish``: a static site of saved runs, like asv's published pages but needing no server.
+
+Layout of SITE::
+
+    SITE/index.html              the runs, newest first: date, machine, versions, headline verdict, links
+    SITE/<run>/index.html        each run's own report (copied; rendered when missing or with --rerender)
+    SITE/<run>/results.json      each run's raw data (copied)
+    SITE/.matrix-run-site        marker: a site inside REPORTS_DIR is never taken for a run
+
+``<run>`` is the run's directory name under REPORTS_DIR. Runs are found as REPORTS_DIR/*/results.json
+of schema ``matrix-runner/results/1``; anything else is skipped with a warning. Every page is
+self-contained (inline CSS, no script, nothing fetched) and every string from a results file is
+escaped.
+"""
+from __future__ import annotations
+
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import quote
+
+from . import __version__, report, results
+
+MARKER = ".matrix-run-site"
+
+
+def find_runs(reports_dir: Path, site_dir: Path | None = None) -> tuple[list[dict], list[str]]:
+    """Runs under ``reports_dir`` (one level down) as ``[{name, dir, res}]`` and warnings for the
+    directories skipped."""
+    reports_dir = Path(reports_dir)
+    if not reports_dir.is_dir():
+        raise results.ResultsError(f"{reports_dir}: not a directory")
+    site = site_dir.resolve() if site_dir else None
+    runs, warnings = [], []
+    for d in sorted(p for p in reports_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if (d / MARKER).exists() or (site and d.resolve() == site):
+            continue
+        f = d / "results.json"
+        if not f.is_file():
+            warnings.append(f"skipped {d}: no results.json in it")
+            continue
+        try:
+            res = results.load(f)
+        except results.ResultsError as e:
+            warnings.append(f"skipped {d}: {e}")
+            continue
+        runs.append({"name": d.name, "dir": d, "res": res})
+    return runs, warnings
+
+
+def run_entry(name: str, res: dict) -> dict:
+    """What the index shows of one run."""
+    vm = report.view_model(res)
+    m = res.get("machine") or {}
+    created = res.get("created") or ""
+    try:
+        when = datetime.fromisoformat(created)
+        date = when.strftime("%Y-%m-%d %H:%M") + (" UTC" if when.utcoffset() is not None and not when.utcoffset() else "")
+    except ValueError:
+        when, date = None, created or "–"
+    stop = (res.get("timing") or {}).get("stop_reason")
+    return {
+        "name": name, "href": quote(name) + "/index.html", "json_href": quote(name) + "/results.json",
+        "run_id": res.get("run_id"), "title": res.get("title"), "date": date, "sort": created,
+        "gpu": m.get("gpu") or "no GPU", "driver": m.get("driver"), "cuda": m.get("cuda"), "torch": m.get("torch"),
+        "hostname": m.get("hostname"), "device": (res.get("settings") or {}).get("device"),
+        "envs": [{"label": e.get("label"), "version": e.get("flash_attn_version") or e.get("requested_version"),
+                  "status": e.get("status"), "color": vm["env_color"].get(e.get("label"))} for e in res.get("envs", [])],
+        "base": vm["base"], "summaries": vm["summaries"], "n_cases": len(vm["rows"]),
+        "n_failed": len(vm["failed_cases"]), "incomplete": not res.get("finished") or stop == "running",
+        "no_gpu": (res.get("settings") or {}).get("no_gpu_message"),
+    }
+
+
+def build_site(reports_dir: Path, site_dir: Path, rerender: bool = False) -> dict:
+    """Write the site (see module doc). Returns ``{index, runs: [entry], warnings: [str]}``."""
+    reports_dir, site_dir = Path(reports_dir), Path(site_dir)
+    runs, warnings = find_runs(reports_dir, site_dir)
+    site_dir.mkdir(parents=True, exist_ok=True)
+    (site_dir / MARKER).write_text(f"matrix-run {__version__} site of {reports_dir}\n")
+    entries = []
+    for r in runs:
+        dest = site_dir / r["name"]
+        try:
+            entry = run_entry(r["name"], r["res"])
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(r["dir"] / "results.json", dest / "results.json")
+            src_html = r["dir"] / "index.html"
+            if src_html.is_file() and not rerender:
+                shutil.copyfile(src_html, dest / "index.html")
+            else:
+                report.write_html(r["res"], dest, "results.json")
+                entry["rendered"] = True
+        except Exception as e:  # noqa: BLE001 - one odd run never sinks the site
+            warnings.append(f"skipped {r['dir']}: {type(e).__name__}: {e}")
+            continue
+        entries.append(entry)
+    entries.sort(key=lambda e: e["sort"] or "", reverse=True)
+    page = report._env().get_template("site_index.html.j2").render(
+        runs=entries, warnings=warnings, source=str(reports_dir), version=__version__,
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    index = site_dir / "index.html"
+    index.write_text(page, encoding="utf-8")
+    (site_dir / ".nojekyll").write_text("")  # GitHub Pages: serve the files as they are
+    return {"index": index, "runs": entries, "warnings": warnings}

@@ -1,0 +1,484 @@
+"""The report, rendered from saved results: the committed H200 run (reports/h200-2.6.3-vs-2.7.0.post2)
+and small synthetic results for the edge cases (failed env, failed case, CPU only, one env, hostile
+strings). Asserts the numbers and verdicts shown, that nothing is fetched from the network, that
+user strings are escaped; plus `matrix-run compare` and `matrix-run publish`."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from matrix_runner import report, results, stats
+
+ROOT = Path(__file__).resolve().parents[1]
+H200_DIR = ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2"
+H200 = H200_DIR / "results.json"
+XSS = "<script>alert(1)</script>"
+
+
+# --------------------------------------------------------------------------------------------
+class Page(HTMLParser):
+    """Every start tag with its attributes, and the text inside each element with a data-* key."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.ids: list[str] = []
+        self._stack: list[list] = []  # [tag, attrs, text parts]
+        self.cells: list[tuple[dict, str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if "id" in a:
+            self.ids.append(a["id"])
+        if tag in ("td", "div", "tr", "details", "figure"):
+            self._stack.append([tag, a, []])
+
+    def handle_endtag(self, tag):
+        for i in range(len(self._stack) - 1, -1, -1):
+            if self._stack[i][0] == tag:
+                t, a, parts = self._stack.pop(i)
+                text = " ".join("".join(parts).split())
+                self.cells.append((a, text))
+                if self._stack:
+                    self._stack[-1][2].append(" " + text + " ")
+                break
+
+    def handle_data(self, data):
+        if self._stack:
+            self._stack[-1][2].append(data)
+
+    def find(self, **attrs) -> list[tuple[dict, str]]:
+        want = {k.replace("_", "-"): v for k, v in attrs.items()}
+        return [(a, t) for a, t in self.cells if all(a.get(k) == v for k, v in want.items())]
+
+
+def parse(html: str) -> Page:
+    p = Page()
+    p.feed(html)
+    p.close()
+    return p
+
+
+URL_ATTRS = ("src", "href", "xlink:href", "action", "data", "poster", "srcset", "formaction", "background")
+
+
+def assert_self_contained(html: str) -> Page:
+    """No attribute that could fetch anything outside the page, no script, no CSS import/url()."""
+    page = parse(html)
+    for tag, attrs in page.tags:
+        assert tag not in ("script", "iframe", "object", "embed", "link", "img", "image", "audio", "video", "source"), tag
+        for k, v in attrs.items():
+            assert not k.startswith("on"), (tag, k)  # no event handlers
+            if k in URL_ATTRS and v is not None:
+                assert not re.match(r"^\s*([a-z][a-z0-9+.-]*:|//)", v, re.I), (tag, k, v)
+    assert "http://" not in html and "https://" not in html
+    assert "@import" not in html and "@font-face" not in html
+    assert re.findall(r"url\((?!#)", html) == []
+    return page
+
+
+@pytest.fixture(scope="module")
+def h200() -> dict:
+    return results.load(H200)
+
+
+@pytest.fixture(scope="module")
+def h200_html(h200) -> str:
+    return report.render_html(h200)
+
+
+# --------------------------------------------------------------------------------------------
+# synthetic results
+def _samples(center: float, rounds: int = 3, n: int = 40, seed: int = 0, spread: float = 0.02) -> list[list[float]]:
+    rng = np.random.default_rng(seed)
+    return [list(center * (1 + spread * rng.standard_normal(n))) for _ in range(rounds)]
+
+
+def make_case(env: str, op: str, batch: int, seqlen: int, wall: float | None, host: float | None,
+              device: float | None, status: str = "ok", error: str | None = None, seed: int = 0,
+              label: str | None = None) -> dict:
+    cid = f"{op}-b{batch}-sq{seqlen}-sk{seqlen}-h4-hk4-d32-fp16"
+    metrics = {}
+    for m, v in (("wall_us", wall), ("host_us", host), ("device_us", device)):
+        if v is not None and status == "ok":
+            metrics[m] = stats.summarize(_samples(v, seed=seed * 10 + len(metrics)))
+    med = {m: s["median"] for m, s in metrics.items()}
+    tensors = {"out": 3e-4} if op == "fwd" else {"dq": 4e-4, "dk": 3.5e-4, "dv": 3.6e-4}
+    return {"op": op, "batch": batch, "seqlen_q": seqlen, "seqlen_k": seqlen, "nheads": 4, "nheads_k": 4,
+            "head_dim": 32, "dtype": "fp16", "causal": False, "dropout_p": 0.0, "softmax_scale": None,
+            "layout": "embed", "id": cid, "env": env, "label": label or f"B{batch} S{seqlen} H4 D32",
+            "status": status, "error": error, "error_kind": "timeout" if status != "ok" else None, "notes": [],
+            "seconds": 1.0, "kernels": [{"name": "void flash_fwd_kernel<Traits<32>>(Params)", "us": device}] if device else [],
+            "inner": {}, "metrics": metrics,
+            "tflops": {"wall": 1.0 if wall else None, "device": 2.0 if device else None},
+            "host_bound": stats.host_bound(med.get("host_us"), med.get("device_us")),
+            "correctness": {"tensors": {k: {"max_abs_err": v * 3, "rel_err": v, "finite": True} for k, v in tensors.items()},
+                            "tolerance": 0.01, "ok": True} if status == "ok" else None}
+
+
+def make_results(envs: list[dict], cases: list[dict], title: str = "synthetic", device: str = "cuda",
+                 machine: dict | None = None, created: str = "2026-01-02T03:04:05+00:00") -> dict:
+    ok = [e["label"] for e in envs if e["status"] == "ok"]
+    return {"schema": results.SCHEMA, "run_id": "20260102-030405-synthetic", "created": created,
+            "finished": created, "title": title, "command": ["matrix-run", "--versions", ",".join(e["label"] for e in envs)],
+            "config": {"title": title}, "config_source": "test", "matrix_run_version": "0.1.0",
+            "settings": {"device": device, "min_effect": 0.05, "no_gpu_message": None},
+            "machine": machine or {"hostname": "box", "gpu": "Test GPU" if device == "cuda" else None, "driver": "1.0",
+                                   "cuda": "12.4" if device == "cuda" else None, "torch": "2.5.0", "python": "3.12",
+                                   "cpu_count": 4},
+            "envs": envs, "cases": cases, "comparisons": results.comparisons(cases, ok, 0.05),
+            "rounds": [{"round": 0, "env": e["label"], "seconds": 1.0, "status": "ok", "error": None, "restarts": 0,
+                        "gpu": None} for e in envs if e["status"] == "ok"],
+            "timing": {"env_phase_s": 1.0, "timing_phase_s": 2.0, "total_s": 3.0, "stop_reason": "done"}}
+
+
+def env(label: str, status: str = "ok", error: str | None = None, version: str | None = None) -> dict:
+    return {"label": label, "requested_version": version or label, "flash_attn_version": version or label if status == "ok" else None,
+            "torch": "2.5.0", "python": "3.12", "status": status, "error": error,
+            "error_tail": "Traceback ...\nRuntimeError: nvcc died" if status != "ok" else None,
+            "build": {"method": "find-links", "seconds": 1.0, "reused": False}}
+
+
+def gpu_run(**kw) -> dict:
+    """Two envs on a 'GPU': the candidate pays 60 µs more host time per call; kernels equal."""
+    cases = []
+    for i, (op, b, s) in enumerate([("fwd", 2, 64), ("fwd", 2, 256), ("fwd", 64, 64), ("bwd", 2, 64)]):
+        dev = 5.0 if b == 2 else 400.0
+        cases.append(make_case("1.0", op, b, s, 40.0 + dev, 35.0, dev, seed=i))
+        cases.append(make_case("2.0", op, b, s, 100.0 + dev if b == 2 else dev + 40.0, 95.0, dev, seed=100 + i))
+    return make_results([env("1.0"), env("2.0")], cases, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# the H200 run
+def test_h200_verdict_cells_show_the_fixture_numbers(h200, h200_html):
+    page = parse(h200_html)
+    wall = [c for c in h200["comparisons"] if c["metric"] == "wall_us"]
+    assert len(wall) == 12
+    for c in wall:
+        ratio = page.find(data_case=c["case"])  # the row
+        assert ratio, c["case"]
+        cell = [(a, t) for a, t in page.cells if a.get("class", "").startswith("ratio") and
+                a.get("data-candidate") == c["candidate"] and a.get("data-ratio") == f"{c['ratio']:.2f}"]
+        assert cell, (c["case"], c["ratio"])
+        verdict = [(a, t) for a, t in page.cells if "verdict" in a.get("class", "").split() and
+                   a.get("data-candidate") == c["candidate"] and a.get("data-verdict") == c["verdict"] and
+                   a.get("data-attribution") == (c["attribution"] or "")]
+        assert verdict, (c["case"], c["verdict"], c["attribution"])
+    # the row the issue talks about: B2 S300 fwd, read from the fixture
+    b2 = next(c for c in wall if c["label"] == "B2 S300 H16 D16" and c["op"] == "fwd")
+    assert f"{b2['ratio']:.2f}" == "2.04" and b2["verdict"] == "slower" and b2["attribution"] == "host"
+    row = next(t for a, t in page.cells if a.get("data-case") == b2["case"] and not a.get("class"))
+    assert "2.04x" in row and f"[{b2['ci_low']:.2f}, {b2['ci_high']:.2f}]" in row
+    assert "slower" in row and "host" in row
+    # every slower/faster cell is coloured by its verdict
+    for a, t in page.cells:
+        if a.get("data-verdict"):
+            assert f"v-{a['data-verdict']}" in a["class"]
+
+
+def test_h200_headline_is_computed_from_the_fixture(h200, h200_html):
+    wall = [c for c in h200["comparisons"] if c["metric"] == "wall_us"]
+    slower = [c for c in wall if c["verdict"] == "slower"]
+    worst = max(slower, key=lambda c: c["ratio"])
+    assert {c["attribution"] for c in slower} == {"host"}
+    n = len({c["id"] for c in h200["cases"]})
+    short = " ".join(t for t in worst["label"].split() if t not in ("H16", "D16"))
+    expect = (f"2.7.0.post2 vs 2.6.3: slower in {len(slower)}/{n} cases, all host overhead; "
+              f"largest {worst['ratio']:.2f}x at {short} {worst['op']}.")
+    assert expect == "2.7.0.post2 vs 2.6.3: slower in 7/12 cases, all host overhead; largest 2.11x at B2 S300 bwd."
+    page = parse(h200_html)
+    hl = page.find(data_candidate="2.7.0.post2", data_cls="slower")
+    assert hl and hl[0][1].startswith(expect)
+    same = sum(1 for c in wall if c["verdict"] == "same")
+    amb = sum(1 for c in wall if c["verdict"] == "ambiguous")
+    assert f"Same in {same}, ambiguous in {amb}." in hl[0][1]
+    dev = [c for c in h200["comparisons"] if c["metric"] == "device_us"]
+    assert f"Kernel (device) time: same in {sum(c['verdict'] == 'same' for c in dev)} of {len(dev)}" in hl[0][1]
+    # the headline comes before the verdict table, which comes before the charts
+    assert h200_html.index(expect) < h200_html.index('class="verdict-table"') < h200_html.index("<svg")
+
+
+def test_h200_first_screen_has_machine_versions_and_host_bound_markers(h200, h200_html):
+    m = h200["machine"]
+    head = h200_html[:h200_html.index('class="verdict-table"')]
+    for s in (m["gpu"], m["driver"], m["cuda"], m["torch"], "sm_90", "2.6.3", "2.7.0.post2", "baseline"):
+        assert s in head, s
+    page = parse(h200_html)
+    hb_cases = sum(1 for c in h200["cases"] if c["host_bound"])
+    assert hb_cases == 12
+    table = h200_html[h200_html.index('class="verdict-table"'):h200_html.index("</table>", h200_html.index('class="verdict-table"'))]
+    assert table.count('class="tag hb"') == hb_cases
+    assert "every case: H16 D16 · fp16" in h200_html
+    assert len(page.ids) == len(set(page.ids)), "duplicate ids (charts must prefix theirs)"
+
+
+def test_h200_is_self_contained_small_and_has_its_charts(h200_html):
+    page = assert_self_contained(h200_html)
+    assert len(h200_html.encode()) < 2_000_000
+    svgs = [a for t, a in page.tags if t == "svg"]
+    assert len(svgs) == 5  # ratio, host/device breakdown, vs seqlen, vs batch, correctness
+    for needle in ("wall = device + non-overlapped host", "95% CI of the median", "device (kernel time)",
+                   "host-bound", "relative error vs fp32 reference", "B2 S300 fwd"):
+        assert needle in h200_html, needle
+    # internal links only: verdict rows to the case details, the raw JSON next to the report
+    hrefs = [a["href"] for t, a in page.tags if t == "a"]
+    assert "results.json" in hrefs
+    assert all(h == "results.json" or h.startswith("#") for h in hrefs), hrefs
+    assert all(h[1:] in page.ids for h in hrefs if h.startswith("#"))
+
+
+def test_h200_detail_has_every_clock_kernels_builds_and_the_command(h200, h200_html):
+    page = parse(h200_html)
+    for c in h200["cases"]:
+        det = page.find(id=f"case-{c['id']}")
+        assert det, c["id"]
+        text = det[0][1]
+        for m, v in c["metrics"].items():
+            assert report.fmt_us(v["median"]) in text and report.fmt_us(v["iqr"]) in text, (c["id"], m)
+            assert str(v["n"]) in text
+        for k in c["kernels"]:
+            assert report.fmt_us(k["us"]) in text
+        assert f"{c['tflops']['wall']:.2f}" in text
+    assert "flash_fwd_kernel&lt;Flash_fwd_kernel_traits&lt;32, 128, 128, 4" in h200_html  # kernel names, escaped
+    for e in h200["envs"]:
+        assert e["build"]["wheel_sha256"] in h200_html and e["build"]["key_id"] in h200_html
+    assert "matrix-run --versions 2.6.3,2.7.0.post2 --find-links" in h200_html
+    assert "time budget 100 s reached" in h200_html
+
+
+def test_h200_markdown_and_terminal(h200):
+    md = report.markdown(h200)
+    assert "- **2.7.0.post2 vs 2.6.3: slower in 7/12 cases, all host overhead; largest 2.11x at B2 S300 bwd." in md
+    b2 = next(c for c in h200["comparisons"] if c["metric"] == "wall_us" and c["label"] == "B2 S300 H16 D16" and c["op"] == "fwd")
+    assert f"| B2 S300 H16 D16 | fwd | 74.8 | 152 | slower {report.fmt_ratio(b2)} (host) |" in md
+    from rich.console import Console
+
+    con = Console(record=True, width=220, color_system=None)
+    report.terminal_table(h200, con)
+    out = con.export_text()
+    assert f"slower {report.fmt_ratio(b2)} · host" in out
+    assert "largest 2.11x at B2 S300 bwd" in out
+
+
+# --------------------------------------------------------------------------------------------
+# edge cases
+def test_hostile_strings_are_escaped_everywhere():
+    run = gpu_run(title=XSS)
+    run["envs"][1]["error"] = None
+    run["machine"]["gpu"] = '<img src=x onerror="alert(2)">'
+    for c in run["cases"]:
+        c["label"] = c["label"] + ' $\\alpha$ <b onmouseover="x()">'
+    run["cases"][0]["kernels"][0]["name"] = "</td><script>alert(3)</script>"
+    run["command"].append("--title=</pre><script>alert(4)</script>")
+    run["envs"].append(env('"><script>alert(5)</script>', status="failed", error="<script>alert(6)</script>"))
+    html = report.render_html(run)
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<img" not in html and "<b onmouseover" not in html
+    page = assert_self_contained(html)
+    assert [t for t, a in page.tags if t == "title"]
+    assert "svg" in {t for t, a in page.tags}  # the $...$ label did not break the charts
+    assert "unavailable" not in html
+    md = report.markdown(run)
+    assert "<script>" not in md and "&lt;script&gt;" in md
+
+
+def test_failed_env_failed_case_and_cpu_only():
+    cases = []
+    for i, (op, b, s) in enumerate([("fwd", 1, 16), ("fwd", 1, 64), ("bwd", 1, 16)]):
+        cases.append(make_case("a", op, b, s, 50.0, 45.0, None, seed=i))
+        cases.append(make_case("b", op, b, s, 350.0, 345.0, None, seed=10 + i))
+    cases[-1] = make_case("b", "bwd", 1, 16, None, None, None, status="failed", error="Timeout after 300 s")
+    run = make_results([env("a"), env("b"), env("c", status="failed", error="no wheel for 9.9")], cases, device="cpu")
+    html = report.render_html(run)
+    page = assert_self_contained(html)
+    assert "no wheel for 9.9" in html and "Timeout after 300 s" in html
+    # CPU: no device column, no attribution, the breakdown says there is no device clock
+    assert "<th>device</th>" not in html
+    assert "no device clock" in html.lower()
+    for a, t in page.cells:
+        if a.get("data-verdict"):
+            assert a["data-attribution"] == ""
+    hl = page.find(data_candidate="b")[0][1]
+    worst = max((c for c in run["comparisons"] if c["metric"] == "wall_us"), key=lambda c: c["ratio"])
+    assert 6.5 < worst["ratio"] < 7.5
+    assert hl.startswith("b vs a: slower in 2/3 cases (CPU run: no device clock, wall is all host time); "
+                         f"largest {worst['ratio']:.2f}x at S{worst['label'].split()[1][1:]} fwd.")
+    assert "Not compared in 1 (failed or not run)." in hl
+    # the failed env "c" has no cases: it is named above the table, not given empty columns
+    assert "<b>c</b> failed: no wheel for 9.9 — not in any comparison." in html
+    table = html[html.index('class="verdict-table"'):html.index("</thead>")]
+    assert table.count("µs per call") == 2 and table.count("b vs a") == 1
+    failed_row = page.find(data_case=cases[-1]["id"])[0][1]
+    assert "failed: timeout" in failed_row and "not compared" in failed_row
+    assert len([a for t, a in page.tags if t == "svg"]) >= 3  # ratio, breakdown, seqlen (+ correctness)
+    report.terminal_table(run, __import__("rich.console", fromlist=["Console"]).Console(record=True, width=200))
+
+
+def test_one_env_and_no_env():
+    one = make_results([env("x")], [make_case("x", "fwd", 2, s, 40.0, 30.0, 8.0) for s in (64, 128)])
+    html = report.render_html(one)
+    assert_self_contained(html)
+    assert "One env (x): nothing to compare against." in html
+    assert 'id="chart-ratio"' not in html
+    assert "wall = device + non-overlapped host" in html  # the breakdown still draws
+    none = make_results([env("x", status="failed", error="build failed")], [])
+    html = report.render_html(none)
+    assert_self_contained(html)
+    assert "No env could be timed." in html and "build failed" in html
+    assert "<svg" not in html
+
+
+def test_a_chart_that_fails_does_not_sink_the_report(monkeypatch):
+    from matrix_runner import charts
+
+    def boom(*a, **k):
+        raise RuntimeError("no fonts today")
+
+    monkeypatch.setattr(charts, "breakdown_chart", boom)
+    html = report.render_html(gpu_run())
+    assert "chart unavailable: RuntimeError: no fonts today" in html
+    assert 'id="chart-ratio"' in html
+
+
+# --------------------------------------------------------------------------------------------
+# compare
+def _scaled(res: dict, env_label: str, factors: dict) -> dict:
+    out = copy.deepcopy(res)
+    for c in out["cases"]:
+        if c["env"] != env_label:
+            continue
+        for m, f in factors.items():
+            if m in c["metrics"]:
+                c["metrics"][m] = stats.summarize([[x * f for x in r] for r in c["metrics"][m]["samples"]])
+    out["run_id"] = res["run_id"] + "-b"
+    return out
+
+
+def test_compare_runs_finds_a_planted_host_slowdown(h200):
+    b = _scaled(h200, "2.7.0.post2", {"wall_us": 1.5, "host_us": 1.5})
+    cmp = report.compare_runs(h200, b)
+    assert cmp["pairs"] == [("2.6.3", "2.6.3"), ("2.7.0.post2", "2.7.0.post2")]
+    assert len(cmp["rows"]) == 24 and not cmp["skipped"]
+    for r in cmp["rows"]:
+        w = r["wall"]
+        if r["env"] == "2.6.3":
+            assert w["ratio"] == pytest.approx(1.0) and w["verdict"] in ("same", "ambiguous")
+        else:
+            assert w["ratio"] == pytest.approx(1.5)
+            assert r["device"]["ratio"] == pytest.approx(1.0) and r["device"]["verdict"] == "same"
+            if w["verdict"] == "slower":
+                assert w["attribution"] == "host"
+    slow = [r for r in cmp["rows"] if r["env"] == "2.7.0.post2" and r["wall"]["verdict"] == "slower"]
+    assert len(slow) >= 6
+    s = {x["env"]: x for x in cmp["summaries"]}
+    assert s["2.7.0.post2"]["text"].startswith(f"2.7.0.post2 — B vs A: slower in {len(slow)}/12 cases, all host overhead")
+    assert s["2.6.3"]["cls"] == "same"
+
+
+def test_compare_pairs_by_version_when_labels_differ(h200):
+    b = copy.deepcopy(h200)
+    for e in b["envs"]:
+        e["label"] = "new-" + e["label"]
+    for c in b["cases"]:
+        c["env"] = "new-" + c["env"]
+    cmp = report.compare_runs(h200, b)
+    assert cmp["pairs"] == [("2.6.3", "new-2.6.3"), ("2.7.0.post2", "new-2.7.0.post2")]
+    assert len(cmp["rows"]) == 24
+
+
+def test_compare_cli_writes_table_html_and_markdown(h200, tmp_path):
+    b = _scaled(h200, "2.7.0.post2", {"wall_us": 2.0, "host_us": 2.0})
+    b["title"] = XSS
+    results.write_json(tmp_path / "b" / "results.json", b)
+    cp = run_cli("compare", str(H200), str(tmp_path / "b"), "-o", str(tmp_path / "cmp"), "--markdown",
+                 str(tmp_path / "cmp.md"))
+    assert cp.returncode == 0, cp.stderr
+    assert "B / A per env and case" in cp.stdout and "2.7.0.post2 — B vs A: slower in" in " ".join(cp.stdout.split())
+    html = (tmp_path / "cmp" / "index.html").read_text()
+    page = assert_self_contained(html)
+    assert "<script" not in html and "&lt;script&gt;" in html
+    cells = [a for a, t in page.cells if a.get("data-env") == "2.7.0.post2" and a.get("data-case")]
+    assert len(cells) == 12
+    assert page.find(data_verdict="slower", data_attribution="host")
+    assert any(a.get("data-ratio") == "2.00" for a, t in page.cells)
+    md = (tmp_path / "cmp.md").read_text()
+    a_wall = next(c for c in h200["cases"] if c["env"] == "2.7.0.post2" and c["label"] == "B2 S300 H16 D16"
+                  and c["op"] == "fwd")["metrics"]["wall_us"]["median"]
+    assert f"| 2.7.0.post2 | B2 S300 H16 D16 | fwd | {report.fmt_us(a_wall)} | {report.fmt_us(2 * a_wall)} | 2.00x [" in md
+
+
+def test_compare_cli_help_and_errors(tmp_path):
+    cp = run_cli("compare", "-h")
+    assert cp.returncode == 0
+    text = " ".join(cp.stdout.split())
+    assert "B/A" in text and "Above 1, B is slower than A" in text and "No timing is redone" in text
+    other = make_results([env("zzz")], [make_case("zzz", "fwd", 1, 16, 10.0, 5.0, None)])
+    results.write_json(tmp_path / "o" / "results.json", other)
+    cp = run_cli("compare", str(H200), str(tmp_path / "o" / "results.json"))
+    assert cp.returncode == 2 and "no env in common" in " ".join(cp.stderr.split())
+    (tmp_path / "bad.json").write_text('{"schema": "other/1"}')
+    cp = run_cli("compare", str(H200), str(tmp_path / "bad.json"))
+    assert cp.returncode == 2 and "is not 'matrix-runner/results/1'" in cp.stderr and "Traceback" not in cp.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# publish
+def test_publish_site_of_runs(tmp_path):
+    from matrix_runner import publish
+
+    reports = tmp_path / "reports"
+    shutil.copytree(H200_DIR, reports / H200_DIR.name)
+    hostile = gpu_run(title=XSS, created="2027-05-06T07:08:09+00:00")
+    hostile["machine"]["gpu"] = "<b>GPU</b>"
+    results.write_json(reports / "x&y run" / "results.json", hostile)  # no index.html: rendered
+    (reports / "other").mkdir()
+    (reports / "other" / "results.json").write_text(json.dumps({"schema": "asv/1"}))
+    (reports / "empty").mkdir()
+    (reports / "README.md").write_text("not a run")
+    site = reports / "site"  # a site inside REPORTS_DIR is not a run
+    out = publish.build_site(reports, site)
+    assert [r["name"] for r in out["runs"]] == ["x&y run", H200_DIR.name]  # newest first
+    w = " ".join(out["warnings"])
+    assert "other" in w and "is not 'matrix-runner/results/1'" in w and "empty: no results.json" in w
+    assert (site / H200_DIR.name / "index.html").read_bytes() == (H200_DIR / "index.html").read_bytes()
+    assert (site / H200_DIR.name / "results.json").read_bytes() == H200.read_bytes()
+    rendered = (site / "x&y run" / "index.html").read_text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered and "<script" not in rendered
+    html = (site / "index.html").read_text()
+    page = assert_self_contained(html)
+    assert "<script" not in html and "&lt;b&gt;GPU&lt;/b&gt;" in html
+    hrefs = [a["href"] for t, a in page.tags if t == "a"]
+    assert f"{H200_DIR.name}/index.html" in hrefs and f"{H200_DIR.name}/results.json" in hrefs
+    assert "x%26y%20run/index.html" in hrefs
+    for h in hrefs:
+        from urllib.parse import unquote
+
+        assert (site / unquote(h)).is_file(), h
+    row = page.find(data_run=H200_DIR.name)[0][1]
+    assert "NVIDIA H200" in row and "2026-11-30 06:53 UTC" in row and "2.6.3" in row and "2.7.0.post2" in row
+    assert "2.7.0.post2 vs 2.6.3: slower in 7/12 cases, all host overhead; largest 2.11x at B2 S300 bwd." in row
+    # again, with the site now inside reports/: still two runs, and --rerender renders the H200 report anew
+    out2 = publish.build_site(reports, site, rerender=True)
+    assert [r["name"] for r in out2["runs"]] == ["x&y run", H200_DIR.name]
+    assert "<svg" in (site / H200_DIR.name / "index.html").read_text()
+
+
+def test_publish_cli_on_the_committed_reports(tmp_path):
+    cp = run_cli("publish", str(ROOT / "reports"), "-o", str(tmp_path / "site"))
+    assert cp.returncode == 0, cp.stderr
+    html = (tmp_path / "site" / "index.html").read_text()
+    assert f'href="{H200_DIR.name}/index.html"' in html and "NVIDIA H200" in html
+    assert (tmp_path / "site" / H200_DIR.name / "results.json").is_file()
+    cp = run_cli("publish", str(tmp_path / "nope"), "-o", str(tmp_path / "s2"))
+    assert cp.returncode == 2 and "not a directory" in cp.stderr
