@@ -111,3 +111,22 @@ def test_source_build_from_sdist_records_torch_and_caches(standins, tiny_config,
     cp = run_cli(*args, "--versions", "other=2.6.3", "--output", str(tmp_path / "o2"))
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert load_results(tmp_path / "o2")["envs"][0]["build"]["method"] == "cache"
+
+
+def test_a_different_find_links_wheel_is_reinstalled_not_reused(first_run, standins, tiny_config, tmp_path):
+    """Same version, same torch, but --find-links now offers another build: the env that differs is
+    reinstalled, the one whose wheel is unchanged is reused."""
+    import shutil
+
+    import standin
+    root = first_run["root"]
+    new = tmp_path / "wheels"
+    shutil.copytree(standins["wheels"], new, ignore=shutil.ignore_patterns("flash_attn-2.7.0.post2-*"))
+    standin.build_wheel(standin.make_source(tmp_path / "src", "2.7.0.post2", 0.0), new)
+    cp = run_cli("plan", "--versions", "2.6.3,2.7.0.post2", "--config", str(tiny_config), "--json",
+                 "--find-links", str(new), "--envs-dir", str(root / "envs"), "--wheel-cache", str(root / "cache"))
+    assert cp.returncode == 0, cp.stderr
+    plan = {p["label"]: p for p in json.loads(cp.stdout)}
+    assert plan["2.6.3"]["method"] == "reuse"
+    assert plan["2.7.0.post2"]["method"] == "find-links"
+    assert any("another sha256" in n for n in plan["2.7.0.post2"]["notes"])
