@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -19,8 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import __version__, envs as envmod, machine, report, results, runner, wheels
-from .config import ConfigError, load_config
+from . import __version__, envs as envmod, machine, proc, report, results, runner, wheels
+from .config import ConfigError, load_config, parse_config
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "compare", "publish")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -65,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="build envs, time, compare, report (the default)")
     _add_env_args(r)
+    next(a for a in r._actions if a.dest == "versions").required = False  # --resume reads them from RUN_DIR
+    r.add_argument("--resume", metavar="RUN_DIR",
+                   help="finish an interrupted run in RUN_DIR: its measured rounds are kept and only the missing "
+                        "rounds and cases are run, with the settings stored in RUN_DIR/results.json (give no "
+                        "other option)")
     r.add_argument("--output", metavar="DIR", help="run directory (default: reports/<run-id>/)")
     r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="cuda: time on the GPU; cpu: time the same call on CPU tensors (real flash-attn rejects "
@@ -208,6 +214,9 @@ def cmd_plan(args) -> int:
     cfg = load_config(args.config)
     reqs = envmod.parse_versions(args.versions)
     opts = _options(args)
+    if args.backend == "uv":
+        for w in envmod.check_versions(reqs, opts):
+            console.print(f"[yellow]warning:[/] {w}")
     dprobe = envmod.probe(sys.executable)
     items = _plan_all(reqs, cfg.cases, opts, dprobe)
     if args.json:
@@ -315,23 +324,99 @@ def cmd_publish(args) -> int:
 
 # ---------------------------------------------------------------------------------------------
 def cmd_run(args, argv: list[str]) -> int:
+    """Run (or, with --resume, finish) a benchmark. SIGINT/SIGTERM stop workers and builds (nothing
+    is left running), the results measured so far are written and the exit code is 130."""
+    stop = threading.Event()
+    restore = runner.install_signal_handlers(stop)
+    cwd = os.getcwd()
+    try:
+        prior = None
+        if args.resume:
+            args, argv, prior = _resume_args(args, argv)
+            if prior is None:
+                return EXIT_OK
+        elif args.versions is None:
+            raise envmod.UsageError("--versions is required (or --resume RUN_DIR)")
+        return _cmd_run(args, argv, stop, prior)
+    except Exception:
+        if stop.is_set():  # a step cut short by the interrupt (a probe, a download) failed: not a fault
+            console.print("[yellow]interrupted before anything was measured[/]")
+            return EXIT_INTERRUPTED
+        raise
+    finally:
+        proc.kill_all()  # nothing started by this run outlives it
+        restore()
+        proc.reset()
+        os.chdir(cwd)
+
+
+def _resume_args(args, argv: list[str]):
+    """(args, argv, results doc) of the run in ``args.resume``, re-read from its results.json:
+    the stored command line and config, output into the same directory. (args, argv, None) when
+    that run finished (nothing to resume)."""
+    rest = [a for a in argv[1:] if a != "--resume" and a != args.resume and a != f"--resume={args.resume}"]
+    if rest:
+        raise envmod.UsageError(f"--resume RUN_DIR takes every setting from RUN_DIR/results.json; give no other "
+                                f"option (got {' '.join(rest)})")
+    run_dir = Path(args.resume).expanduser().resolve()
+    if run_dir.name == "results.json":
+        run_dir = run_dir.parent
+    doc = results.load(run_dir / "results.json")
+    stopped = (doc.get("timing") or {}).get("stop_reason")
+    if stopped not in ("interrupted", "running"):
+        console.print(f"{run_dir}: that run finished (stopped: {stopped}); nothing to resume")
+        return args, argv, None
+    cmd = [str(a) for a in (doc.get("command") or [])[1:]]
+    if not cmd or "--resume" in cmd:
+        raise results.ResultsError(f"{run_dir / 'results.json'}: no command line stored to resume from")
+    new_argv = ["run", *cmd]
+    new = build_parser().parse_args(new_argv)
+    cwd = (doc.get("settings") or {}).get("cwd")
+    if cwd and Path(cwd).is_dir():
+        os.chdir(cwd)  # the stored command's relative paths are relative to it
+    new.output, new.resume = str(run_dir), str(run_dir)
+    st = doc.get("settings") or {}
+    if st.get("device") in ("cuda", "cpu"):
+        new.device = st["device"]
+    for arg, key in (("min_rounds", "min_rounds"), ("max_rounds", "max_rounds"), ("time_budget", "time_budget_s"),
+                     ("min_effect", "min_effect"), ("case_timeout", "case_timeout_s"), ("quick", "quick")):
+        if st.get(key) is not None:  # the values the run used, whatever today's defaults are
+            setattr(new, arg, st[key])
+    console.print(f"resuming {doc.get('run_id')} in {run_dir}: {len(doc.get('rounds') or [])} worker rounds "
+                  f"and {len(doc.get('cases') or [])} case records kept")
+    return new, new_argv, doc
+
+
+def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -> int:
     t_start = time.monotonic()
-    cfg = load_config(args.config)
+    if prior is None:
+        cfg = load_config(args.config)
+    else:  # the config as the run stored it (the file may have changed since)
+        cfg = parse_config(prior.get("config"), prior.get("config_source") or "results.json")
     samp = cfg.sampling
     for name, attr in (("min_effect", "min_effect"), ("min_rounds", "min_rounds"), ("max_rounds", "max_rounds"),
                        ("time_budget", "time_budget_s")):
         v = getattr(args, name)
         if v is not None:
             setattr(samp, attr, v)
+    for name, v in (("--min-rounds", samp.min_rounds), ("--max-rounds", samp.max_rounds),
+                    ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
+        if not v > 0:
+            raise envmod.UsageError(f"{name} {v:g}: give a positive number")
     if samp.max_rounds < samp.min_rounds:
         raise envmod.UsageError(f"--max-rounds {samp.max_rounds} is below --min-rounds {samp.min_rounds}")
     if not 0 < samp.min_effect < 1:
         raise envmod.UsageError(f"--min-effect {samp.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
     reqs = envmod.parse_versions(args.versions)
     opts = _options(args)
+    if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error
+        for w in envmod.check_versions(reqs, opts):
+            console.print(f"[yellow]warning:[/] {w}")
 
     created = datetime.now(timezone.utc)
     run_id = created.strftime("%Y%m%d-%H%M%S") + "-" + "-vs-".join(r.label for r in reqs)
+    if prior is not None:
+        run_id, created = prior["run_id"], datetime.fromisoformat(prior["created"])
     out_dir = Path(args.output) if args.output else Path("reports") / run_id
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -356,11 +441,15 @@ def cmd_run(args, argv: list[str]) -> int:
     settings = {"device": device, "torch": opts.torch, "quick": args.quick, "min_effect": samp.min_effect,
                 "min_rounds": samp.min_rounds, "max_rounds": samp.max_rounds, "time_budget_s": samp.time_budget_s,
                 "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,
-                "find_links": [str(p) for p in opts.find_links], "no_gpu_message": no_gpu_msg}
+                "find_links": [str(p) for p in opts.find_links], "no_gpu_message": no_gpu_msg,
+                "cwd": (prior or {}).get("settings", {}).get("cwd") or os.getcwd()}
     base_doc = {"schema": results.SCHEMA, "run_id": run_id, "created": created.isoformat(timespec="seconds"),
                 "title": cfg.title, "command": ["matrix-run", *argv[1:]] if argv and argv[0] == "run" else ["matrix-run", *argv],
                 "config": cfg.raw, "config_source": cfg.source, "settings": settings, "machine": mach,
                 "matrix_run_version": __version__}
+    if prior is not None:
+        base_doc["command"] = prior["command"]
+        base_doc["resumed"] = [*(prior.get("resumed") or []), datetime.now(timezone.utc).isoformat(timespec="seconds")]
 
     if args.backend == "here" and len(reqs) != 1:
         raise envmod.UsageError("--backend here times this interpreter: give exactly one --versions entry")
@@ -398,13 +487,18 @@ def cmd_run(args, argv: list[str]) -> int:
     ok_envs = [e for e in env_results if e.status == "ok"]
 
     # ---- timing -------------------------------------------------------------------------------
-    stop = threading.Event()
-    runner.stop_on_signals(stop)
-    t_tm = time.monotonic()
-    data: dict = {}
-    rounds: list = []
+    prior_tm = float(((prior or {}).get("timing") or {}).get("timing_phase_s") or 0.0)
+    t_tm = time.monotonic() - prior_tm  # a resumed run's timing phase includes the earlier one
+    # measured per-round samples and rounds of the run being resumed (case id + env label is the key)
+    data: dict = runner.data_from_results(prior, cfg.cases) if prior else {}
+    rounds: list = list(prior.get("rounds") or []) if prior else []
     reason = "no env could be timed"
-    if ok_envs:
+    if stop.is_set():  # interrupted while envs were prepared
+        reason = "interrupted"
+        for e in env_results:
+            if e.status != "ok":
+                e.status, e.error = "failed", f"interrupted: {e.error}"
+    elif ok_envs:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console) as prog:
             per_round = len(ok_envs) * len(cfg.cases)
@@ -429,7 +523,8 @@ def cmd_run(args, argv: list[str]) -> int:
 
             reason = runner.run_all(ok_envs, cfg.cases, samp, device=device, quick=args.quick,
                                     work=out_dir / ".work", case_timeout=args.case_timeout, stop=stop,
-                                    data=data, rounds=rounds, on_case=on_case, on_round=on_round)
+                                    data=data, rounds=rounds, on_case=on_case, on_round=on_round,
+                                    elapsed_s=prior_tm)
     timing_s = time.monotonic() - t_tm
     doc = _finish_doc(base_doc, env_results, data, cfg, rounds, reason, env_s, timing_s, t_start)
     _write(doc, out_dir, args)
@@ -437,11 +532,14 @@ def cmd_run(args, argv: list[str]) -> int:
                   f"stopped: {reason})[/]")
 
     if reason == "interrupted":
-        console.print("[yellow]interrupted: results measured so far are written[/]")
+        console.print(f"[yellow]interrupted: results measured so far are written; finish the run with "
+                      f"matrix-run --resume {out_dir}[/]")
         return EXIT_INTERRUPTED
     code = EXIT_OK
     failed_cases = [c for c in doc["cases"] if c["status"] != "ok"]
-    if len(ok_envs) < len(env_results) or failed_cases or not ok_envs:
+    if reason.startswith("driver error"):
+        console.print(f"[red]{reason}[/]")
+    if len(ok_envs) < len(env_results) or failed_cases or not ok_envs or reason.startswith("driver error"):
         code = EXIT_FAILED
         if failed_cases:
             kinds = sorted({c.get("error_kind") or "error" for c in failed_cases})

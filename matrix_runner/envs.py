@@ -73,26 +73,35 @@ class EnvRequest:
 def parse_versions(text: str) -> list[EnvRequest]:
     """Parse ``--versions``: comma list of ``VERSION`` or ``LABEL=VERSION`` (A/A runs use two labels).
 
-    Raises UsageError for an empty list, a label that is not ``[A-Za-z0-9._+-]``, a version that is
-    neither a PEP 440 version nor an existing local file, or a duplicate label."""
+    A version is a PEP 440 version (normalized: ``2.7.0-post2`` becomes ``2.7.0.post2``), ``here``
+    (``--backend here``), or the path of an existing flash-attn sdist (``.tar.gz``) or wheel
+    (``.whl``) file. Raises UsageError for an empty list, a label that is not ``[A-Za-z0-9._+-]``
+    (it names the env directory), a version that is none of these (``2.6.3;rm -rf ~``), control
+    characters, or a duplicate label."""
     out: list[EnvRequest] = []
+    if text and any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        raise UsageError(f"--versions {text!r}: control characters are not allowed")
     items = [x.strip() for x in (text or "").split(",") if x.strip()]
     if not items:
         raise UsageError("--versions: give at least one flash-attn version, e.g. --versions 2.6.3,2.7.0.post2")
     for it in items:
         label, _, ver = it.partition("=") if "=" in it else (it, "", it)
         label, ver = label.strip(), ver.strip()
+        if not ver:
+            raise UsageError(f"--versions: {it!r} names no version (LABEL=VERSION)")
         if ver == "here":
             pass
         elif "/" in ver or ver.endswith((".whl", ".tar.gz")):
             p = Path(ver).expanduser()
             if not p.exists():
                 raise UsageError(f"--versions: {ver!r} looks like a path but does not exist")
+            if not p.is_file() or not p.name.endswith((".whl", ".tar.gz")):
+                raise UsageError(f"--versions: {ver!r} is not a flash-attn sdist (.tar.gz) or wheel (.whl) file")
             if "=" not in it:
                 label = p.name.split("-")[1] if p.name.startswith("flash_attn-") else p.stem
         else:
             try:
-                Version(ver)
+                ver = str(Version(ver))
             except InvalidVersion:
                 raise UsageError(f"--versions: {ver!r} is not a PEP 440 version (like 2.6.3 or 2.7.0.post2) "
                                  "nor a path to a flash-attn sdist or wheel") from None
@@ -104,6 +113,64 @@ def parse_versions(text: str) -> list[EnvRequest]:
                              "(e.g. a=2.6.3,b=2.6.3 for an A/A run)")
         out.append(EnvRequest(label, ver))
     return out
+
+
+def _version_here(version: str, opts: "Options") -> bool:
+    """Whether ``version`` can be had without an index: a wheel or sdist of it in --find-links or the
+    wheel cache, or an env whose record asked for it."""
+    from packaging.utils import parse_wheel_filename
+
+    dirs = [*opts.find_links, opts.cache_dir / "wheels", opts.cache_dir / "sdists"]
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        files = d.rglob("flash_attn-*.whl") if d.parent == opts.cache_dir else d.glob("flash_attn-*.whl")
+        for w in files:
+            try:
+                if wheels.same_version(str(parse_wheel_filename(w.name)[1]), version):
+                    return True
+            except Exception:  # noqa: BLE001 - not a wheel name
+                continue
+    if wheels.find_sdist(dirs, version):
+        return True
+    if opts.envs_dir.is_dir():
+        for d in opts.envs_dir.iterdir():
+            rec = load_record(d) if d.is_dir() else None
+            if rec and rec.get("requested") == version and rec.get("status") == "ok":
+                return True
+    return False
+
+
+def check_versions(reqs: list[EnvRequest], opts: "Options", timeout: float = 15.0) -> list[str]:
+    """Check, before anything is built, that every requested PEP 440 version exists.
+
+    A version found in --find-links, the wheel cache or an existing env needs no index. Otherwise,
+    unless --offline, the index (``opts.index_url``, PEP 691 JSON) is asked once: a version it does
+    not list raises UsageError naming the nearest ones. An index that cannot be asked (unreachable,
+    not PEP 691, no flash-attn page) gives a warning and the run goes on. Returns the warnings.
+    ``here`` is only valid with --backend here (this function is for the uv backend)."""
+    for r in reqs:
+        if r.version == "here":
+            raise UsageError(f"--versions: {r.label}=here means the interpreter running matrix-run; "
+                             "use it with --backend here")
+    want = [r for r in reqs if not r.is_path]
+    if opts.offline or not want:
+        return []
+    missing = [r for r in want if not _version_here(r.version, opts)]
+    if not missing:
+        return []
+    try:
+        files = wheels.index_versions(opts.index_url, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - an index we cannot ask must not stop an otherwise good run
+        why = getattr(e, "reason", None) or e
+        return [f"could not check that flash-attn {', '.join(r.version for r in missing)} exist(s) on "
+                f"{opts.index_url} ({type(e).__name__}: {why}); going on"]
+    for r in missing:
+        if not any(wheels.same_version(v, r.version) for v in files):
+            near = wheels.nearest_versions(r.version, list(files))
+            raise UsageError(f"--versions: flash-attn {r.version} is not on {opts.index_url}; nearest: "
+                             f"{', '.join(near) if near else '(the index lists no flash-attn sdist)'}")
+    return []
 
 
 def find_uv() -> str:

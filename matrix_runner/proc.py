@@ -2,12 +2,18 @@
 
 Commands are argument lists (never a shell), run with an allow-listed environment plus explicit
 extras, their output going to a log file whose tail is kept for error messages.
+
+Every command is started in its own process group (``start_new_session``) and registered while it
+runs, so that an interrupted matrix-run can stop all of them, with everything they started
+(:func:`terminate_all` from a signal handler, :func:`kill_all` before exiting). Once stopping,
+no new command is started (:class:`Stopped`).
 """
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +35,74 @@ def clean_env(extra: dict | None = None) -> dict:
     return env
 
 
+# -- the registry of running commands ---------------------------------------------------------
+_live: list[subprocess.Popen] = []
+_lock = threading.RLock()  # re-entrant: a signal handler may run while the main thread holds it
+_stopping = threading.Event()
+
+
+class Stopped(RuntimeError):
+    """matrix-run is stopping (interrupted): the command was not started, or was stopped."""
+
+
+def stopping() -> bool:
+    return _stopping.is_set()
+
+
+def _start(argv: list[str], **kw) -> subprocess.Popen:
+    if not isinstance(argv, (list, tuple)) or not all(isinstance(a, (str, os.PathLike)) for a in argv):
+        raise TypeError("commands are argument lists of str (never a shell string)")
+    with _lock:
+        if _stopping.is_set():
+            raise Stopped(f"interrupted: {Path(str(argv[0])).name} was not started")
+        p = subprocess.Popen([str(a) for a in argv], start_new_session=True, **kw)
+        _live[:] = [q for q in _live if q.returncode is None]
+        _live.append(p)
+    if _stopping.is_set():  # a signal arrived between Popen and registering it
+        kill_group(p, grace=1.0)
+        raise Stopped(f"interrupted: {Path(str(argv[0])).name} was stopped")
+    return p
+
+
+def live() -> list[subprocess.Popen]:
+    """Registered commands that have not been reaped yet."""
+    with _lock:
+        return [p for p in _live if p.returncode is None]
+
+
+def terminate_all() -> int:
+    """Mark matrix-run as stopping and SIGTERM every running command's process group. Does not
+    wait (safe in a signal handler). Returns how many groups were signalled."""
+    _stopping.set()
+    n = 0
+    for p in live():
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                n += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+    return n
+
+
+def kill_all(grace: float = 3.0) -> None:
+    """Stop every running command: SIGTERM, then SIGKILL what is left after ``grace`` seconds."""
+    terminate_all()
+    deadline = time.monotonic() + grace
+    for p in live():
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        kill_group(p, grace=0.0)
+
+
+def reset() -> None:
+    """Allow commands again (after an interrupted run, for callers that go on in this process)."""
+    _stopping.clear()
+
+
+# -- running commands ---------------------------------------------------------------------------
 @dataclass
 class Result:
     returncode: int
@@ -53,18 +127,18 @@ def run_logged(argv: list[str], *, cwd: Path | str | None = None, env_extra: dic
                log: Path | None = None, timeout: float | None = None) -> Result:
     """Run ``argv`` to completion, stdout+stderr appended to ``log``. Never raises on failure:
     returns the exit code, whether it timed out (then the whole process group is killed), the
-    elapsed seconds and the log's last lines."""
+    elapsed seconds and the log's last lines. Raises :class:`Stopped` when matrix-run is stopping."""
     t0 = time.monotonic()
     if log is not None:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
         out = open(log, "ab")
-        out.write(("$ " + " ".join(argv) + "\n").encode())
+        out.write(("$ " + " ".join(map(str, argv)) + "\n").encode())
         out.flush()
     else:
         out = subprocess.DEVNULL
     try:
-        p = subprocess.Popen(argv, cwd=cwd, env=clean_env(env_extra), stdout=out, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+        p = _start(argv, cwd=cwd, env=clean_env(env_extra), stdout=out, stderr=subprocess.STDOUT,
+                   stdin=subprocess.DEVNULL)
         timed_out = False
         try:
             p.wait(timeout=timeout)
@@ -82,9 +156,21 @@ def run_logged(argv: list[str], *, cwd: Path | str | None = None, env_extra: dic
 
 def capture(argv: list[str], *, env_extra: dict | None = None, timeout: float = 60.0,
             cwd: Path | str | None = None) -> subprocess.CompletedProcess:
-    """Run ``argv`` and capture its output as text (for short queries like probes and nvidia-smi)."""
-    return subprocess.run(argv, env=clean_env(env_extra), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, cwd=cwd)
+    """Run ``argv`` and capture its output as text (for short queries like probes and nvidia-smi).
+
+    Raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds (the process group is killed)."""
+    p = _start(argv, cwd=cwd, env=clean_env(env_extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+               stdin=subprocess.DEVNULL, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(p)
+        p.communicate()
+        raise
+    except BaseException:
+        kill_group(p)
+        raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def spawn(argv: list[str], *, env_extra: dict | None = None, log: Path, cwd: Path | str | None = None) -> subprocess.Popen:
@@ -93,24 +179,29 @@ def spawn(argv: list[str], *, env_extra: dict | None = None, log: Path, cwd: Pat
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "ab")
     try:
-        return subprocess.Popen(argv, cwd=cwd, env=clean_env(env_extra), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return _start(argv, cwd=cwd, env=clean_env(env_extra), stdout=out, stderr=subprocess.STDOUT,
+                      stdin=subprocess.DEVNULL)
     finally:
         out.close()
 
 
 def kill_group(p: subprocess.Popen, grace: float = 3.0) -> None:
-    """SIGTERM the process group, then SIGKILL after ``grace`` seconds."""
-    if p.poll() is not None:
-        return
-    try:
-        os.killpg(p.pid, signal.SIGTERM)
-        p.wait(timeout=grace)
+    """SIGTERM the process group, SIGKILL it after ``grace`` seconds; then SIGKILL whatever the
+    group leader left behind (its children share its process group)."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait()
+    try:  # grandchildren still in the group (the leader was just reaped, so its id is not reused yet)
+        os.killpg(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        p.wait()

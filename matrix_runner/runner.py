@@ -6,6 +6,15 @@ every wall-time comparison has a verdict (after ``min_rounds`` per env), or ``ma
 time budget is reached. A worker that crashes, hangs past ``case_timeout`` seconds without
 finishing a case, or hits an error fails that case only; the driver restarts the worker for the
 remaining cases. Failed cases are not retried in later rounds.
+
+Resuming: ``data`` may come pre-filled from an earlier run's results.json
+(:func:`data_from_results`; the case id is the key). A case has taken part in as many rounds as it
+has per-round sample lists, so :func:`run_all` starts at the first round some case misses and, in
+each round, runs only the cases that miss it.
+
+Interruption: :func:`install_signal_handlers` makes SIGINT and SIGTERM set ``stop`` and stop every
+running command (``proc.terminate_all``); the round in progress ends with :class:`Interrupted`,
+keeping the cases it finished.
 """
 from __future__ import annotations
 
@@ -16,13 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import stats
+from . import proc, stats
 from .config import Case, Sampling
 from .envs import WORKER, EnvResult
 from .proc import capture, kill_group, spawn, tail_of
 
 METRICS = ("wall_us", "host_us", "device_us", "graph_us")
 SPEC_SCHEMA = "matrix-runner/worker-spec/1"
+#: Seconds a worker may show no progress outside a case (importing torch and flash_attn at start-up,
+#: between cases) before it is stopped; at least ``case_timeout``.
+START_TIMEOUT_S = 180.0
 
 
 @dataclass
@@ -111,15 +123,25 @@ class GpuMonitor:
 
 
 class Interrupted(Exception):
-    pass
+    """The run was stopped (SIGINT/SIGTERM): measured cases are kept, nothing more is started."""
 
 
 def run_worker_round(env: EnvResult, cases: list[Case], data: dict, *, device: str, quick: bool,
                      seed: int, work: Path, tag: str, case_timeout: float, stop: threading.Event,
-                     on_case: Callable[[str, str], None] = lambda cid, status: None) -> dict:
+                     on_case: Callable[[str, str], None] = lambda cid, status: None,
+                     start_timeout: float | None = None) -> dict:
     """Run one round of ``cases`` in ``env`` (restarting the worker after a crash or hang), folding
-    the results into ``data[(env.label, case.id)]``. Returns the round record."""
+    the results into ``data[(env.label, case.id)]``. Returns the round record.
+
+    Per case: a worker killed by a signal (segfault, abort, the OOM killer's SIGKILL) or exiting
+    inside a case fails that case (``crash``); a case running longer than ``case_timeout`` s is
+    stopped and failed (``timeout``); the worker is restarted for the cases after it. A worker that
+    dies, reports a fatal error or shows no progress for ``start_timeout`` s (default
+    max(case_timeout, START_TIMEOUT_S)) before finishing any case fails the round and its cases
+    (``env``). Raises :class:`Interrupted` when ``stop`` is set (the worker is stopped first)."""
     t0 = time.monotonic()
+    if start_timeout is None:
+        start_timeout = max(case_timeout, START_TIMEOUT_S)
     todo = [c for c in cases if data[(env.label, c.id)].status != "error"]
     rec: dict = {"env": env.label, "tag": tag, "status": "ok", "error": None, "restarts": 0}
     attempt = 0
@@ -133,68 +155,103 @@ def run_worker_round(env: EnvResult, cases: list[Case], data: dict, *, device: s
         log = work / f"{tag}-{attempt}.log"
         spec_path.write_text(json.dumps(spec))
         out_path.unlink(missing_ok=True)
-        p = spawn([env.python, str(WORKER), "run", "--spec", str(spec_path), "--out", str(out_path)],
-                  env_extra={"PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"}, log=log)
-        done_ids, current, started, pos, fatal, phase = set(), None, time.monotonic(), 0, None, "timing"
+        try:
+            p = spawn([env.python, str(WORKER), "run", "--spec", str(spec_path), "--out", str(out_path)],
+                      env_extra={"PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"}, log=log)
+        except proc.Stopped:
+            raise Interrupted() from None
+        done_ids, current, pos, fatal, phase = set(), None, 0, None, "timing"
+        started = last = time.monotonic()
+        timed_out = None  # "case": the current case ran too long; "idle": no progress outside a case
         try:
             while True:
                 if stop.is_set():
-                    kill_group(p)
-                    raise Interrupted()
+                    raise Interrupted()  # the finally below stops the worker
                 rc = p.poll()
                 pos, lines = _read_new(out_path, pos)
+                if lines:
+                    last = time.monotonic()
                 for line in lines:
-                    t = line.get("type")
+                    t = line.get("type") if isinstance(line, dict) else None
+                    cd = data.get((env.label, line.get("case"))) if t in ("start", "result", "device") else None
+                    if t in ("start", "result", "device") and cd is None:
+                        continue  # a case this round did not ask for: ignored
                     if t == "start":
                         current, started = line["case"], time.monotonic()
                         phase = line.get("phase", "timing")
                         if phase == "timing":
                             on_case(line["case"], "start")
                     elif t == "result":
-                        _fold(data[(env.label, line["case"])], line)
+                        try:
+                            _fold(cd, line)
+                        except (KeyError, TypeError, ValueError, AttributeError) as ex:
+                            cd.status, cd.error_kind = "error", "protocol"
+                            cd.error = f"the worker's result record could not be read ({type(ex).__name__}: {ex})"
                         done_ids.add(line["case"])
                         current = None
-                        on_case(line["case"], line["status"])
+                        on_case(line["case"], cd.status)
                     elif t == "device":
-                        _fold_device(data[(env.label, line["case"])], line)
+                        try:
+                            _fold_device(cd, line)
+                        except (KeyError, TypeError, ValueError, AttributeError) as ex:
+                            cd.notes.append(f"device_us: the worker's record could not be read ({type(ex).__name__}: {ex})")
                         current = None
                     elif t == "fatal":
-                        fatal = line["error"]
+                        fatal = str(line.get("error") or "the worker reported a fatal error")
                 if rc is not None and not lines:
                     break
-                if current and time.monotonic() - started > case_timeout:
-                    kill_group(p)
-                    cd = data[(env.label, current)]
-                    cd.status, cd.error_kind = "error", "timeout"
-                    cd.error = f"the case ran longer than --case-timeout {case_timeout:g} s; the worker was stopped"
-                    done_ids.add(current)
-                    on_case(current, "error")
-                    current = None
-                    rec["restarts"] += 1
+                now = time.monotonic()
+                if current and now - started > case_timeout:
+                    timed_out = "case"
+                    break
+                if not current and now - last > start_timeout:
+                    timed_out = "idle"
                     break
                 time.sleep(0.05)
         finally:
             if p.poll() is None:
                 kill_group(p)
-        if fatal:
+        if stop.is_set():  # killed by the interrupt, not by a fault of its own: nothing is failed
+            raise Interrupted()
+        if timed_out == "case":
+            rec["restarts"] += 1
+            cd = data[(env.label, current)]
+            if phase == "device":  # wall/host of every case are in; only this device clock is lost
+                cd.notes.append(f"device_us: the profiler pass ran longer than --case-timeout {case_timeout:g} s; "
+                                "the worker was stopped")
+                break
+            cd.status, cd.error_kind = "error", "timeout"
+            cd.error = f"the case ran longer than --case-timeout {case_timeout:g} s; the worker was stopped"
+            done_ids.add(current)
+            on_case(current, "error")
+        elif timed_out == "idle" and not done_ids:
+            rec.update(status="failed", error=f"the worker showed no progress for {start_timeout:g} s before its "
+                                              f"first case (hung at start-up?) and was stopped: {tail_of(log, 8)}")
+            for c in todo:
+                cd = data[(env.label, c.id)]
+                cd.status, cd.error, cd.error_kind = "error", rec["error"], "env"
+            break
+        elif timed_out == "idle":  # hung between cases: restart for the rest
+            rec["restarts"] += 1
+        elif fatal:
             rec.update(status="failed", error=fatal)
             for c in todo:
                 cd = data[(env.label, c.id)]
                 if c.id not in done_ids:
                     cd.status, cd.error, cd.error_kind = "error", fatal, "env"
             break
-        if current and phase == "device":  # died in the profiler pass: wall/host stay, device is lost
+        elif current and phase == "device":  # died in the profiler pass: wall/host stay, device is lost
             cd = data[(env.label, current)]
             cd.notes.append(f"device_us: the worker {_exit_reason(p.returncode)} during the profiler pass")
             rec["restarts"] += 1
-            todo = []
             break
-        if current:  # the worker died inside a case: that case fails, the rest go on
+        elif current:  # the worker died inside a case: that case fails, the rest go on
             cd = data[(env.label, current)]
             how = _exit_reason(p.returncode)
             cd.status, cd.error_kind = "error", "crash"
             cd.error = f"the worker {how} during this case; log tail: {tail_of(log, 6)}"
             done_ids.add(current)
+            on_case(current, "error")
             rec["restarts"] += 1
         elif p.returncode not in (0, None) and not done_ids:
             rec.update(status="failed", error=f"worker {_exit_reason(p.returncode)} before any case: {tail_of(log, 8)}")
@@ -205,6 +262,8 @@ def run_worker_round(env: EnvResult, cases: list[Case], data: dict, *, device: s
         todo = [c for c in todo if c.id not in done_ids]
         attempt += 1
         if attempt > len(cases) + 2:
+            rec.update(status="failed", error=f"gave up after {attempt} worker restarts; "
+                                              f"{len(todo)} case(s) not timed this round")
             break
     rec["seconds"] = round(time.monotonic() - t0, 2)
     return rec
@@ -217,9 +276,12 @@ def _exit_reason(rc: int | None) -> str:
         import signal
 
         try:
-            return f"was killed by {signal.Signals(-rc).name}"
+            name = signal.Signals(-rc).name
         except ValueError:
             return f"was killed by signal {-rc}"
+        if name == "SIGKILL":
+            return "was killed by SIGKILL (out of memory? the kernel's OOM killer sends SIGKILL)"
+        return f"was killed by {name}"
     return f"exited with code {rc}"
 
 
@@ -236,28 +298,43 @@ def _read_new(path: Path, pos: int) -> tuple[int, list[dict]]:
     out = []
     for line in chunk[:end].splitlines():
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except ValueError:
-            pass
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
     return pos + len(chunk[:end + 1].encode("utf-8")), out
 
 
 def _fold(cd: CaseData, line: dict) -> None:
-    cd.seconds += float(line.get("seconds") or 0)
-    _add_clock_seconds(cd, line)
-    for n in line.get("notes") or []:
+    """Fold one ``result`` record into ``cd``. The record is read completely before ``cd`` changes,
+    so a malformed one (raising KeyError/TypeError/ValueError) leaves ``cd`` as it was."""
+    status = line["status"]
+    seconds = float(line.get("seconds") or 0)
+    notes = [str(n) for n in line.get("notes") or []]
+    clock = {k: float(v) for k, v in (line.get("clock_seconds") or {}).items()}
+    add = {}
+    if status == "ok":
+        for m, v in (line.get("metrics") or {}).items():
+            if m in cd.rounds and v.get("samples"):
+                add[m] = ([float(x) for x in v["samples"]], v.get("inner"))
+        for name, v in (line.get("correctness") or {}).items():
+            if name != "skipped":  # what results._worst_correctness reads
+                float(v["max_abs_err"]), float(v["rel_err"]), bool(v["finite"])
+    cd.seconds += seconds
+    _add_clock_seconds(cd, {"clock_seconds": clock})
+    for n in notes:
         if n not in cd.notes:
             cd.notes.append(n)
-    if line["status"] != "ok":
+    if status != "ok":
         cd.status, cd.error, cd.error_kind = "error", line.get("error"), line.get("error_kind")
         if line.get("traceback"):
-            cd.notes.append(line["traceback"][-1200:])
+            cd.notes.append(str(line["traceback"])[-1200:])
         return
     cd.status = "ok"
-    for m, v in (line.get("metrics") or {}).items():
-        if m in cd.rounds and v.get("samples"):
-            cd.rounds[m].append(v["samples"])
-            cd.inner[m] = v.get("inner")
+    for m, (samples, inner) in add.items():
+        cd.rounds[m].append(samples)
+        cd.inner[m] = inner
     if line.get("kernels"):
         cd.kernels = line["kernels"]
     if line.get("correctness"):
@@ -265,14 +342,18 @@ def _fold(cd: CaseData, line: dict) -> None:
 
 
 def _fold_device(cd: CaseData, line: dict) -> None:
-    cd.seconds += float((line.get("clock_seconds") or {}).get("device") or 0)
-    _add_clock_seconds(cd, line)
-    for n in line.get("notes") or []:
+    """Fold one ``device`` record into ``cd`` (read completely first, like :func:`_fold`)."""
+    clock = {k: float(v) for k, v in (line.get("clock_seconds") or {}).items()}
+    notes = [str(n) for n in line.get("notes") or []]
+    v = (line.get("metrics") or {}).get("device_us")
+    samples = [float(x) for x in v["samples"]] if v and v.get("samples") else None
+    cd.seconds += clock.get("device", 0.0)
+    _add_clock_seconds(cd, {"clock_seconds": clock})
+    for n in notes:
         if n not in cd.notes:
             cd.notes.append(n)
-    v = (line.get("metrics") or {}).get("device_us")
-    if v and v.get("samples"):
-        cd.rounds["device_us"].append(v["samples"])
+    if samples:
+        cd.rounds["device_us"].append(samples)
     if line.get("kernels"):
         cd.kernels = line["kernels"]
 
@@ -300,65 +381,158 @@ def decided(data: dict, baseline: str, envs: list[str], cases: list[Case], min_e
     return und, tot
 
 
+def rounds_done(cd: CaseData) -> int:
+    """Rounds a case has taken part in: one wall-time sample list per round."""
+    return len(cd.rounds["wall_us"])
+
+
 def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, device: str, quick: bool,
             work: Path, case_timeout: float, stop: threading.Event, data: dict, rounds: list,
             on_round: Callable[[dict], None] = lambda r: None,
-            on_case: Callable[[str, str, str], None] = lambda env, cid, status: None) -> str:
+            on_case: Callable[[str, str, str], None] = lambda env, cid, status: None,
+            elapsed_s: float = 0.0) -> str:
     """Interleave rounds over the ok ``envs`` and return why sampling stopped.
 
     ``data`` (filled here) maps ``(env_label, case_id)`` to :class:`CaseData`; ``rounds`` receives
     one record per worker process. Both are up to date whenever ``on_round`` is called, so the
-    caller can write partial results."""
+    caller can write partial results. To resume, pass ``data`` and ``rounds`` of the earlier run
+    and its timing seconds as ``elapsed_s``: only the rounds and cases still missing are run."""
+    if not envs:
+        return "no env could be timed"
     work.mkdir(parents=True, exist_ok=True)
     labels = [e.label for e in envs]
-    data.update({(e.label, c.id): CaseData(e.label, c) for e in envs for c in cases})
+    for e in envs:
+        for c in cases:
+            data.setdefault((e.label, c.id), CaseData(e.label, c))
     min_r, max_r = (1, 1) if quick else (sampling.min_rounds, sampling.max_rounds)
-    t0 = time.monotonic()
+    t0 = time.monotonic() - elapsed_s
     monitor = GpuMonitor(device == "cuda")
-    reason = "max_rounds"
-    r = 0
+    live = [rounds_done(data[(e.label, c.id)]) for e in envs for c in cases
+            if data[(e.label, c.id)].status != "error"]
+    r = min(live) if live else 0  # 0 on a fresh run; on a resume, the first round some case misses
+
+    def why_stop(r: int) -> str | None:
+        if r >= min_r:
+            und, tot = decided(data, labels[0], labels, cases, sampling.min_effect)
+            if tot and not und:
+                return "all verdicts decided"
+            if len(labels) < 2:
+                return "single env: min_rounds reached"
+            # stop when another round would overrun the budget (rounds take about the same time)
+            elapsed = time.monotonic() - t0
+            if elapsed + elapsed / r > sampling.time_budget_s:
+                return f"time budget {sampling.time_budget_s:g} s: another round would overrun it"
+        if r >= max_r:
+            return "quick: one round per env" if quick else f"max_rounds {max_r} reached"
+        return None
+
     try:
-        while r < max_r:
+        while not (reason := why_stop(r)):
             order = envs[r % len(envs):] + envs[:r % len(envs)]
             for e in order:
-                with monitor:
-                    rec = run_worker_round(e, cases, data, device=device, quick=quick, seed=1000 * r + labels.index(e.label),
-                                           work=work, tag=f"r{r}-{e.label}", case_timeout=case_timeout, stop=stop,
-                                           on_case=lambda cid, st, _e=e.label: on_case(_e, cid, st))
+                todo = [c for c in cases if data[(e.label, c.id)].status != "error"
+                        and rounds_done(data[(e.label, c.id)]) <= r]
+                if not todo:
+                    continue
+                t_round = time.monotonic()
+                try:
+                    with monitor:
+                        rec = run_worker_round(e, todo, data, device=device, quick=quick,
+                                               seed=1000 * r + labels.index(e.label), work=work,
+                                               tag=f"r{r}-{e.label}", case_timeout=case_timeout, stop=stop,
+                                               on_case=lambda cid, st, _e=e.label: on_case(_e, cid, st))
+                except (Interrupted, KeyboardInterrupt):
+                    rounds.append({"env": e.label, "tag": f"r{r}-{e.label}", "status": "interrupted",
+                                   "error": "stopped by a signal; the cases this worker finished are kept",
+                                   "restarts": 0, "round": r, "gpu": None,
+                                   "seconds": round(time.monotonic() - t_round, 2)})
+                    raise
                 rec["round"] = r
                 rec["gpu"] = monitor.summary()
                 rounds.append(rec)
                 on_round(rec)
             r += 1
-            if r >= min_r:
-                und, tot = decided(data, labels[0], labels, cases, sampling.min_effect)
-                if tot and not und:
-                    reason = "all verdicts decided"
-                    break
-                if len(labels) < 2 and r >= min_r:
-                    reason = "single env: min_rounds reached"
-                    break
-            if time.monotonic() - t0 > sampling.time_budget_s and r >= min_r:
-                reason = f"time budget {sampling.time_budget_s:g} s reached"
-                break
-        else:
-            reason = "quick: one round per env" if quick else f"max_rounds {max_r} reached"
     except (Interrupted, KeyboardInterrupt):
         stop.set()
         reason = "interrupted"
+    except Exception as e:  # noqa: BLE001 - a driver bug or a full disk must not lose what was measured
+        import traceback
+
+        log = work / "driver-error.txt"
+        try:
+            log.write_text(traceback.format_exc())
+        except OSError:
+            pass
+        reason = f"driver error ({type(e).__name__}: {e}; traceback in {log})"
     return reason
 
 
-def stop_on_signals(stop: threading.Event) -> None:
-    """Make SIGTERM set ``stop`` (SIGINT raises KeyboardInterrupt, which the CLI turns into stop)."""
+def case_data_from_record(rec: dict, case: Case) -> CaseData:
+    """A :class:`CaseData` rebuilt from one entry of results.json's ``cases`` (for --resume): the
+    per-round samples of every metric, status, error, notes, kernels and the worst correctness."""
+    cd = CaseData(rec["env"], case)
+    metrics = rec.get("metrics") or {}
+    for m in METRICS:
+        samples = (metrics.get(m) or {}).get("samples") or []
+        cd.rounds[m] = [[float(x) for x in r] for r in samples if r]
+    corr = rec.get("correctness") or {}
+    if corr.get("tensors"):
+        cd.correctness = [corr["tensors"]]
+    elif corr.get("skipped"):
+        cd.correctness = [{"skipped": corr["skipped"]}]
+    cd.status = rec.get("status") if rec.get("status") in ("ok", "error") else "pending"
+    cd.error, cd.error_kind = rec.get("error"), rec.get("error_kind")
+    cd.kernels = rec.get("kernels")
+    cd.notes = list(rec.get("notes") or [])
+    cd.seconds = float(rec.get("seconds") or 0.0)
+    cd.inner = dict(rec.get("inner") or {})
+    cd.clock_seconds = dict(rec.get("clock_seconds") or {})
+    return cd
+
+
+def data_from_results(doc: dict, cases: list[Case]) -> dict:
+    """``{(env, case id): CaseData}`` from a results.json document, for the cases of ``cases``
+    (matched by case id; records of other cases are left out)."""
+    by_id = {c.id: c for c in cases}
+    out = {}
+    for rec in doc.get("cases") or []:
+        c = by_id.get(rec.get("id"))
+        if c is not None and rec.get("env"):
+            out[(rec["env"], c.id)] = case_data_from_record(rec, c)
+    return out
+
+
+def install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
+    """SIGINT (Ctrl-C) and SIGTERM stop the run cleanly: the first sets ``stop`` and SIGTERMs every
+    running worker, build and install (``proc.terminate_all``; no new command starts), so the
+    caller can write what was measured; a second one SIGKILLs them. Returns a function that
+    restores the previous handlers. Does nothing outside the main thread."""
     import signal
 
+    count = [0]
+
     def handler(signum, frame):
+        count[0] += 1
         stop.set()
+        if count[0] == 1:
+            proc.terminate_all()
+        else:
+            proc.kill_all(grace=0.0)
 
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        pass
+    prev = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            prev[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+
+    def restore() -> None:
+        for sig, h in prev.items():
+            signal.signal(sig, h)
+
+    return restore
 
 
+def stop_on_signals(stop: threading.Event) -> None:
+    """Older name of :func:`install_signal_handlers` (handlers stay installed)."""
+    install_signal_handlers(stop)

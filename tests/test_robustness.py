@@ -1,0 +1,330 @@
+"""Bad input, unknown versions, safe YAML, no shell, allow-listed environments, envs that stay in
+--envs-dir, atomic results and two matrix-run processes sharing envs/ and the wheel cache.
+
+Most checks call ``cli.main`` in-process (the same code path as the command, without the seconds of
+interpreter start-up); the concurrency test runs two real ``matrix-run`` processes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import load_results, run_cli
+
+from matrix_runner import cli, envs as envmod, proc, results
+
+
+def main(capsys, *args: str) -> tuple[int, str]:
+    """``matrix-run ARGS`` in-process: (exit code, stderr with whitespace collapsed)."""
+    code = cli.main(list(args))
+    return code, " ".join(capsys.readouterr().err.split())
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: exit 2, a message naming the problem, nothing built
+BAD_VERSIONS = [
+    ("2.6.3;rm -rf ~", "is not a PEP 440 version"),
+    ("2.6.3 && touch pwned", "is not a PEP 440 version"),
+    ("`id`", "is not a PEP 440 version"),
+    ("$(touch /tmp/matrix-run-pwned)", "looks like a path but does not exist"),
+    ("../../x", "looks like a path but does not exist"),
+    ("../../x=2.6.3", "label '../../x' may only use"),
+    ("..=2.6.3", "label '..' may only use"),
+    (".hidden=2.6.3", "label '.hidden' may only use"),
+    ("a/b=2.6.3", "label 'a/b' may only use"),
+    ("-rf=2.6.3", "label '-rf' may only use"),
+    ("a=", "names no version"),
+    ("a=2.6.3\nb=2.7.0", "control characters are not allowed"),
+    ("2.6.3,2.6.3", "label '2.6.3' appears twice"),
+    ("a=here", "use it with --backend here"),
+    ("", "give at least one flash-attn version"),
+    ("/etc/passwd", "is not a flash-attn sdist (.tar.gz) or wheel (.whl) file"),
+    ("TMPDIR", "is not a flash-attn sdist (.tar.gz) or wheel (.whl) file"),
+]
+
+
+@pytest.mark.parametrize("versions,needle", BAD_VERSIONS)
+def test_bad_versions_exit_2(capsys, tmp_path, versions, needle):
+    if versions == "TMPDIR":
+        versions = str(tmp_path)  # an existing directory, not an sdist or wheel
+    for sub in ("run", "plan"):
+        code, err = main(capsys, sub, f"--versions={versions}", "--envs-dir", str(tmp_path / "envs"), "--offline",
+                         *(["--output", str(tmp_path / "o")] if sub == "run" else []))
+        assert code == 2, (sub, err)
+        assert needle in err, (sub, err)
+        assert not (tmp_path / "o").exists()
+        assert not [p for p in (tmp_path / "envs").glob("*") if not p.name.startswith(".")]
+    assert not Path("/tmp/matrix-run-pwned").exists() and not Path("pwned").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--case-timeout", "0"], "--case-timeout 0: give a positive number"),
+    (["--case-timeout", "-5"], "--case-timeout -5: give a positive number"),
+    (["--min-rounds", "0"], "--min-rounds 0: give a positive number"),
+    (["--time-budget", "-1"], "--time-budget -1: give a positive number"),
+    (["--min-rounds", "3", "--max-rounds", "2"], "--max-rounds 2 is below --min-rounds 3"),
+    (["--min-effect", "2"], "--min-effect 2.0: give a fraction"),
+    (["--find-links", "/nonexistent-dir"], "--find-links /nonexistent-dir: not a directory"),
+    (["--torch", "latest"], "--torch 'latest'"),
+    (["--archs", "hopper"], "--archs 'hopper'"),
+    (["--backend", "here", "--versions", "a=here,b=here"], "give exactly one --versions entry"),
+])
+def test_bad_options_exit_2(capsys, tmp_path, args, needle):
+    if "--versions" not in args:
+        args = ["--versions", "2.6.3", *args]
+    code, err = main(capsys, "run", *args, "--offline", "--envs-dir", str(tmp_path / "envs"),
+                     "--output", str(tmp_path / "o"))
+    assert code == 2 and needle in err, err
+    assert not [p for p in (tmp_path / "envs").glob("*") if not p.name.startswith(".")]
+
+
+SHAPES_BAD = [
+    ("shapes: [{batch: 1, seqlen: 16, nheads: 2, head_dim: 300}]", "head_dim = 300: must be <= 256"),
+    ("shapes: [{batch: 1, seqlen: 16, nheads: 6, nheads_k: 4, head_dim: 64}]", "nheads (6) must be divisible by nheads_k"),
+    ("dtype: fp32", "dtype = 'fp32': must be one of fp16, bf16"),
+    ("shapes: [{batch: 0, seqlen: 16, nheads: 2, head_dim: 64}]", "shapes[0].batch = 0: must be a positive integer"),
+    ("shapes: [{batch: 1, seqlen: -16, nheads: 2, head_dim: 64}]", "shapes[0].seqlen = -16: must be a positive"),
+    ("shapes: [{batch: 1, seqlen: 16, nheads: 3, embed_dim: 256}]", "must be divisible by nheads (3)"),
+    ("shapes: [{batch: 1, seqlen: 16, nheads: 2, head_dim: 64, heads: 2}]", "unknown key 'heads'"),
+    ("dropout_p: 1.5", "dropout_p = 1.5"),
+    ("- just\n- a list\n", "the top level must be a mapping"),
+    ("title: x\nshapes: [{batch: 1,\n  seqlen 16}]\nops: [fwd", "c.yaml:"),  # YAML syntax error
+]
+
+
+@pytest.mark.parametrize("yaml_text,needle", SHAPES_BAD)
+def test_bad_config_exits_2_before_any_env_is_built(capsys, tmp_path, yaml_text, needle):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml_text)
+    for sub in ("run", "plan"):
+        code, err = main(capsys, sub, "--versions", "2.6.3", "--config", str(cfg), "--envs-dir", str(tmp_path / "envs"),
+                         *(["--output", str(tmp_path / "o")] if sub == "run" else []))
+        assert code == 2 and needle in err, err
+    assert not (tmp_path / "envs").exists() and not (tmp_path / "o").exists()
+
+
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
+    cfg = tmp_path / "broken.yaml"
+    cfg.write_text("title: x\nops: [fwd, bwd\nshapes: []\n")
+    cp = run_cli("--versions", "2.6.3", "--config", str(cfg), "--envs-dir", str(tmp_path / "envs"), "--offline",
+                 "--output", str(tmp_path / "o"))
+    assert cp.returncode == 2
+    err = " ".join(cp.stderr.split())
+    assert f"{cfg}:3:" in err and "YAML syntax error" in err and "Traceback" not in err
+
+
+def test_yaml_python_tags_are_refused_and_never_run(capsys, tmp_path):
+    marker = tmp_path / "pwned"
+    cfg = tmp_path / "evil.yaml"
+    cfg.write_text(f"title: !!python/object/apply:os.system ['touch {marker}']\n")
+    code, err = main(capsys, "run", "--versions", "2.6.3", "--config", str(cfg), "--envs-dir", str(tmp_path / "envs"),
+                     "--output", str(tmp_path / "o"))
+    assert code == 2 and "python/object/apply:os.system" in err and f"{cfg}:1:" in err, err
+    cfg.write_text("title: !!python/object:matrix_runner.config.Sampling {min_rounds: 1}\n")
+    code, err = main(capsys, "plan", "--versions", "2.6.3", "--config", str(cfg), "--envs-dir", str(tmp_path / "envs"))
+    assert code == 2 and "python/object:matrix_runner.config.Sampling" in err, err
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# a version the index does not have
+INDEX_VERSIONS = ("2.5.9", "2.6.0", "2.6.1", "2.6.2", "2.6.3", "2.7.0.post2")
+
+
+@pytest.fixture
+def index(monkeypatch):
+    """A PEP 691 (JSON simple API) index on 127.0.0.1 listing flash-attn sdists; /html/ answers HTML."""
+    seen: list[tuple[str, str]] = []
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append((self.path, self.headers.get("Accept", "")))
+            if self.path == "/simple/flash-attn/":
+                body = json.dumps({"meta": {"api-version": "1.0"}, "name": "flash-attn", "files": [
+                    {"filename": f"flash_attn-{v}.tar.gz", "url": f"http://127.0.0.1/f/flash_attn-{v}.tar.gz",
+                     "hashes": {}} for v in INDEX_VERSIONS] + [
+                    {"filename": "flash_attn-2.6.4.tar.gz", "url": "x", "hashes": {}, "yanked": "broken"}]}).encode()
+                ctype = "application/vnd.pypi.simple.v1+json"
+            elif self.path == "/html/flash-attn/":
+                body, ctype = b"<html><body><a href='x'>flash_attn-2.6.3.tar.gz</a></body></html>", "text/html"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    for k in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(k, "127.0.0.1,localhost")
+    yield {"url": f"http://127.0.0.1:{srv.server_address[1]}/simple", "root": f"http://127.0.0.1:{srv.server_address[1]}",
+           "seen": seen}
+    srv.shutdown()
+
+
+def test_unknown_version_is_named_with_the_nearest_ones(capsys, tmp_path, index):
+    code, err = main(capsys, "plan", "--versions", "2.6.4", "--index-url", index["url"],
+                     "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"))
+    assert code == 2, err
+    assert f"flash-attn 2.6.4 is not on {index['url']}; nearest: 2.6.3, 2.6.2, 2.6.1" in err  # yanked 2.6.4 is not offered
+    assert index["seen"] == [("/simple/flash-attn/", "application/vnd.pypi.simple.v1+json")]
+    code, err = main(capsys, "run", "--versions", "2.6.3,new=2.8.9", "--device", "cpu", "--index-url", index["url"],
+                     "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"),
+                     "--output", str(tmp_path / "o"))
+    assert code == 2 and "flash-attn 2.8.9 is not on" in err and "nearest: 2.7.0.post2" in err, err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "envs" / "2.6.3").exists()
+
+
+def test_known_version_passes_and_an_unusable_index_only_warns(capsys, tmp_path, index, standins):
+    base = ["--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"), "--json"]
+    code, err = main(capsys, "plan", "--versions", "2.6.3", "--index-url", index["url"], *base)
+    assert code == 0 and "warning" not in err, err
+    assert len(index["seen"]) == 1
+    for url in ("http://127.0.0.1:1/simple", index["root"] + "/html", index["root"] + "/missing"):
+        code, err = main(capsys, "plan", "--versions", "2.6.4", "--index-url", url, *base)
+        assert code == 0, err
+        assert f"warning: could not check that flash-attn 2.6.4 exist(s) on {url}" in err and "going on" in err
+    # found in --find-links: the index is not asked at all
+    n = len(index["seen"])
+    code, err = main(capsys, "plan", "--versions", "2.7.0.post2", "--index-url", index["url"],
+                     "--find-links", str(standins["wheels"]), *base)
+    assert code == 0 and len(index["seen"]) == n
+
+
+# ---------------------------------------------------------------------------------------------
+# no shell, allow-listed environment, envs stay in --envs-dir, atomic writes
+def test_commands_are_argument_lists_never_a_shell(tmp_path):
+    cp = proc.capture(["echo", "a;b", "$HOME", "`id`", "$(id)"])
+    assert cp.stdout == "a;b $HOME `id` $(id)\n"
+    for bad in ("echo hi", "ls; rm -rf ~"):
+        with pytest.raises(TypeError):
+            proc.capture(bad)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            proc.spawn(bad, log=tmp_path / "l")  # type: ignore[arg-type]
+
+
+def test_children_get_only_the_allow_listed_environment(monkeypatch, tmp_path):
+    for k, v in {"MATRIX_RUN_TEST_SECRET": "s1", "AWS_SECRET_ACCESS_KEY": "s2", "GITHUB_TOKEN": "s3",
+                 "HF_TOKEN": "s4", "PYTHONPATH": "/evil", "CUDA_VISIBLE_DEVICES": "0"}.items():
+        monkeypatch.setenv(k, v)
+    code = "import json, os; print(json.dumps(dict(os.environ)))"
+    seen = json.loads(proc.capture([sys.executable, "-c", code], env_extra={"EXTRA": "1"}).stdout)
+    p = proc.spawn([sys.executable, "-c", code], log=tmp_path / "spawn.log")
+    p.wait()
+    spawned = json.loads((tmp_path / "spawn.log").read_text())
+    for env in (seen, spawned):
+        assert not {"MATRIX_RUN_TEST_SECRET", "AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "HF_TOKEN", "PYTHONPATH"} & set(env)
+        assert env["PATH"] == os.environ["PATH"] and env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert seen["EXTRA"] == "1"
+    # the probe runs the same way
+    monkeypatch.setenv("MATRIX_RUN_TEST_SECRET", "hunter2")
+    assert "hunter2" not in json.dumps(proc.clean_env())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_stopping_kills_whole_process_groups(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    p = proc.spawn(["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"], log=tmp_path / "l")
+    t0 = time.monotonic()
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    child = int(pidfile.read_text())
+    try:
+        proc.kill_all(grace=2.0)
+        with pytest.raises(proc.Stopped):
+            proc.capture(["true"])
+    finally:
+        proc.reset()
+    assert p.returncode is not None
+    t0 = time.monotonic()
+    while _alive(child) and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    assert not _alive(child)
+    assert proc.capture(["true"]).returncode == 0  # usable again after reset
+
+
+def test_env_dirs_never_leave_envs_dir(capsys, tmp_path, standins):
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (envs / "x").symlink_to(tmp_path / "elsewhere")
+    code, err = main(capsys, "plan", "--versions", "x=2.6.3", "--find-links", str(standins["wheels"]),
+                     "--envs-dir", str(envs), "--wheel-cache", str(tmp_path / "cache"))
+    assert code == 2 and "would leave --envs-dir" in err, err
+    opts = envmod.Options(envs_dir=envs.resolve(), cache_dir=tmp_path / "cache")
+    for label in ("..", "../x", "/etc", "a/../../b"):
+        with pytest.raises(envmod.UsageError):
+            envmod.env_dir_for(opts, label)
+    assert envmod.env_dir_for(opts, "ok-1.2").parent == envs.resolve()
+
+
+def test_results_are_written_atomically(tmp_path):
+    p = tmp_path / "results.json"
+    results.write_json(p, {"a": 1})
+    with pytest.raises(TypeError):
+        results.write_json(p, {"a": object()})  # fails half-way through serializing
+    assert json.loads(p.read_text()) == {"a": 1}
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["results.json"]  # no temp file left
+
+
+# ---------------------------------------------------------------------------------------------
+# two matrix-run processes sharing envs/ and the wheel cache
+ONE_SHAPE = """
+ops: [fwd]
+shapes:
+  - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16}
+"""
+
+
+def test_two_processes_share_envs_and_cache_without_rebuilding(standins, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(ONE_SHAPE)
+    common = ["--config", str(cfg), "--device", "cpu", "--quick", "--offline", "--find-links", str(standins["sdists"]),
+              "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache")]
+    e = dict(os.environ, COLUMNS="200")
+    procs = []
+    for label in ("a", "b"):
+        with open(tmp_path / f"{label}.err", "w") as err:
+            procs.append(subprocess.Popen([sys.executable, "-m", "matrix_runner", "--versions", f"{label}=2.6.3",
+                                           *common, "--output", str(tmp_path / f"out-{label}")],
+                                          stdout=subprocess.DEVNULL, stderr=err, env=e))
+    for p in procs:
+        p.wait(timeout=400)
+    for label, p in zip(("a", "b"), procs):
+        assert p.returncode == 0, (tmp_path / f"{label}.err").read_text()[-3000:]
+    # one source build for the one wheel key, the other process used its wheel
+    logs = "".join(f.read_text() for f in (tmp_path / "envs" / ".logs").glob("*.log"))
+    assert logs.count("_build_shim.py") == 1, logs[-3000:]
+    cached = list((tmp_path / "cache" / "wheels").glob("*/flash_attn-2.6.3-*.whl"))
+    assert len(cached) == 1
+    assert not list((tmp_path / "cache" / "wheels").rglob(".tmp-*"))
+    res = [load_results(tmp_path / f"out-{lab}") for lab in ("a", "b")]
+    for r in res:
+        (env,) = r["envs"]
+        assert env["status"] == "ok" and Path(env["build"]["wheel"]) == cached[0]
+        (case,) = r["cases"]
+        assert case["status"] == "ok" and case["metrics"]["wall_us"]["n"] >= 5
+    assert sorted(bool(r["envs"][0]["build"].get("built_by_other_process")) or r["envs"][0]["build"]["method"] == "cache"
+                  for r in res) == [False, True]
+    for lab in ("a", "b"):  # env records are complete JSON
+        rec = json.loads((tmp_path / "envs" / lab / "matrix-run-env.json").read_text())
+        assert rec["status"] == "ok" and rec["label"] == lab
