@@ -21,13 +21,16 @@ from pathlib import Path
 from .config import KERNEL_HEAD_DIMS, Case, kernel_head_dim
 from .proc import run_logged
 
-#: Seconds of one nvcc job per kernel file and arch (nvcc 13.0, sm_90, H200 host, 16 cores; see
-#: shared notes h200-measurements.md: one real kernel file 176-251 s, flash_api.cpp 45 s, one stub
-#: file ~14 s). Used for estimates only.
-EST_FILE_S = {"fwd": 200.0, "fwd_split": 200.0, "bwd": 250.0}
-EST_API_S = 45.0
-EST_STUB_S = 20.0
-EST_OVERHEAD_S = 40.0
+#: Seconds of one nvcc job per kernel file and arch, used for estimates only. Measured from ninja's
+#: log of matrix-run's slim builds on the H200 host (nvcc 13.0, sm_90, 5 jobs, hdim32 fp16):
+#: fwd 193-195 s, fwd_split 336-346 s, bwd 187-190 s, flash_api.cpp 28-29 s, the one stub file 9.5 s
+#: (reports/h200-2.6.3-vs-2.7.0.post2/results.json, envs[].build.source_build.compile_seconds).
+#: Larger head dims compile longer (hdim128 fwd: 176-251 s in shared notes), so full-build
+#: estimates from these are lower bounds.
+EST_FILE_S = {"fwd": 195.0, "fwd_split": 340.0, "bwd": 190.0}
+EST_API_S = 29.0
+EST_STUB_S = 10.0
+EST_OVERHEAD_S = 10.0
 #: Kernel files in 2.6.3's and 2.7.0.post2's setup.py (3 kinds x 7 head dims x 2 dtypes x 2 causal).
 FULL_KERNEL_COUNT = 84
 NVCC_JOB_GB = 9.0  # flash-attn's setup.py: "each JOB peak memory cost is ~8-9GB when threads = 4"

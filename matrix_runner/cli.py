@@ -23,7 +23,7 @@ from rich.table import Table
 from . import __version__, envs as envmod, machine, proc, report, results, runner, wheels
 from .config import ConfigError, load_config, parse_config
 
-SUBCOMMANDS = ("run", "report", "plan", "envs", "compare", "publish")
+SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 console = Console(stderr=True, highlight=False)
@@ -124,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     pb.add_argument("--rerender", action="store_true",
                     help="render each run's report with this matrix-run instead of copying its index.html")
 
+    wh = sub.add_parser("wheelhouse", help="collect sdists, cached wheels, uv and build requirements for an "
+                                           "air-gapped GPU node (then: --find-links DIR --offline there)")
+    wh.add_argument("--versions", required=True, metavar="LIST", help="comma list of flash-attn versions")
+    wh.add_argument("-o", "--output", required=True, metavar="DIR")
+    wh.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}",
+                    help="the node's Python, for the requirement wheels (default: this one's)")
+    wh.add_argument("--wheel-cache", metavar="DIR", default=None)
+    wh.add_argument("--index-url", default=wheels.DEFAULT_INDEX)
+    wh.add_argument("--no-cache-wheels", action="store_true", help="do not copy wheels from matrix-run's cache")
+
     e = sub.add_parser("envs", help="list or remove envs")
     e.add_argument("action", choices=("list", "clean"))
     e.add_argument("labels", nargs="*", help="with clean: only these labels (default: all)")
@@ -146,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_plan(args)
         if args.cmd == "report":
             return cmd_report(args)
+        if args.cmd == "wheelhouse":
+            return cmd_wheelhouse(args)
         if args.cmd == "envs":
             return cmd_envs(args)
         if args.cmd == "compare":
@@ -224,6 +236,23 @@ def cmd_plan(args) -> int:
     else:
         _print_plan(items)
     return EXIT_FAILED if any(i.method == "failed" for i in items) else EXIT_OK
+
+
+def cmd_wheelhouse(args) -> int:
+    from . import wheelhouse
+
+    versions = [r.version for r in envmod.parse_versions(args.versions)]
+    cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
+    rows = wheelhouse.collect(versions, Path(args.output), python_version=args.python_version, cache=cache,
+                              index_url=args.index_url, include_cache=not args.no_cache_wheels)
+    t = Table(title=f"wheelhouse {args.output}")
+    for col in ("item", "file", "status", "detail"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["item"], r["file"] or "–", r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/]",
+                  r["detail"] or "")
+    Console().print(t)
+    return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
 
 
 def cmd_envs(args) -> int:

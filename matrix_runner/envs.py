@@ -334,7 +334,7 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
     mode = opts.build
     if mode == "auto":
         mode = "slim" if archs else "full"
-    if not tid.get("cuda") and tid["mode"] == "inherit":
+    if not tid.get("cuda") and tid["mode"] == "inherit" and opts.build == "auto":
         mode = "nocuda"  # a CPU-only torch: no CUDA extension can be built against it
     if mode == "slim":
         kernels = buildmod.kernel_set(cases, buildmod.read_dispatch(sdist))
@@ -349,20 +349,32 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
     item = PlanItem(req.label, version, env_dir, "", key, kid, kernels, arch_field, sdist=str(sdist) if sdist else None)
     if tid["mode"] == "pinned":
         item.notes.append("torch is pinned: the key's torch CUDA version and ABI are read after torch is installed")
-    rec = load_record(env_dir)
-    if rec and not opts.rebuild and _record_matches(rec, req, tid, key):
-        item.method = "reuse"
-        item.wheel = rec.get("wheel", {}).get("file")
-        return item
-    # 1. find-links, 2. cache
+    # 1. find-links, 2. cache: the first wheel that fits the key
+    found: wheels.WheelCandidate | None = None
+    skipped: list[str] = []
     for origin, dirs in (("find-links", opts.find_links), ("cache", [opts.cache_dir / "wheels"])):
         for c in wheels.scan_wheels(dirs, version, key, origin=origin):
             if c.reason is None:
-                item.method, item.wheel = origin, str(c.path)
-                if not c.verified:
-                    item.notes.append(f"{c.path.name} has no matrix-run key: the import preflight will check it")
-                return item
-            item.notes.append(f"skipped {c.path.name} ({origin}): {c.reason}")
+                found = c
+                break
+            skipped.append(f"skipped {c.path.name} ({origin}): {c.reason}")
+        if found:
+            break
+    # 0. reuse the existing env when its record matches and no *different* find-links wheel is offered
+    rec = load_record(env_dir)
+    if rec and not opts.rebuild and _record_matches(rec, req, tid, key):
+        have = (rec.get("wheel") or {}).get("sha256")
+        if found is None or found.origin != "find-links" or wheels.sha256_file(found.path) == have:
+            item.method = "reuse"
+            item.wheel = rec.get("wheel", {}).get("file")
+            return item
+        item.notes.append(f"--find-links offers {found.path.name} with another sha256 than the env's wheel: reinstalling")
+    item.notes.extend(skipped)
+    if found:
+        item.method, item.wheel = found.origin, str(found.path)
+        if not found.verified:
+            item.notes.append(f"{found.path.name} has no matrix-run key: the import preflight will check it")
+        return item
     # 3. release wheel
     if not req.is_path and tid.get("cuda"):
         name = wheels.release_wheel_name(version, tid["version"], tid.get("cuda"), bool(tid.get("cxx11abi")),
@@ -492,6 +504,31 @@ def install_wheel(py: Path, wheel: Path, opts: Options, log: Path) -> None:
         offline=True)
 
 
+def fingerprint(env_dir: Path) -> str | None:
+    """sha256 over (path, size, mtime) of what decides what the env imports: pyvenv.cfg, the
+    interpreter link, every ``.pth`` and the flash_attn package, dist-info and extension files.
+    Returns None when the env has no site-packages (then the import preflight must run)."""
+    import hashlib
+
+    sites = list(env_dir.glob("lib/python*/site-packages"))
+    if not sites:
+        return None
+    site = sites[0]
+    files = [env_dir / "pyvenv.cfg", env_python(env_dir)]
+    files += sorted(site.glob("*.pth"))
+    files += sorted(site.glob("flash_attn_2_cuda*")) + sorted(site.glob("flash_attn-*.dist-info/*"))
+    files += sorted((site / "flash_attn").rglob("*.py")) if (site / "flash_attn").is_dir() else []
+    h = hashlib.sha256()
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            h.update(f"{f}:missing".encode())
+            continue
+        h.update(f"{f.relative_to(env_dir) if env_dir in f.parents else f}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
 def preflight(py: Path, env_dir: Path, req: EnvRequest, version: str) -> dict:
     """Probe the env and check it imports the requested flash_attn from inside itself, with its
     CUDA extension. Returns the probe; raises EnvError otherwise."""
@@ -541,9 +578,18 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
     if item.method == "reuse":
         progress(req.label, "checking the existing env")
         try:
+            rec = load_record(env_dir) or {}
+            fp = fingerprint(env_dir)
+            if fp and rec.get("fingerprint") == fp and rec.get("probe"):
+                # nothing in the env changed since its import preflight passed: skip the ~2 s
+                # re-import (the worker probes again before it times anything)
+                res.probe = rec["probe"]
+                res.python = str(env_python(env_dir))
+                return {"reused": True, "preflight": "fingerprint unchanged"}
             res.probe = preflight(env_python(env_dir), env_dir, req, item.version)
             res.python = str(env_python(env_dir))
-            return {"reused": True}
+            _atomic_json(env_dir / RECORD, {**rec, "fingerprint": fingerprint(env_dir), "probe": res.probe})
+            return {"reused": True, "preflight": "import checked"}
         except EnvError as e:
             progress(req.label, f"existing env is broken ({e}); rebuilding")
             info["rebuilt_because"] = str(e)
@@ -576,6 +622,7 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
     progress(req.label, "preflight: importing flash_attn in the env")
     res.probe = preflight(py, env_dir, req, item.version)
     record = {"schema": RECORD_SCHEMA, "label": req.label, "requested": req.version, "torch": tid,
+              "fingerprint": fingerprint(env_dir), "probe": res.probe,
               "python": res.probe.get("python"), "status": "ok",
               "wheel": {"file": str(wheel), "sha256": sha, "key": key if item.method != "local-wheel" else {},
                         "origin": item.method},

@@ -27,7 +27,7 @@ import pytest
 from matrix_runner import report, results
 
 ROOT = Path(__file__).resolve().parents[1]
-H200 = ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2" / "results.json"
+H200 = ROOT / "tests" / "fixtures" / "h200-first-run-results.json"
 CHROMIUM = "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else shutil.which("chromium")
 
 pytestmark = pytest.mark.skipif(not CHROMIUM, reason="chromium is not installed (apt-get install -y chromium; "

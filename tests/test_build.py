@@ -107,5 +107,5 @@ def test_estimate_slim_vs_full():
     slim = build.estimate_seconds(["bwd_hdim32_fp16", "fwd_hdim32_fp16", "fwd_split_hdim32_fp16"], 1, 5)
     # flash-attn's own build: every kernel file for sm_80 and sm_90, 8 jobs (two builds on 16 cores)
     full = build.estimate_seconds("all", 2, 8)
-    assert 250 <= slim <= 330  # one bwd file (250 s) is the critical path, plus packaging
+    assert 330 <= slim <= 370  # the fwd_split file (340 s measured) is the critical path
     assert full / slim > 10

@@ -18,8 +18,9 @@ from conftest import run_cli
 from matrix_runner import report, results, stats
 
 ROOT = Path(__file__).resolve().parents[1]
-H200_DIR = ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2"
-H200 = H200_DIR / "results.json"
+H200_DIR = ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2"  # the committed run (publish tests)
+#: A frozen H200 results file (the first real run, 2026-11-30) whose numbers the assertions below quote.
+H200 = ROOT / "tests" / "fixtures" / "h200-first-run-results.json"
 XSS = "<script>alert(1)</script>"
 
 
@@ -452,7 +453,7 @@ def test_publish_site_of_runs(tmp_path):
     w = " ".join(out["warnings"])
     assert "other" in w and "is not 'matrix-runner/results/1'" in w and "empty: no results.json" in w
     assert (site / H200_DIR.name / "index.html").read_bytes() == (H200_DIR / "index.html").read_bytes()
-    assert (site / H200_DIR.name / "results.json").read_bytes() == H200.read_bytes()
+    assert (site / H200_DIR.name / "results.json").read_bytes() == (H200_DIR / "results.json").read_bytes()
     rendered = (site / "x&y run" / "index.html").read_text()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered and "<script" not in rendered
     html = (site / "index.html").read_text()
@@ -466,8 +467,10 @@ def test_publish_site_of_runs(tmp_path):
 
         assert (site / unquote(h)).is_file(), h
     row = page.find(data_run=H200_DIR.name)[0][1]
-    assert "NVIDIA H200" in row and "2026-11-30 06:53 UTC" in row and "2.6.3" in row and "2.7.0.post2" in row
-    assert "2.7.0.post2 vs 2.6.3: slower in 7/12 cases, all host overhead; largest 2.11x at B2 S300 bwd." in row
+    committed = results.load(H200_DIR / "results.json")
+    when = committed["created"][:10] + " " + committed["created"][11:16] + " UTC"
+    assert "NVIDIA H200" in row and when in row and "2.6.3" in row and "2.7.0.post2" in row
+    assert report.view_model(committed)["summaries"][0]["text"] in row
     # again, with the site now inside reports/: still two runs, and --rerender renders the H200 report anew
     out2 = publish.build_site(reports, site, rerender=True)
     assert [r["name"] for r in out2["runs"]] == ["x&y run", H200_DIR.name]
