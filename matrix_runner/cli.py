@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     wh.add_argument("--wheel-cache", metavar="DIR", default=None)
     wh.add_argument("--index-url", default=wheels.DEFAULT_INDEX)
     wh.add_argument("--no-cache-wheels", action="store_true", help="do not copy wheels from matrix-run's cache")
+    wh.add_argument("--requirements", default=",".join(("uv", "setuptools", "wheel", "packaging", "ninja", "psutil",
+                                                         "einops")), metavar="LIST",
+                    help="comma list of packages whose wheels to download for the node (default: %(default)s; '' for none)")
 
     e = sub.add_parser("envs", help="list or remove envs")
     e.add_argument("action", choices=("list", "clean"))
@@ -244,7 +247,8 @@ def cmd_wheelhouse(args) -> int:
     versions = [r.version for r in envmod.parse_versions(args.versions)]
     cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
     rows = wheelhouse.collect(versions, Path(args.output), python_version=args.python_version, cache=cache,
-                              index_url=args.index_url, include_cache=not args.no_cache_wheels)
+                              index_url=args.index_url, include_cache=not args.no_cache_wheels,
+                              requirements=tuple(r.strip() for r in args.requirements.split(",") if r.strip()))
     t = Table(title=f"wheelhouse {args.output}")
     for col in ("item", "file", "status", "detail"):
         t.add_column(col)
@@ -275,8 +279,12 @@ def cmd_envs(args) -> int:
         raise envmod.UsageError(f"envs clean: no env named {', '.join(sorted(unknown))} in {envs_dir}")
     for r in rows:
         if not wanted or r["label"] in wanted:
-            shutil.rmtree(r["path"])
-            console.print(f"removed {r['path']} ({r['size_mb']} MB)")
+            if r.get("symlink"):
+                os.unlink(r["path"])  # the link only: what it points to is outside --envs-dir
+                console.print(f"removed the link {r['path']}")
+            else:
+                shutil.rmtree(r["path"])
+                console.print(f"removed {r['path']} ({r['size_mb']} MB)")
     return EXIT_OK
 
 

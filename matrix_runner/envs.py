@@ -284,9 +284,19 @@ def load_record(env_dir: Path) -> dict | None:
 
 
 def _atomic_json(path: Path, data: dict) -> None:
-    tmp = path.with_name("." + path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
-    os.replace(tmp, path)
+    """Write ``data`` to ``path`` atomically: a unique temp file in the same dir, fsync, rename."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=1, sort_keys=True, default=str))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def env_dir_for(opts: Options, label: str) -> Path:
@@ -561,6 +571,12 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
         if item.method == "failed":
             raise EnvError(item.error or "no way to obtain this version")
         with FileLock(str(opts.envs_dir / f".{req.label}.lock")):
+            if item.method != "reuse" and load_record(item.env_dir) and not opts.rebuild:
+                # another matrix-run may have finished this env while we waited for the lock
+                fresh = plan_env(req, cases, opts, driver_probe)
+                if fresh.method == "reuse":
+                    item = fresh
+                    res.build.update({"method": "reuse", "plan_changed": "built by another process meanwhile"})
             res.build.update(_prepare_locked(req, item, opts, driver_probe, progress, log, res, cases))
         res.status = "ok"
     except (EnvError, buildmod.BuildError, wheels.urllib.error.URLError, LookupError, OSError) as e:
@@ -700,6 +716,11 @@ def list_envs(envs_dir: Path) -> list[dict]:
     if not envs_dir.is_dir():
         return out
     for d in sorted(envs_dir.iterdir()):
+        if d.is_symlink():  # never follow a link out of --envs-dir
+            out.append({"label": d.name, "requested": None, "status": f"symlink to {os.readlink(d)} (not an env)",
+                        "torch": None, "python": None, "wheel": "-", "created": None, "size_mb": 0.0,
+                        "path": str(d), "symlink": True})
+            continue
         if d.is_dir() and not d.name.startswith("."):
             rec = load_record(d) or {}
             size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())

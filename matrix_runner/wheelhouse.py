@@ -7,12 +7,13 @@ sidecar. On the node: ``matrix-run --versions ... --find-links DIR --offline``.
 """
 from __future__ import annotations
 
+import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from . import wheels
+from .proc import capture
 
 #: What a source build and the env builder need on the node besides torch (which the node has).
 REQUIREMENTS = ("uv", "setuptools", "wheel", "packaging", "ninja", "psutil", "einops")
@@ -47,7 +48,9 @@ def collect(versions: list[str], dest: Path, *, python_version: str, cache: Path
     for p in PLATFORMS:
         argv += ["--platform", p]
     for req in requirements:
-        cp = subprocess.run([*argv, req], capture_output=True, text=True)
+        # pip's own settings (index, certificates) pass through; nothing else of this environment
+        pip_env = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+        cp = capture([*argv, req], env_extra=pip_env, timeout=600)
         got = sorted(f.name for f in dest.glob(f"{req.replace('-', '_')}-*.whl"))
         rows.append({"item": f"{req} wheel (python {python_version})", "file": got[-1] if got else None,
                      "status": "ok" if cp.returncode == 0 and got else "failed",

@@ -278,12 +278,13 @@ def cache_store(cache: Path, wheel: Path, key: dict, build: dict) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     dest = d / wheel.name
     with FileLock(str(d) + ".lock"):
-        tmp = d / (".tmp-" + wheel.name)
-        shutil.copyfile(wheel, tmp)
-        os.replace(tmp, dest)
-        side = {"schema": "matrix-runner/wheel/1", "key": key, "key_id": kid, "sha256": sha256_file(dest),
+        # the sidecar lands first: a wheel is never visible (scans look for *.whl) without its key
+        side = {"schema": "matrix-runner/wheel/1", "key": key, "key_id": kid, "sha256": sha256_file(wheel),
                 "build": build}
         stmp = d / (".tmp-" + wheel.name + SIDECAR_SUFFIX)
         stmp.write_text(json.dumps(side, indent=1, sort_keys=True))
         os.replace(stmp, dest.with_name(dest.name + SIDECAR_SUFFIX))
+        tmp = d / (".tmp-" + wheel.name)
+        shutil.copyfile(wheel, tmp)
+        os.replace(tmp, dest)
     return dest

@@ -491,6 +491,21 @@ def run_device_pass(case: dict, spec: dict, out: _Out) -> None:
     out.write(rec)
 
 
+def _die_with_parent() -> None:
+    """Linux: get SIGTERM when the driver dies (even by SIGKILL), so no worker is left orphaned."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG = 1
+        if os.getppid() == 1:  # the driver already died before prctl
+            sys.exit(3)
+    except (OSError, AttributeError):
+        pass
+
+
 def run(spec_path: str, out_path: str) -> int:
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
@@ -498,6 +513,7 @@ def run(spec_path: str, out_path: str) -> int:
         print(f"worker: spec schema {spec.get('schema')!r} is not {SPEC_SCHEMA!r}: "
               "the driver and worker versions differ", file=sys.stderr)
         return 2
+    _die_with_parent()
     out = _Out(out_path)
     info = probe()
     out.write({"type": "hello", "schema": WORKER_SCHEMA, "pid": os.getpid(), "probe": info})
