@@ -344,6 +344,7 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
     mode = opts.build
     if mode == "auto":
         mode = "slim" if archs else "full"
+    refuse_full = opts.build == "auto" and mode == "full" and (tid.get("cuda") or tid["mode"] == "pinned")
     if not tid.get("cuda") and tid["mode"] == "inherit" and opts.build == "auto":
         mode = "nocuda"  # a CPU-only torch: no CUDA extension can be built against it
     if mode == "slim":
@@ -402,6 +403,11 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
         elif opts.offline:
             item.notes.append("--offline: release wheels not tried")
     # 4. source build
+    if refuse_full:
+        item.method = "failed"
+        item.error = ("no GPU is visible to choose the CUDA archs of a slim build, and a full build of every "
+                      "kernel takes hours: pass --archs (e.g. --archs 90) for a slim build, or --build full")
+        return item
     if sdist is None and opts.offline:
         item.method = "failed"
         item.error = (f"no wheel for key {kid} and no flash_attn-{version}.tar.gz sdist in --find-links "
