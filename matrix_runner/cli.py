@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import threading
 import time
@@ -168,8 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "publish":
             return cmd_publish(args)
     except (ConfigError, envmod.UsageError, results.ResultsError) as e:
-        console.print(f"[red]error:[/] {e}")
+        print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as e:  # an output/input path that cannot be used: the user's to fix
+        where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as e:  # noqa: BLE001 - a bug of ours: say so plainly, keep exit codes meaningful
+        import traceback
+
+        print(f"internal error: {type(e).__name__}: {e} (please report; traceback follows)", file=sys.stderr)
+        traceback.print_exc()
+        return EXIT_FAILED
     ap.print_help()
     return EXIT_USAGE
 
@@ -279,6 +290,9 @@ def cmd_envs(args) -> int:
         raise envmod.UsageError(f"envs clean: no env named {', '.join(sorted(unknown))} in {envs_dir}")
     for r in rows:
         if not wanted or r["label"] in wanted:
+            if r.get("foreign"):
+                console.print(f"left {r['path']} alone: not a matrix-run env")
+                continue
             if r.get("symlink"):
                 os.unlink(r["path"])  # the link only: what it points to is outside --envs-dir
                 console.print(f"removed the link {r['path']}")
@@ -454,8 +468,28 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     run_id = created.strftime("%Y%m%d-%H%M%S") + "-" + "-vs-".join(r.label for r in reqs)
     if prior is not None:
         run_id, created = prior["run_id"], datetime.fromisoformat(prior["created"])
-    out_dir = Path(args.output) if args.output else Path("reports") / run_id
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.output:
+        out_dir = Path(args.output)
+        if prior is None and (out_dir / "results.json").exists():
+            raise envmod.UsageError(f"--output {out_dir} already holds a run (results.json); give another "
+                                    f"--output, or finish that run with --resume {shlex.quote(str(out_dir))}")
+        if out_dir.exists() and not out_dir.is_dir():
+            raise envmod.UsageError(f"--output {out_dir} is a file, not a directory")
+        out_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        base, n = Path("reports") / run_id, 1
+        while True:  # two runs started in the same second get their own directories
+            out_dir = base if n == 1 else base.with_name(f"{base.name}-{n}")
+            try:
+                out_dir.mkdir(parents=True, exist_ok=prior is not None)
+                break
+            except FileExistsError:
+                n += 1
+        run_id = out_dir.name
+    if args.markdown:
+        md = Path(args.markdown).expanduser()
+        if not md.parent.is_dir():
+            raise envmod.UsageError(f"--markdown {args.markdown}: the directory {md.parent} does not exist")
 
     console.print(f"[bold]matrix-run[/] {__version__}: {len(reqs)} env(s), {len(cfg.cases)} case(s) "
                   f"({cfg.source}) → {out_dir}")
@@ -463,6 +497,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     mach = machine.collect(dprobe)
     device = args.device
     no_gpu_msg = None
+    if device == "cuda" and not ((dprobe.get("torch") or {}).get("cuda_available") or mach.get("nvidia_smi")):
+        raise envmod.UsageError("--device cuda: no CUDA device is visible here (nvidia-smi is missing and torch "
+                                f"{(dprobe.get('torch') or {}).get('version', '(not importable)')} reports none); "
+                                "run on a machine with an NVIDIA GPU, or use --device cpu")
     if device == "auto":
         has_gpu = bool(((dprobe.get("torch") or {}).get("cuda_available")) or mach.get("nvidia_smi"))
         device = "cuda" if has_gpu else "none"
@@ -570,7 +608,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
 
     if reason == "interrupted":
         console.print(f"[yellow]interrupted: results measured so far are written; finish the run with "
-                      f"matrix-run --resume {out_dir}[/]")
+                      f"matrix-run --resume {shlex.quote(str(out_dir))}[/]")
         return EXIT_INTERRUPTED
     code = EXIT_OK
     failed_cases = [c for c in doc["cases"] if c["status"] != "ok"]
@@ -583,6 +621,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             console.print(f"[yellow]{len(failed_cases)} case(s) failed ({', '.join(kinds)}); see the report[/]")
     if args.fail_on_regression is not None:
         bad = [c for c in doc["comparisons"] if c["metric"] == "wall_us" and c["verdict"] == "slower"
+               and not c["case"].endswith("-sdpa")  # the SDPA control times torch, not flash-attn
                and (c["ratio"] - 1) * 100 > args.fail_on_regression]
         if bad:
             console.print(f"[red]{len(bad)} regression(s) over {args.fail_on_regression:g}%[/]: " +

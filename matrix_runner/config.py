@@ -247,6 +247,8 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
                           f"got {type(data).__name__}")
     _unknown(source, data, _TOP_KEYS)
     merged = {**DEFAULT_CONFIG, **data}
+    if "title" not in data and "shapes" in data:  # the default title describes the default shapes only
+        merged["title"] = f"flash-attn comparison ({Path(source).name if source.endswith(('.yaml', '.yml')) else source})"
     title = merged["title"]
     if not isinstance(title, str):
         raise _err("title", title, "must be a string")
@@ -255,7 +257,8 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise _err("dropout_p", dropout, "must be a number with 0 <= dropout_p < 1")
     scale = merged["softmax_scale"]
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0
+                              or not math.isfinite(scale)):
         raise _err("softmax_scale", scale, "must be null (1/sqrt(head_dim)) or a positive number")
     causal = _bool("causal", merged["causal"])
     ops = merged["ops"]
@@ -355,6 +358,8 @@ def load_config(path: str | Path | None) -> Config:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"--config {path}: cannot read the file ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"--config {path}: not UTF-8 text (byte {e.start}); save the YAML as UTF-8") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -495,8 +495,13 @@ def _uv(args: list[str], log: Path, timeout: float = 1800, offline: bool = False
 
 
 def create_venv(env_dir: Path, python: str, tid: dict, opts: Options, log: Path) -> Path:
-    """(Re)create ``env_dir`` with uv and make torch visible in it; returns the env's python."""
+    """(Re)create ``env_dir`` with uv and make torch visible in it; returns the env's python.
+
+    Raises EnvError when ``env_dir`` exists but is not an env matrix-run made (it is never deleted)."""
     if env_dir.exists():
+        if not is_matrix_run_env(env_dir):
+            raise EnvError(f"{env_dir} exists and is not a matrix-run env (no {RECORD} or pyvenv.cfg): "
+                           "left untouched; move it or use another --envs-dir")
         shutil.rmtree(env_dir)
     _uv(["venv", "--no-project", "--quiet", "--python", python, str(env_dir)], log)
     py = env_python(env_dir)
@@ -716,6 +721,16 @@ def prepare_here(req: EnvRequest, driver_probe: dict) -> EnvResult:
     return res
 
 
+def is_matrix_run_env(d: Path) -> bool:
+    """True for a directory matrix-run created: it has an env record, or is a venv whose build log
+    matrix-run keeps (an env whose build failed before its record was written)."""
+    if d.is_symlink() or not d.is_dir():
+        return False
+    if (d / RECORD).is_file():
+        return True
+    return (d / "pyvenv.cfg").is_file() and (d.parent / ".logs" / f"{d.name}.log").is_file()
+
+
 def list_envs(envs_dir: Path) -> list[dict]:
     """Records of every env under ``envs_dir`` (with size in MB), for ``matrix-run envs list``."""
     out = []
@@ -728,6 +743,11 @@ def list_envs(envs_dir: Path) -> list[dict]:
                         "path": str(d), "symlink": True})
             continue
         if d.is_dir() and not d.name.startswith("."):
+            if not is_matrix_run_env(d):
+                out.append({"label": d.name, "requested": None, "status": "not a matrix-run env (left alone)",
+                            "torch": None, "python": None, "wheel": "-", "created": None, "size_mb": 0.0,
+                            "path": str(d), "foreign": True})
+                continue
             rec = load_record(d) or {}
             size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
             out.append({"label": d.name, "requested": rec.get("requested"), "status": rec.get("status", "no record"),

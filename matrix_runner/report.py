@@ -125,15 +125,20 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
     if missing:
         rest.append(f"not compared in {missing} (failed or not run)")
     if not parts:
-        if wall:
+        if wall and len(counts["same"]) == len(wall):
             parts.append(f"no difference beyond ±{min_effect:.0%} in any of {n_cases} cases")
+        elif wall:
+            parts.append(f"no case decided faster or slower (±{min_effect:.0%})")
         else:
             parts.append("nothing could be compared")
     text = f"{prefix}{cand} vs {base}: " + "; ".join(parts) + "."
     if rest:
         text += " " + ", ".join(rest).capitalize() + "."
     cls = ("mixed" if counts["slower"] and counts["faster"] else "slower" if counts["slower"]
-           else "faster" if counts["faster"] else "same" if wall else "none")
+           else "faster" if counts["faster"] else "same" if wall and len(counts["same"]) == len(wall) else "none")
+    if any(c.get("within_process_only") for c in wall):
+        text += (" Quick run: one worker process per version, so the intervals ignore process-to-process "
+                 "spread (modes up to 2x apart); rerun without --quick before acting on a verdict.")
     detail = []
     for lst, what in ((device, "Kernel (device) time"), (host, "Host time")):
         if not lst:
@@ -318,6 +323,9 @@ def markdown(res: dict) -> str:
     lines.append("")
     lines.append("ratio = candidate / baseline wall time (median of per-process medians), 95% bootstrap CI; "
                  "(host) / (device): the difference is host overhead / kernel time.")
+    for w in vm["wrong"]:
+        lines.append(f"\n**Wrong results:** {esc(w[0])} {esc(w[1])} {esc(w[2])}: output or gradients differ from "
+                     "the fp32 reference beyond tolerance.")
     return "\n".join(lines) + "\n"
 
 
@@ -349,7 +357,8 @@ def terminal_table(res: dict, console=None) -> None:
                 continue
             m = e["m"]
             if e["case"]["status"] != "ok":
-                cells.append(f"[red]{escape(e['case']['status'])}: {escape(e['case'].get('error_kind') or '')}[/]")
+                why = (e["case"].get("error") or "").split(": ", 1)[-1][:60]
+                cells.append(f"[red]{escape(e['case'].get('error_kind') or e['case']['status'])}[/]: {escape(why)}")
                 continue
             cells.append(" / ".join(fmt_us(m[k]["median"]) if m.get(k) else "–" for k in ("wall_us", "host_us", "device_us"))
                          + (" [dim]host-bound[/]" if e["case"].get("host_bound") else ""))
@@ -363,6 +372,9 @@ def terminal_table(res: dict, console=None) -> None:
             cells.append(f"[{col}]{w['verdict']}[/] {fmt_ratio(w)}{attr}")
         t.add_row(*cells)
     console.print(t)
+    for w in vm["wrong"]:
+        console.print(f"[red]wrong results:[/] {escape(w[0])} {escape(w[1])} {escape(w[2])}: output or gradients differ "
+                      "from the fp32 reference beyond tolerance (a faster wrong answer is not faster)")
     colors = {"slower": "red", "faster": "green", "mixed": "yellow", "same": "white", "none": "dim"}
     for s in vm["summaries"]:
         console.print(f"[bold {colors[s['cls']]}]{escape(s['text'])}[/] [dim]{escape(s['detail'])}[/]")

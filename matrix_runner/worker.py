@@ -370,7 +370,8 @@ class Bench:
             pairs = [(n, a.float(), e) for n, a, e in zip(("dq", "dk", "dv"), got, exp)]
         res = {}
         for name, a, e in pairs:
-            a = a.reshape(e.shape) if a.shape != e.shape else a
+            a = (a.reshape(e.shape) if a.shape != e.shape else a).detach()
+            e = e.detach()
             diff = (a - e)
             res[name] = {
                 "max_abs_err": float(diff.abs().max()),

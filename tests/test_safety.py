@@ -1,0 +1,50 @@
+"""Nothing of the user's is deleted or overwritten: foreign dirs in --envs-dir, an existing run in
+--output; and inputs that cannot work are refused up front."""
+from conftest import load_results, run_cli
+
+
+def test_envs_clean_leaves_foreign_dirs_alone(tmp_path):
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "a.jpg").write_text("x")
+    cp = run_cli("envs", "clean", "--envs-dir", str(tmp_path))
+    assert cp.returncode == 0, cp.stderr
+    assert (tmp_path / "photos" / "a.jpg").read_text() == "x"
+    assert "left" in cp.stderr and "not a matrix-run env" in " ".join(cp.stderr.split())
+
+
+def test_a_user_folder_named_like_a_label_is_never_wiped(standins, tiny_config, tmp_path):
+    envs = tmp_path / "envs"
+    (envs / "2.6.3").mkdir(parents=True)
+    (envs / "2.6.3" / "important.txt").write_text("keep me")
+    cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--quick", "--config", str(tiny_config),
+                 "--find-links", str(standins["wheels"]), "--envs-dir", str(envs),
+                 "--wheel-cache", str(tmp_path / "cache"), "--output", str(tmp_path / "out"))
+    assert cp.returncode == 3
+    assert (envs / "2.6.3" / "important.txt").read_text() == "keep me"
+    (e,) = load_results(tmp_path / "out")["envs"]
+    assert e["status"] == "failed" and "is not a matrix-run env" in e["error"] and "left untouched" in e["error"]
+
+
+def test_an_existing_run_is_not_overwritten(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--output", str(out), "--envs-dir", str(tmp_path / "e"))
+    assert cp.returncode == 2
+    assert "already holds a run" in " ".join(cp.stderr.split()) and "--resume" in cp.stderr
+    assert (out / "results.json").read_text() == "{}"
+
+
+def test_device_cuda_without_a_gpu_is_refused_up_front(tmp_path):
+    cp = run_cli("--versions", "2.6.3", "--device", "cuda", "--output", str(tmp_path / "o"),
+                 "--envs-dir", str(tmp_path / "e"), "--offline")
+    assert cp.returncode == 2
+    assert "--device cuda: no CUDA device is visible here" in " ".join(cp.stderr.split())
+    assert not (tmp_path / "e" / "2.6.3").exists()
+
+
+def test_non_finite_softmax_scale_is_refused(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("softmax_scale: .nan\n")
+    cp = run_cli("plan", "--versions", "2.6.3", "--config", str(cfg), "--envs-dir", str(tmp_path / "e"), "--offline")
+    assert cp.returncode == 2 and "softmax_scale = nan" in cp.stderr
