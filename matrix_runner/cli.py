@@ -314,6 +314,8 @@ def cmd_report(args) -> int:
         else:
             paths.append(p)
     args.results = [str(p) for p in paths]
+    if args.min_effect is not None and not 0 < args.min_effect < 1:
+        raise envmod.UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
     runs = [results.load(p) for p in args.results]
     res = results.merge(runs, args.min_effect)
     out = Path(args.output)
@@ -355,6 +357,9 @@ def cmd_compare(args) -> int:
             "else by flash-attn version; only envs that were built and timed count)")
     report.compare_terminal(cmp, Console())
     if args.output:
+        if (Path(args.output) / "results.json").exists():
+            raise envmod.UsageError(f"-o {args.output}: holds a run (results.json); its index.html would be "
+                                    "overwritten; give another directory")
         console.print(f"report: {report.write_compare_html(cmp, Path(args.output))}")
     if args.markdown:
         Path(args.markdown).write_text(report.compare_markdown(cmp))
@@ -364,7 +369,13 @@ def cmd_compare(args) -> int:
 def cmd_publish(args) -> int:
     from . import publish
 
-    out = publish.build_site(Path(args.reports_dir), Path(args.output), rerender=args.rerender)
+    site = Path(args.output)
+    if site.exists() and (not site.is_dir() or (any(site.iterdir()) and not (site / publish.MARKER).exists())):
+        raise envmod.UsageError(f"-o {site}: exists and is not a site matrix-run published (no {publish.MARKER}); "
+                                "give a new or empty directory")
+    if site.resolve() == Path(args.reports_dir).resolve():
+        raise envmod.UsageError("-o must differ from REPORTS_DIR (e.g. REPORTS_DIR/site or another directory)")
+    out = publish.build_site(Path(args.reports_dir), site, rerender=args.rerender)
     for w in out["warnings"]:
         console.print(f"[yellow]warning:[/] {w}")
     for r in out["runs"]:
@@ -511,7 +522,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                           "Nothing was built or timed. Did instead: checked the config and the versions, showed the "
                           "plan for each env, and wrote results.json and index.html marking every env 'skipped'. "
                           "Run on a machine with an NVIDIA GPU, or use --device cpu to exercise the pipeline on CPU "
-                          "(real flash-attn rejects CPU tensors; see the README's stand-in).")
+                          "(real flash-attn rejects CPU tensors; README.md, 'Without a GPU', shows a stand-in).")
 
     settings = {"device": device, "torch": opts.torch, "quick": args.quick, "min_effect": samp.min_effect,
                 "min_rounds": samp.min_rounds, "max_rounds": samp.max_rounds, "time_budget_s": samp.time_budget_s,
@@ -603,8 +614,16 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     timing_s = time.monotonic() - t_tm
     doc = _finish_doc(base_doc, env_results, data, cfg, rounds, reason, env_s, timing_s, t_start)
     _write(doc, out_dir, args)
-    console.print(f"[dim]time: envs {env_s:.1f} s, timing {timing_s:.1f} s ({len(rounds)} worker processes; "
-                  f"stopped: {reason})[/]")
+    per_clock: dict = {}
+    for c in doc["cases"]:
+        for k, v in (c.get("clock_seconds") or {}).items():
+            per_clock[k] = per_clock.get(k, 0.0) + v
+    in_cases = sum(per_clock.values())
+    spent = ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_clock.items(), key=lambda kv: -kv[1]))
+    n = len(rounds)
+    console.print(f"[dim]time: envs {env_s:.1f} s, timing {timing_s:.1f} s ({n} worker process{'es' if n != 1 else ''}; "
+                  f"stopped: {reason})" + (f"; in cases {in_cases:.1f} s ({spent}), process start-up and "
+                                           f"imports {max(timing_s - in_cases, 0):.1f} s" if per_clock else "") + "[/]")
 
     if reason == "interrupted":
         console.print(f"[yellow]interrupted: results measured so far are written; finish the run with "

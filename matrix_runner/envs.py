@@ -98,7 +98,7 @@ def parse_versions(text: str) -> list[EnvRequest]:
             if not p.is_file() or not p.name.endswith((".whl", ".tar.gz")):
                 raise UsageError(f"--versions: {ver!r} is not a flash-attn sdist (.tar.gz) or wheel (.whl) file")
             if "=" not in it:
-                label = p.name.split("-")[1] if p.name.startswith("flash_attn-") else p.stem
+                label = local_version(p) or p.name.removesuffix(".tar.gz").removesuffix(".whl")
         else:
             try:
                 ver = str(Version(ver))
@@ -214,6 +214,17 @@ def probe(python: str | Path, timeout: float = 120.0) -> dict:
             "torch": None, "flash_attn": None}
 
 
+def local_version(p: Path) -> str | None:
+    """The flash-attn version in a local sdist's or wheel's file name (None if it is not flash_attn's)."""
+    from packaging.utils import parse_sdist_filename, parse_wheel_filename
+
+    try:
+        name, ver = (parse_wheel_filename(p.name)[:2] if p.name.endswith(".whl") else parse_sdist_filename(p.name))
+    except Exception:  # noqa: BLE001
+        return None
+    return str(ver) if name == "flash-attn" else None
+
+
 def python_tag(version: str) -> str:
     major, minor = version.split(".")[:2]
     return f"cp{major}{minor}"
@@ -320,7 +331,11 @@ def torch_identity(opts: Options, driver_probe: dict) -> dict:
 
 
 def wanted_key(version: str, tid: dict, py: str, archs, kernels, platform_tag: str = "linux_x86_64") -> dict:
-    return {"flash_attn": str(Version(version).public) if not ("/" in version) else version,
+    try:
+        fa = str(Version(version).public)
+    except InvalidVersion:
+        fa = version
+    return {"flash_attn": fa,
             "torch": tid["version"], "torch_cuda": tid.get("cuda"), "cxx11abi": tid.get("cxx11abi"),
             "python_tag": python_tag(py), "platform": platform_tag, "archs": archs, "kernels": kernels}
 
@@ -335,9 +350,15 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
     if req.is_path:
         p = Path(req.version).expanduser().resolve()
         if p.suffix == ".whl":
-            return PlanItem(req.label, req.version, env_dir, "local-wheel", {}, "local", "all", "all", wheel=str(p))
+            item = PlanItem(req.label, local_version(p) or "local", env_dir, "local-wheel", {}, "local", "all", "all",
+                            wheel=str(p))
+            rec = load_record(env_dir)
+            if rec and not opts.rebuild and (rec.get("wheel") or {}).get("sha256") == wheels.sha256_file(p) \
+                    and rec.get("torch") == tid and rec.get("status") == "ok":
+                item.method = "reuse"
+            return item
         sdist = p
-        version = p.name[len("flash_attn-"):-len(".tar.gz")] if p.name.startswith("flash_attn-") else "local"
+        version = local_version(p) or "local"
     else:
         version = req.version
         sdist = wheels.find_sdist(opts.find_links, version) or wheels.find_sdist([opts.cache_dir / "sdists"], version)
@@ -356,6 +377,8 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
     else:
         arch_field = sorted(archs) if (archs and mode == "slim") else (sorted(opts.archs) if opts.archs else "all")
     key = wanted_key(version, tid, py, arch_field, kernels)
+    if req.is_path:  # a local (maybe patched) sdist: only wheels built from these very bytes fit
+        key["sdist_sha256"] = wheels.sha256_file(sdist)
     kid = wheels.key_id(key)
     item = PlanItem(req.label, version, env_dir, "", key, kid, kernels, arch_field, sdist=str(sdist) if sdist else None)
     if tid["mode"] == "pinned":
@@ -363,7 +386,8 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
     # 1. find-links, 2. cache: the first wheel that fits the key
     found: wheels.WheelCandidate | None = None
     skipped: list[str] = []
-    for origin, dirs in (("find-links", opts.find_links), ("cache", [opts.cache_dir / "wheels"])):
+    # a local sdist is built from its own bytes: --find-links wheels of the same version do not stand in
+    for origin, dirs in (("find-links", [] if req.is_path else opts.find_links), ("cache", [opts.cache_dir / "wheels"])):
         for c in wheels.scan_wheels(dirs, version, key, origin=origin):
             if c.reason is None:
                 found = c

@@ -182,6 +182,7 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
             out["cases"].append({**c, "env": rename.get(c["env"], c["env"])})
         out.setdefault("rounds", []).extend(r.get("rounds", []))
     eff = min_effect if min_effect is not None else (out.get("settings") or {}).get("min_effect", 0.05)
+    out.setdefault("settings", {})["min_effect"] = eff  # the report's text follows the verdicts
     labels = [e["label"] for e in out["envs"] if e["status"] == "ok"]
     out["comparisons"] = comparisons(out["cases"], labels, eff)
     out["merged_from"] = [r.get("run_id") for r in runs]

@@ -2,7 +2,7 @@
 
 Into ``-o DIR`` go: each flash-attn version's sdist (sha256-checked against the index), wheels of
 uv and of the source-build requirements for the target Python/platform (``pip download``), and,
-with ``--include-cache``, every wheel of those versions in matrix-run's wheel cache with its key
+unless ``--no-cache-wheels``, every wheel of those versions in matrix-run's wheel cache with its key
 sidecar. On the node: ``matrix-run --versions ... --find-links DIR --offline``.
 """
 from __future__ import annotations

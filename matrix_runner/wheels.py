@@ -34,7 +34,7 @@ from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 SIDECAR_SUFFIX = ".matrix-run.json"
-KEY_FIELDS_EXACT = ("flash_attn", "torch", "torch_cuda", "cxx11abi", "python_tag", "platform")
+KEY_FIELDS_EXACT = ("flash_attn", "torch", "torch_cuda", "cxx11abi", "python_tag", "platform", "sdist_sha256")
 RELEASE_URL = "https://github.com/Dao-AILab/flash-attention/releases/download/v{version}/{wheel}"
 DEFAULT_INDEX = "https://pypi.org/simple"
 
