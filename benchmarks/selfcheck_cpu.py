@@ -64,7 +64,7 @@ def main() -> int:
             standin.build_wheel(standin.make_source(tmp / f"src{us:g}", "2.7.0.post2", us), w)
             for f in (tmp / "w0").glob("*.whl"):
                 (w / f.name).write_bytes(f.read_bytes())
-            res = run(tmp, f"2.6.3,2.7.0.post2", w, f"planted{us:g}")
+            res = run(tmp, "2.6.3,2.7.0.post2", w, f"planted{us:g}")
             for c in res["comparisons"]:
                 if c["metric"] != "wall_us" or c["op"] != "fwd":
                     continue

@@ -83,7 +83,7 @@ def clean_svg(svg: str, prefix: str) -> str:
     svg = _EXTERNAL_HREF.sub("", svg)
     svg = svg.replace("*{stroke-linejoin", "svg.chart-svg *{stroke-linejoin")  # keep matplotlib's CSS to the chart
     # width/height in pt make the chart its natural size; CSS scales it down on narrow screens
-    svg = re.sub(r"<svg ", f'<svg role="img" class="chart-svg" ', svg, count=1)
+    svg = re.sub(r"<svg ", '<svg role="img" class="chart-svg" ', svg, count=1)
     if _URL.search(svg):
         raise ValueError("chart SVG still refers to a URL")
     return svg.strip()

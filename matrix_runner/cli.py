@@ -571,6 +571,14 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             if e.error_tail:
                 console.print("[dim]" + "\n".join("    " + ln for ln in e.error_tail.splitlines()[-12:]) + "[/]")
     ok_envs = [e for e in env_results if e.status == "ok"]
+    if prior is not None:  # never pool samples of two different builds under one label
+        before = {e["label"]: (e.get("build") or {}).get("wheel_sha256") for e in prior.get("envs", [])}
+        for e in ok_envs:
+            now = e.build.get("wheel_sha256")
+            if before.get(e.label) and now and before[e.label] != now:
+                raise envmod.UsageError(
+                    f"--resume: env {e.label} now has another flash-attn wheel (sha256 {now[:12]}…) than the run "
+                    f"being resumed ({before[e.label][:12]}…); its samples cannot be pooled: start a new run")
 
     # ---- timing -------------------------------------------------------------------------------
     prior_tm = float(((prior or {}).get("timing") or {}).get("timing_phase_s") or 0.0)

@@ -295,19 +295,10 @@ def load_record(env_dir: Path) -> dict | None:
 
 
 def _atomic_json(path: Path, data: dict) -> None:
-    """Write ``data`` to ``path`` atomically: a unique temp file in the same dir, fsync, rename."""
-    import tempfile
+    """Write an env record atomically (the same temp-file, fsync and rename as results.json)."""
+    from .results import write_json
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=1, sort_keys=True, default=str))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_json(path, data)
 
 
 def env_dir_for(opts: Options, label: str) -> Path:
@@ -614,6 +605,8 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
                     res.build.update({"method": "reuse", "plan_changed": "built by another process meanwhile"})
             res.build.update(_prepare_locked(req, item, opts, driver_probe, progress, log, res, cases))
         res.status = "ok"
+        if not res.build.get("wheel_sha256"):  # a reused env: the record says which wheel it holds
+            res.build["wheel_sha256"] = ((load_record(item.env_dir) or {}).get("wheel") or {}).get("sha256")
     except (EnvError, buildmod.BuildError, wheels.urllib.error.URLError, LookupError, OSError) as e:
         res.status = "failed"
         res.error = str(e)

@@ -500,7 +500,7 @@ def compare_terminal(cmp: dict, console=None) -> None:
 def compare_markdown(cmp: dict) -> str:
     esc = lambda x: html.escape(str(x)).replace("|", "\\|")  # noqa: E731
     a, b = cmp["a"], cmp["b"]
-    lines = [f"### matrix-run compare: B / A", "",
+    lines = ["### matrix-run compare: B / A", "",
              f"- **A**: {esc(a['run_id'])} · {esc(a['gpu'])} · driver {esc(a['driver'] or '–')} · CUDA {esc(a['cuda'] or '–')} · torch {esc(a['torch'] or '–')} · {esc(a['created'])}",
              f"- **B**: {esc(b['run_id'])} · {esc(b['gpu'])} · driver {esc(b['driver'] or '–')} · CUDA {esc(b['cuda'] or '–')} · torch {esc(b['torch'] or '–')} · {esc(b['created'])}",
              ""]

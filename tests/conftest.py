@@ -5,6 +5,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,33 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict
 
 def load_results(out_dir: Path) -> dict:
     return json.loads((out_dir / "results.json").read_text())
+
+
+@contextmanager
+def local_http(respond):
+    """Serve HTTP on 127.0.0.1 for a test; ``respond(path, port)`` returns ``(body, content_type)`` or
+    None (404). Yields the base URL ``http://127.0.0.1:PORT``."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            got = respond(self.path, self.server.server_address[1], self.headers)
+            if got is None:
+                self.send_error(404)
+                return
+            body, ctype = got
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()

@@ -1,7 +1,6 @@
 """`matrix-run plan`: the resolution order and the kernel sets, asserted exactly; the wheel key
 keeps a wheel built against one torch from being installed under another."""
 import json
-import shutil
 
 from conftest import run_cli
 

@@ -10,13 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import load_results, run_cli
+from conftest import load_results, local_http, run_cli
 
 from matrix_runner import cli, envs as envmod, proc, results
 
@@ -143,36 +141,22 @@ def index(monkeypatch):
     """A PEP 691 (JSON simple API) index on 127.0.0.1 listing flash-attn sdists; /html/ answers HTML."""
     seen: list[tuple[str, str]] = []
 
-    class H(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            seen.append((self.path, self.headers.get("Accept", "")))
-            if self.path == "/simple/flash-attn/":
-                body = json.dumps({"meta": {"api-version": "1.0"}, "name": "flash-attn", "files": [
-                    {"filename": f"flash_attn-{v}.tar.gz", "url": f"http://127.0.0.1/f/flash_attn-{v}.tar.gz",
-                     "hashes": {}} for v in INDEX_VERSIONS] + [
-                    {"filename": "flash_attn-2.6.4.tar.gz", "url": "x", "hashes": {}, "yanked": "broken"}]}).encode()
-                ctype = "application/vnd.pypi.simple.v1+json"
-            elif self.path == "/html/flash-attn/":
-                body, ctype = b"<html><body><a href='x'>flash_attn-2.6.3.tar.gz</a></body></html>", "text/html"
-            else:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def respond(path, port, headers):
+        seen.append((path, headers.get("Accept", "")))
+        if path == "/simple/flash-attn/":
+            return json.dumps({"meta": {"api-version": "1.0"}, "name": "flash-attn", "files": [
+                {"filename": f"flash_attn-{v}.tar.gz", "url": f"http://127.0.0.1/f/flash_attn-{v}.tar.gz",
+                 "hashes": {}} for v in INDEX_VERSIONS] + [
+                {"filename": "flash_attn-2.6.4.tar.gz", "url": "x", "hashes": {}, "yanked": "broken"}]}).encode(), \
+                "application/vnd.pypi.simple.v1+json"
+        if path == "/html/flash-attn/":
+            return b"<html><body><a href='x'>flash_attn-2.6.3.tar.gz</a></body></html>", "text/html"
+        return None
 
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
     for k in ("NO_PROXY", "no_proxy"):
         monkeypatch.setenv(k, "127.0.0.1,localhost")
-    yield {"url": f"http://127.0.0.1:{srv.server_address[1]}/simple", "root": f"http://127.0.0.1:{srv.server_address[1]}",
-           "seen": seen}
-    srv.shutdown()
+    with local_http(respond) as root:
+        yield {"url": f"{root}/simple", "root": root, "seen": seen}
 
 
 def test_unknown_version_is_named_with_the_nearest_ones(capsys, tmp_path, index):

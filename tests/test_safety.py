@@ -48,3 +48,27 @@ def test_non_finite_softmax_scale_is_refused(tmp_path):
     cfg.write_text("softmax_scale: .nan\n")
     cp = run_cli("plan", "--versions", "2.6.3", "--config", str(cfg), "--envs-dir", str(tmp_path / "e"), "--offline")
     assert cp.returncode == 2 and "softmax_scale = nan" in cp.stderr
+
+
+def test_resume_refuses_to_pool_two_builds_under_one_label(standins, tiny_config, tmp_path):
+    import json
+    import shutil
+
+    import standin
+    wheels = tmp_path / "wheels"
+    shutil.copytree(standins["wheels"], wheels)
+    out = tmp_path / "out"
+    args = ["--versions", "2.6.3,2.7.0.post2", "--device", "cpu", "--quick", "--config", str(tiny_config),
+            "--find-links", str(wheels), "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "c")]
+    cp = run_cli(*args, "--output", str(out))
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    res["timing"]["stop_reason"] = "interrupted"  # as if Ctrl-C had stopped it after the first round
+    res["rounds"] = res["rounds"][:1]
+    (out / "results.json").write_text(json.dumps(res))
+    for w in wheels.glob("flash_attn-2.7.0.post2-*"):
+        w.unlink()
+    standin.build_wheel(standin.make_source(tmp_path / "src", "2.7.0.post2", 0.0), wheels)  # another build
+    cp = run_cli("--resume", str(out))
+    assert cp.returncode == 2, cp.stderr[-2000:]
+    assert "env 2.7.0.post2 now has another flash-attn wheel" in " ".join(cp.stderr.split())

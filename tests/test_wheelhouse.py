@@ -2,11 +2,9 @@
 key sidecars, collected for an air-gapped node; a local PEP 691 index stands in for PyPI."""
 import hashlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import run_cli
+from conftest import local_http, run_cli
 
 from matrix_runner import wheels
 
@@ -16,32 +14,18 @@ def local_index(standins):
     sdists = {p.name: p.read_bytes() for p in standins["sdists"].glob("*.tar.gz")}
     state = {"corrupt": False}
 
-    class H(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            port = self.server.server_address[1]
-            if self.path == "/simple/flash-attn/":
-                files = [{"filename": n, "url": f"http://127.0.0.1:{port}/f/{n}",
-                          "hashes": {"sha256": hashlib.sha256(b).hexdigest()}} for n, b in sdists.items()]
-                body, ctype = json.dumps({"meta": {"api-version": "1.0"}, "files": files}).encode(), \
-                    "application/vnd.pypi.simple.v1+json"
-            elif self.path.startswith("/f/") and self.path[3:] in sdists:
-                body, ctype = sdists[self.path[3:]] + (b"x" if state["corrupt"] else b""), "application/gzip"
-            else:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def respond(path, port, headers):
+        if path == "/simple/flash-attn/":
+            files = [{"filename": n, "url": f"http://127.0.0.1:{port}/f/{n}",
+                      "hashes": {"sha256": hashlib.sha256(b).hexdigest()}} for n, b in sdists.items()]
+            return json.dumps({"meta": {"api-version": "1.0"}, "files": files}).encode(), \
+                "application/vnd.pypi.simple.v1+json"
+        if path.startswith("/f/") and path[3:] in sdists:
+            return sdists[path[3:]] + (b"x" if state["corrupt"] else b""), "application/gzip"
+        return None
 
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield {"url": f"http://127.0.0.1:{srv.server_address[1]}/simple", "state": state}
-    srv.shutdown()
+    with local_http(respond) as root:
+        yield {"url": f"{root}/simple", "state": state}
 
 
 def test_wheelhouse_collects_sdists_and_keyed_cache_wheels(local_index, standins, tmp_path):
