@@ -6,6 +6,8 @@ are therefore *not* independent draws of what the version costs. The unit of evi
 round (one worker process), and every statistic here is hierarchical:
 
 - a metric's ``median`` is the **median of per-round medians** (``pooled_median`` is also kept);
+- when both envs have the same rounds (the normal case), the comparison is paired by round (see
+  :func:`compare`): a disturbance of the machine hits the two processes of a round alike;
 - the 95 % confidence interval of the ratio candidate/baseline comes from a two-level bootstrap:
   resample rounds with replacement, and inside each drawn round resample its samples (the
   bootstrap distribution of a sample median is drawn exactly from order statistics: the median of
@@ -105,58 +107,89 @@ def compare(base: list[list[float]], cand: list[list[float]], min_effect: float 
             seed: int = 0, n_boot: int = N_BOOT) -> dict | None:
     """Compare one metric of one case between two envs (``rounds`` lists of µs samples each).
 
+    With the same number (>= 2) of rounds on both sides the comparison is **paired**: round r of
+    each env ran back to back (A B, B A, ...), so a disturbance of the machine during round r hits
+    both; the ratio is the median over rounds of the per-round ratio of medians, its CI a two-level
+    bootstrap over rounds (and samples within them) widened where wider to a t interval on the
+    per-round log ratios, and the rank test is Wilcoxon's signed-rank test. Otherwise the two sides
+    are compared as independent groups (median of round medians, Welch-widened bootstrap,
+    Mann-Whitney U).
+
     Returns ``{ratio, ci_low, ci_high, delta_us, delta_ci_low, delta_ci_high, p_value, verdict,
-    base_median, cand_median, n_rounds: [base, cand], within_process_only}``; ratio > 1 means the
-    candidate is slower. None when either side has no samples."""
-    base = [r for r in base if r]
-    cand = [r for r in cand if r]
+    base_median, cand_median, n_rounds: [base, cand], paired, within_process_only}``; ratio > 1
+    means the candidate is slower. None when either side has no samples."""
+    base = [r for r in base if len(r)]
+    cand = [r for r in cand if len(r)]
     if not base or not cand:
         return None
     rng = np.random.default_rng(seed)
-    sb, sc = boot_stat(base, n_boot, rng), boot_stat(cand, n_boot, rng)
-    mb = _median([_median(r) for r in base])
-    mc = _median([_median(r) for r in cand])
     a = (1 - CI_LEVEL) / 2
-    ratios = sc / sb
-    lo, hi = (float(v) for v in np.quantile(ratios, [a, 1 - a]))
-    dl, dh = (float(v) for v in np.quantile(sc - sb, [a, 1 - a]))
-    ratio = mc / mb if mb > 0 else math.inf
+    rb = np.array([_median(r) for r in base])
+    rc = np.array([_median(r) for r in cand])
+    mb, mc = _median(rb), _median(rc)
+    paired = len(base) == len(cand) >= 2 and (rb > 0).all() and (rc > 0).all()
     widened = False
-    if len(base) >= 2 and len(cand) >= 2 and mb > 0 and mc > 0:
-        # A percentile bootstrap over a handful of rounds is too narrow (it cannot reach past the
-        # extreme round medians). Widen to a Welch t interval on log round medians (ratio) and on
-        # round medians (delta), centred on the point estimates, whichever is wider.
-        rb = np.array([_median(r) for r in base])
-        rc = np.array([_median(r) for r in cand])
-        for logs in (True, False):
-            xb, xc = (np.log(rb), np.log(rc)) if logs else (rb, rc)
-            vb, vc = xb.var(ddof=1) / xb.size, xc.var(ddof=1) / xc.size
-            se = math.sqrt(vb + vc)
-            if se <= 0:
-                continue
-            df = (vb + vc) ** 2 / ((vb ** 2 / (xb.size - 1) if vb else 0) + (vc ** 2 / (xc.size - 1) if vc else 0))
-            t = float(sps.t.ppf(1 - a, max(df, 1.0)))
-            if logs:
-                c = math.log(ratio)
-                tl, th = math.exp(c - t * se), math.exp(c + t * se)
-                widened |= tl < lo or th > hi
-                lo, hi = min(lo, tl), max(hi, th)
-            else:
-                c = mc - mb
-                dl, dh = min(dl, c - t * se), max(dh, c + t * se)
-    if len(base) >= 3 and len(cand) >= 3:
-        x, y = [_median(r) for r in base], [_median(r) for r in cand]
+    if paired:
+        n = len(base)
+        m_b = np.stack([boot_medians(r, n_boot, rng) for r in base])  # (R, B)
+        m_c = np.stack([boot_medians(r, n_boot, rng) for r in cand])
+        pick = rng.integers(0, n, size=(n_boot, n))
+        cols = np.arange(n_boot)[:, None]
+        vb, vc = m_b[pick, cols], m_c[pick, cols]
+        ratios = np.exp(np.median(np.log(vc) - np.log(vb), axis=1))
+        deltas = np.median(vc - vb, axis=1)
+        d_log, d_abs = np.log(rc) - np.log(rb), rc - rb
+        ratio, delta = float(np.exp(np.median(d_log))), float(np.median(d_abs))
+        lo, hi = (float(v) for v in np.quantile(ratios, [a, 1 - a]))
+        dl, dh = (float(v) for v in np.quantile(deltas, [a, 1 - a]))
+        t = float(sps.t.ppf(1 - a, n - 1))
+        se_log, se_abs = d_log.std(ddof=1) / math.sqrt(n), d_abs.std(ddof=1) / math.sqrt(n)
+        tl, th = ratio * math.exp(-t * se_log), ratio * math.exp(t * se_log)
+        widened = tl < lo or th > hi
+        lo, hi = min(lo, tl), max(hi, th)
+        dl, dh = min(dl, delta - t * se_abs), max(dh, delta + t * se_abs)
+        try:
+            p = float(sps.wilcoxon(rc, rb).pvalue) if np.any(d_abs != 0) else 1.0
+        except ValueError:
+            p = float("nan")
     else:
-        x, y = np.concatenate(base), np.concatenate(cand)
-    try:
-        p = float(sps.mannwhitneyu(x, y, alternative="two-sided").pvalue)
-    except ValueError:
-        p = float("nan")
+        sb, sc = boot_stat(base, n_boot, rng), boot_stat(cand, n_boot, rng)
+        lo, hi = (float(v) for v in np.quantile(sc / sb, [a, 1 - a]))
+        dl, dh = (float(v) for v in np.quantile(sc - sb, [a, 1 - a]))
+        ratio = mc / mb if mb > 0 else math.inf
+        delta = mc - mb
+        if len(base) >= 2 and len(cand) >= 2 and mb > 0 and mc > 0:
+            # A percentile bootstrap over a handful of rounds is too narrow (it cannot reach past the
+            # extreme round medians). Widen to a Welch t interval on log round medians (ratio) and on
+            # round medians (delta), centred on the point estimates, whichever is wider.
+            for logs in (True, False):
+                xb, xc = (np.log(rb), np.log(rc)) if logs else (rb, rc)
+                vb_, vc_ = xb.var(ddof=1) / xb.size, xc.var(ddof=1) / xc.size
+                se = math.sqrt(vb_ + vc_)
+                if se <= 0:
+                    continue
+                df = (vb_ + vc_) ** 2 / ((vb_ ** 2 / (xb.size - 1) if vb_ else 0) + (vc_ ** 2 / (xc.size - 1) if vc_ else 0))
+                t = float(sps.t.ppf(1 - a, max(df, 1.0)))
+                if logs:
+                    c = math.log(ratio)
+                    tl, th = math.exp(c - t * se), math.exp(c + t * se)
+                    widened |= tl < lo or th > hi
+                    lo, hi = min(lo, tl), max(hi, th)
+                else:
+                    dl, dh = min(dl, delta - t * se), max(dh, delta + t * se)
+        if len(base) >= 3 and len(cand) >= 3:
+            x, y = rb, rc
+        else:
+            x, y = np.concatenate(base), np.concatenate(cand)
+        try:
+            p = float(sps.mannwhitneyu(x, y, alternative="two-sided").pvalue)
+        except ValueError:
+            p = float("nan")
     return {
         "ratio": ratio, "ci_low": lo, "ci_high": hi,
-        "delta_us": mc - mb, "delta_ci_low": dl, "delta_ci_high": dh,
+        "delta_us": delta, "delta_ci_low": dl, "delta_ci_high": dh,
         "p_value": p, "verdict": verdict(ratio, lo, hi, min_effect),
-        "base_median": mb, "cand_median": mc, "n_rounds": [len(base), len(cand)],
+        "base_median": mb, "cand_median": mc, "n_rounds": [len(base), len(cand)], "paired": bool(paired),
         "within_process_only": len(base) < 2 or len(cand) < 2, "ci_widened_by_t": widened,
     }
 

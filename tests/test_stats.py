@@ -66,3 +66,20 @@ def test_host_bound_and_tflops():
     assert stats.host_bound(40.0, 5.0) is True
     assert stats.host_bound(30.0, 150.0) is False
     assert stats.tflops(2e12, 1e6) == pytest.approx(2.0)
+
+
+def test_paired_rounds_cancel_a_disturbance_that_hits_both_envs():
+    # round 5 of both envs ran while the machine was busy (the two processes of a round run back to
+    # back): paired by round, the A/A comparison is still "same"; unpaired it could not be
+    rng = np.random.default_rng(3)
+    base = [list(rng.normal(23.5, 0.3, 100)) for _ in range(8)]
+    cand = [list(rng.normal(23.5, 0.3, 100)) for _ in range(8)]
+    base[5] = list(rng.normal(41.5, 1.0, 100))
+    cand[5] = list(rng.normal(42.5, 1.0, 100))
+    c = stats.compare(base, cand, 0.05)
+    assert c["paired"] is True and c["verdict"] == "same", c
+    unpaired = stats.compare(base, cand[:-1], 0.05)  # unequal rounds: compared as independent groups
+    assert unpaired["paired"] is False
+    # a real 20 % shift is still found, paired
+    slow = [[x * 1.2 for x in r] for r in cand]
+    assert stats.compare(base, slow, 0.05)["verdict"] == "slower"
