@@ -164,6 +164,16 @@ def ci_bands(cases: list[dict], metric: str = "wall_us", n_boot: int = 1000) -> 
     return out
 
 
+def ratio_definition(comparisons: list[dict]) -> str:
+    """How the run's ratios were computed: paired by round (current method) or, for results written
+    before pairing existed or with unequal rounds, as the ratio of medians of per-process medians."""
+    wall = [c for c in comparisons if c.get("metric") == "wall_us"]
+    if wall and all(c.get("paired") for c in wall):
+        return ("median over rounds of the per-round ratio (each round's two processes ran back to back); "
+                "95% CI from a two-level bootstrap (processes, then samples), t-widened")
+    return "ratio of the medians of per-process medians; 95% CI from a two-level bootstrap (processes, then samples)"
+
+
 def view_model(res: dict, with_charts: bool = False) -> dict:
     """Reshape results for templates: per case rows with each env's clocks and each comparison."""
     envs = res.get("envs", [])
@@ -218,6 +228,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     # columns of the verdict table: envs with at least one case (a failed env is named above the table)
     table_labels = [lab for lab in labels if any(lab in r["by_env"] for r in rows)]
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
+          "ratio_def": ratio_definition(res.get("comparisons", [])),
           "candidates": ok_labels[1:], "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
           "summaries": summaries, "common": common, "min_effect": min_effect,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
@@ -321,7 +332,7 @@ def markdown(res: dict) -> str:
                          if w else "–")
         lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
     lines.append("")
-    lines.append("ratio = candidate / baseline wall time (median of per-process medians), 95% bootstrap CI; "
+    lines.append(f"ratio = candidate / baseline wall time: {ratio_definition(res.get('comparisons', []))}; "
                  "(host) / (device): the difference is host overhead / kernel time.")
     for w in vm["wrong"]:
         lines.append(f"\n**Wrong results:** {esc(w[0])} {esc(w[1])} {esc(w[2])}: output or gradients differ from "

@@ -104,7 +104,7 @@ def verdict(ratio: float, lo: float, hi: float, min_effect: float) -> str:
 
 
 def compare(base: list[list[float]], cand: list[list[float]], min_effect: float = 0.05,
-            seed: int = 0, n_boot: int = N_BOOT) -> dict | None:
+            seed: int = 0, n_boot: int = N_BOOT, paired: bool | None = None) -> dict | None:
     """Compare one metric of one case between two envs (``rounds`` lists of µs samples each).
 
     With the same number (>= 2) of rounds on both sides the comparison is **paired**: round r of
@@ -115,6 +115,7 @@ def compare(base: list[list[float]], cand: list[list[float]], min_effect: float 
     are compared as independent groups (median of round medians, Welch-widened bootstrap,
     Mann-Whitney U).
 
+    ``paired=False`` forces the independent-groups comparison (for side-by-side checks of the two).
     Returns ``{ratio, ci_low, ci_high, delta_us, delta_ci_low, delta_ci_high, p_value, verdict,
     base_median, cand_median, n_rounds: [base, cand], paired, within_process_only}``; ratio > 1
     means the candidate is slower. None when either side has no samples."""
@@ -127,7 +128,8 @@ def compare(base: list[list[float]], cand: list[list[float]], min_effect: float 
     rb = np.array([_median(r) for r in base])
     rc = np.array([_median(r) for r in cand])
     mb, mc = _median(rb), _median(rc)
-    paired = len(base) == len(cand) >= 2 and (rb > 0).all() and (rc > 0).all()
+    can_pair = len(base) == len(cand) >= 2 and (rb > 0).all() and (rc > 0).all()
+    paired = can_pair if paired is None else (paired and can_pair)  # None: pair whenever possible
     widened = False
     if paired:
         n = len(base)
