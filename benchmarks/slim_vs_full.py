@@ -16,15 +16,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from matrix_runner.build import schedule  # noqa: E402
+
 KERNEL_FILES_PER_KIND = 28  # 2.6.3 / 2.7.0.post2 setup.py: 7 head dims x 2 dtypes x 2 (causal) per kind
 FULL_ARCHS = 2  # sm_80 and sm_90, hard-coded in both versions' setup.py
-
-
-def schedule(costs: list[float], jobs: int) -> float:
-    lanes = [0.0] * max(jobs, 1)
-    for c in sorted(costs, reverse=True):
-        lanes[lanes.index(min(lanes))] += c
-    return max(lanes)
 
 
 def main() -> int:

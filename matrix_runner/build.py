@@ -106,11 +106,16 @@ def estimate_seconds(kernels: list[str] | str, n_archs: int, max_jobs: int) -> f
         costs = [EST_FILE_S["fwd_split" if k.startswith("fwd_split") else k.split("_")[0]] for k in kernels]
         costs.append(EST_STUB_S)
     costs = [c * max(n_archs, 1) for c in costs] + [EST_API_S]
-    lanes = [0.0] * max(1, max_jobs)
+    return schedule(costs, max_jobs) + EST_OVERHEAD_S
+
+
+def schedule(costs: list[float], jobs: int) -> float:
+    """Makespan (s) of compile jobs of ``costs`` seconds on ``jobs`` parallel lanes, longest first
+    (how ninja's queue behaves closely enough for an estimate)."""
+    lanes = [0.0] * max(1, jobs)
     for c in sorted(costs, reverse=True):
-        i = lanes.index(min(lanes))
-        lanes[i] += c
-    return max(lanes) + EST_OVERHEAD_S
+        lanes[lanes.index(min(lanes))] += c
+    return max(lanes)
 
 
 def ninja_times(src: Path) -> dict[str, float]:

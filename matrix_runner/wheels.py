@@ -247,12 +247,9 @@ def fetch_sdist(version: str, cache: Path, index_url: str = DEFAULT_INDEX) -> Pa
 
     Raises LookupError naming the nearest versions when the index has no such version."""
     dest_dir = cache / "sdists"
-    for f in dest_dir.glob("*.tar.gz") if dest_dir.is_dir() else []:
-        try:
-            if same_version(str(parse_sdist_filename(f.name)[1]), version):
-                return f
-        except Exception:  # noqa: BLE001
-            continue
+    cached = find_sdist([dest_dir], version)
+    if cached:
+        return cached
     files = index_versions(index_url)
     match = next((files[v] for v in files if same_version(v, version)), None)
     if match is None:

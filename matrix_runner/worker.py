@@ -40,6 +40,7 @@ import inspect
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -117,12 +118,6 @@ class _Out:
     def write(self, rec: dict) -> None:
         self.f.write(json.dumps(rec) + "\n")
         self.f.flush()
-
-
-def _median(xs):
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 class Bench:
@@ -432,7 +427,7 @@ def run_case(case: dict, spec: dict, out: _Out) -> bool:
         lap("setup+warmup")
         rec["metrics"]["wall_us"] = bench.wall(per_call, bud["wall"])
         lap("wall")
-        per_call = _median(rec["metrics"]["wall_us"]["samples"])
+        per_call = statistics.median(rec["metrics"]["wall_us"]["samples"])
         rec["metrics"]["host_us"] = bench.host(per_call, bud["host"])
         lap("host")
         if spec.get("correctness", True):
