@@ -620,6 +620,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                                     data=data, rounds=rounds, on_case=on_case, on_round=on_round,
                                     elapsed_s=prior_tm)
     timing_s = time.monotonic() - t_tm
+    for e in ok_envs:
+        if e.status == "failed":  # failed the import check in its first worker
+            console.print(f"  [red]✗ {e.label}: {e.error}[/]")
+    ok_envs = [e for e in ok_envs if e.status == "ok"]
     doc = _finish_doc(base_doc, env_results, data, cfg, rounds, reason, env_s, timing_s, t_start)
     _write(doc, out_dir, args)
     per_clock: dict = {}

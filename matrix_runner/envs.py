@@ -10,8 +10,13 @@ For each ``LABEL=VERSION`` the builder
    (``--torch inherit``: a ``.pth`` listing the driver interpreter's site dirs, so the env sees the
    same torch while its own packages win; ``--torch X.Y.Z``: ``uv pip install torch==X.Y.Z``),
    obtains the wheel, installs it with ``uv pip install --no-deps``, and
-3. *preflights*: runs the worker's probe in the env and checks that it imports the requested
-   flash_attn version from inside the env, with its CUDA extension.
+3. *preflights* in two steps: right after the install, a check that needs no torch import
+   (~0.05 s: ``importlib`` finds flash_attn and its CUDA extension inside the env, with the requested
+   version); then the first worker process of the env, which imports torch and flash_attn anyway,
+   reports its probe and the runner applies the full check (:func:`check_probe`: imported from inside
+   the env, the requested version, the extension loads) before anything is timed. A failure there
+   fails the env, not the run, and marks the record so the next run rebuilds it. (Importing torch
+   only for a separate preflight process cost ~1.7 s per env on the 2-core CI machine.)
 
 Env records follow asv's idea of an environment identity: reuse only what provably matches.
 """
@@ -480,6 +485,10 @@ class EnvResult:
     probe: dict | None = None
     build: dict = field(default_factory=dict)
     plan: dict | None = None
+    #: the flash_attn version the env must import (None: not checked, e.g. the ``here`` backend)
+    version: str | None = None
+    #: False until a full import of flash_attn in the env passed :func:`check_probe`
+    import_checked: bool = True
 
     def to_dict(self) -> dict:
         p = self.probe or {}
@@ -492,7 +501,7 @@ class EnvResult:
             "flash_attn_ext_file": fa.get("ext_file"),
             "torch": t.get("version"), "torch_cuda": t.get("cuda"), "gpu": (t.get("gpu") or {}).get("name"),
             "status": self.status, "error": self.error, "error_tail": self.error_tail,
-            "build": self.build, "plan": self.plan,
+            "import_checked": self.import_checked, "build": self.build, "plan": self.plan,
         }
 
 
@@ -565,28 +574,86 @@ def fingerprint(env_dir: Path) -> str | None:
     return h.hexdigest()
 
 
-def preflight(py: Path, env_dir: Path, req: EnvRequest, version: str) -> dict:
-    """Probe the env and check it imports the requested flash_attn from inside itself, with its
-    CUDA extension. Returns the probe; raises EnvError otherwise."""
-    p = probe(py)
+STATIC_PROBE = r"""
+import importlib.metadata, importlib.util, json, sys
+out = {"python": sys.version.split()[0], "executable": sys.executable, "prefix": sys.prefix, "error": None}
+try:
+    fa = importlib.util.find_spec("flash_attn")
+    ext = importlib.util.find_spec("flash_attn_2_cuda")
+    out["flash_attn"] = {"version": importlib.metadata.version("flash_attn") if fa else None,
+                         "file": fa.origin if fa else None, "ext_file": ext.origin if ext else None}
+    if fa is None:
+        out["error"] = "flash_attn is not installed in this env"
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+print(json.dumps(out))
+"""
+
+
+def check_probe(p: dict, env_dir: Path | str, version: str | None) -> str | None:
+    """The preflight rule, applied to a probe (the worker's, or :data:`STATIC_PROBE`'s): flash_attn
+    and its extension ``flash_attn_2_cuda`` come from inside ``env_dir`` and flash_attn has the
+    requested ``version`` (None or "local": any). Returns what is wrong, or None."""
     if p.get("error"):
-        raise EnvError(f"preflight: {p['error']}")
+        return str(p["error"])
     fa = p.get("flash_attn") or {}
-    root = str(env_dir.resolve())
-    if not str(Path(fa.get("file") or "/").resolve()).startswith(root):
-        raise EnvError(f"preflight: flash_attn was imported from {fa.get('file')}, not from the env {root}")
-    if not fa.get("ext_file") or not str(Path(fa["ext_file"]).resolve()).startswith(root):
-        raise EnvError(f"preflight: flash_attn_2_cuda was imported from {fa.get('ext_file')}, not from the env")
-    if version != "local" and not wheels.same_version(str(fa.get("version")), version):
-        raise EnvError(f"preflight: the env imports flash_attn {fa.get('version')}, not the requested {version}")
+    root = Path(env_dir).resolve()
+    if not Path(fa.get("file") or "/").resolve().is_relative_to(root):
+        return f"flash_attn was imported from {fa.get('file')}, not from the env {root}"
+    if not fa.get("ext_file") or not Path(fa["ext_file"]).resolve().is_relative_to(root):
+        return f"flash_attn_2_cuda was imported from {fa.get('ext_file')}, not from the env"
+    if version not in (None, "local") and not wheels.same_version(str(fa.get("version")), version):
+        return f"the env imports flash_attn {fa.get('version')}, not the requested {version}"
+    return None
+
+
+def preflight(py: Path, env_dir: Path, req: EnvRequest, version: str) -> dict:
+    """Full preflight: run the worker's probe in the env (imports torch and flash_attn, ~2 s) and
+    apply :func:`check_probe`. Returns the probe; raises EnvError otherwise."""
+    p = probe(py)
+    err = check_probe(p, env_dir, version)
+    if err:
+        raise EnvError(f"preflight: {err}")
     return p
+
+
+def static_preflight(py: Path, env_dir: Path, version: str, torch_info: dict | None) -> dict:
+    """Preflight without importing torch (:data:`STATIC_PROBE`, ~0.05 s): finds flash_attn and its
+    extension inside the env with the requested version. Returns a probe-shaped dict (``torch``:
+    ``torch_info``, the torch the env was made with) with ``import_checked`` False: the import itself
+    is checked by the env's first worker (module doc). Raises EnvError when the check fails."""
+    try:
+        cp = capture([str(py), "-c", STATIC_PROBE], timeout=60)
+        p = json.loads(cp.stdout.strip().splitlines()[-1])
+    except Exception as e:  # noqa: BLE001
+        raise EnvError(f"preflight: the env's python could not run ({type(e).__name__}: {e})") from None
+    err = check_probe(p, env_dir, version)
+    if err:
+        raise EnvError(f"preflight: {err}")
+    return {"schema": "matrix-runner/probe/1", **p, "torch": torch_info, "import_checked": False}
+
+
+def record_import_check(env_dir: Path | str, p: dict, error: str | None) -> None:
+    """Store the outcome of the full import check made by the env's first worker (probe ``p``) in
+    the env record: on success the probe and a fresh fingerprint; on failure the error, and no
+    fingerprint, so the next run re-checks and rebuilds the env. A missing record is left alone."""
+    env_dir = Path(env_dir)
+    rec = load_record(env_dir)
+    if rec is None:
+        return
+    if error:
+        rec.update({"fingerprint": None, "status": "import-failed", "import_error": error})
+    else:
+        rec.update({"probe": {**p, "import_checked": True}, "fingerprint": fingerprint(env_dir),
+                    "import_error": None})
+    _atomic_json(env_dir / RECORD, rec)
 
 
 def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: dict, cases: list[Case],
                 progress: Progress = lambda label, msg: None) -> EnvResult:
     """Carry out ``item`` for ``req``. Never raises for env-local failures: returns a failed result
     with the reason and the log's last lines, so other envs go on."""
-    res = EnvResult(req.label, req.version, str(item.env_dir), plan=item.to_dict())
+    res = EnvResult(req.label, req.version, str(item.env_dir), plan=item.to_dict(), version=item.version)
     logdir = opts.envs_dir / ".logs"
     logdir.mkdir(parents=True, exist_ok=True)
     log = logdir / f"{req.label}.log"
@@ -625,14 +692,16 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
             rec = load_record(env_dir) or {}
             fp = fingerprint(env_dir)
             if fp and rec.get("fingerprint") == fp and rec.get("probe"):
-                # nothing in the env changed since its import preflight passed: skip the ~2 s
-                # re-import (the worker probes again before it times anything)
+                # nothing in the env changed since its preflight passed: skip the ~2 s re-import
+                # (the worker probes again, and checks the import if it was never checked)
                 res.probe = rec["probe"]
+                res.import_checked = bool(rec["probe"].get("import_checked", True))
                 res.python = str(env_python(env_dir))
                 return {"reused": True, "preflight": "fingerprint unchanged"}
             res.probe = preflight(env_python(env_dir), env_dir, req, item.version)
             res.python = str(env_python(env_dir))
-            _atomic_json(env_dir / RECORD, {**rec, "fingerprint": fingerprint(env_dir), "probe": res.probe})
+            _atomic_json(env_dir / RECORD, {**rec, "fingerprint": fingerprint(env_dir), "probe": res.probe,
+                                            "status": "ok", "import_error": None})
             return {"reused": True, "preflight": "import checked"}
         except EnvError as e:
             progress(req.label, f"existing env is broken ({e}); rebuilding")
@@ -644,6 +713,7 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
     py = create_venv(env_dir, driver_probe.get("executable") or sys.executable, tid, opts, log)
     res.python = str(py)
     key = item.key
+    tp: dict = {}
     if tid["mode"] == "pinned":
         tp = probe(py).get("torch") or {}
         tid = {**tid, "cuda": tp.get("cuda"), "cxx11abi": tp.get("cxx11abi")}
@@ -663,8 +733,10 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
     progress(req.label, f"installing {wheel.name}")
     install_wheel(py, wheel, opts, log)
     sha = wheels.sha256_file(wheel)
-    progress(req.label, "preflight: importing flash_attn in the env")
-    res.probe = preflight(py, env_dir, req, item.version)
+    progress(req.label, "preflight: finding flash_attn in the env")
+    res.probe = static_preflight(py, env_dir, item.version,
+                                 driver_probe.get("torch") if tid["mode"] == "inherit" else (tp or None))
+    res.import_checked = False
     record = {"schema": RECORD_SCHEMA, "label": req.label, "requested": req.version, "torch": tid,
               "fingerprint": fingerprint(env_dir), "probe": res.probe,
               "python": res.probe.get("python"), "status": "ok",

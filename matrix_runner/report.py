@@ -165,10 +165,14 @@ def ci_bands(cases: list[dict], metric: str = "wall_us", n_boot: int = 1000) -> 
 
 
 def ratio_definition(comparisons: list[dict]) -> str:
-    """How the run's ratios were computed: paired by round (current method) or, for results written
-    before pairing existed or with unequal rounds, as the ratio of medians of per-process medians."""
+    """How the run's ratios were computed: paired by round with a trimmed mean (current method), paired
+    with a median (results written before trimming) or, for results written before pairing existed or
+    with unequal rounds, as the ratio of medians of per-process medians."""
     wall = [c for c in comparisons if c.get("metric") == "wall_us"]
-    if wall and all(c.get("paired") for c in wall):
+    if wall and all(c.get("ci_method") == "paired trimmed t" for c in wall):
+        return ("20% trimmed mean over rounds of the per-round ratio (each round's two processes ran back to "
+                "back); 95% CI: Tukey-McLaughlin trimmed t interval over rounds")
+    if wall and all(c.get("paired") for c in wall):  # results written by matrix-run before trimming
         return ("median over rounds of the per-round ratio (each round's two processes ran back to back); "
                 "95% CI from a two-level bootstrap (processes, then samples), t-widened")
     return "ratio of the medians of per-process medians; 95% CI from a two-level bootstrap (processes, then samples)"

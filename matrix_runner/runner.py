@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from . import envs as envmod
 from . import proc, stats
 from .config import Case, Sampling
 from .envs import WORKER, EnvResult
@@ -197,7 +198,9 @@ def run_worker_round(env: EnvResult, cases: list[Case], data: dict, *, device: s
                             cd.notes.append(f"device_us: the worker's record could not be read ({type(ex).__name__}: {ex})")
                         current = None
                     elif t == "fatal":
-                        fatal = str(line.get("error") or "the worker reported a fatal error")
+                        fatal = fatal or str(line.get("error") or "the worker reported a fatal error")
+                    elif t == "hello" and not env.import_checked:
+                        fatal = _import_check(env, line)
                 if rc is not None and not lines:
                     break
                 now = time.monotonic()
@@ -235,6 +238,8 @@ def run_worker_round(env: EnvResult, cases: list[Case], data: dict, *, device: s
             rec["restarts"] += 1
         elif fatal:
             rec.update(status="failed", error=fatal)
+            if env.status == "failed":  # the import check failed: the env is out of the run
+                rec["env_failed"] = True
             for c in todo:
                 cd = data[(env.label, c.id)]
                 if c.id not in done_ids:
@@ -267,6 +272,25 @@ def run_worker_round(env: EnvResult, cases: list[Case], data: dict, *, device: s
             break
     rec["seconds"] = round(time.monotonic() - t0, 2)
     return rec
+
+
+def _import_check(env: EnvResult, hello: dict) -> str | None:
+    """The full preflight of an env whose import was not checked yet (envs module doc), on its first
+    worker's ``hello`` probe. On success the env's probe becomes the worker's (torch, GPU) and the
+    record is updated; on failure the env is marked failed and the error returned (the round stops
+    before timing anything)."""
+    p = hello.get("probe") if isinstance(hello.get("probe"), dict) else {"error": "the worker's hello has no probe"}
+    err = envmod.check_probe(p, env.env_dir, env.version)
+    if err:
+        err = f"preflight (first worker in the env): {err}"
+        env.status, env.error = "failed", err
+    else:
+        env.probe, env.import_checked = {**p, "import_checked": True}, True
+    try:
+        envmod.record_import_check(env.env_dir, p, err)
+    except OSError:
+        pass
+    return err
 
 
 def _exit_reason(rc: int | None) -> str:
@@ -412,6 +436,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     r = min(live) if live else 0  # 0 on a fresh run; on a resume, the first round some case misses
 
     def why_stop(r: int) -> str | None:
+        if not labels:
+            return "no env could be timed (every env failed its import check)"
         if r >= min_r:
             und, tot = decided(data, labels[0], labels, cases, sampling.min_effect)
             if tot and not und:
@@ -450,6 +476,11 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 rec["round"] = r
                 rec["gpu"] = monitor.summary()
                 rounds.append(rec)
+                if e.status == "failed":  # its import check failed: nothing of it was timed
+                    for c in cases:
+                        data.pop((e.label, c.id), None)
+                    envs = [x for x in envs if x is not e]
+                    labels = [x.label for x in envs]
                 on_round(rec)
             r += 1
     except (Interrupted, KeyboardInterrupt):

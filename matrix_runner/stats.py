@@ -6,17 +6,21 @@ are therefore *not* independent draws of what the version costs. The unit of evi
 round (one worker process), and every statistic here is hierarchical:
 
 - a metric's ``median`` is the **median of per-round medians** (``pooled_median`` is also kept);
-- when both envs have the same rounds (the normal case), the comparison is paired by round (see
-  :func:`compare`): a disturbance of the machine hits the two processes of a round alike;
-- the 95 % confidence interval of the ratio candidate/baseline comes from a two-level bootstrap:
-  resample rounds with replacement, and inside each drawn round resample its samples (the
-  bootstrap distribution of a sample median is drawn exactly from order statistics: the median of
-  a resample of n values is <= x_(k) iff at least ceil(n/2) draws are <= x_(k), a binomial tail);
-- with >= 2 rounds per side the interval is widened, where wider, to a Welch t interval on the
-  log round medians (a percentile bootstrap of a few rounds is too narrow: it never reaches past
-  the extreme round medians); the delta's interval likewise on the round medians;
-- the rank test (Mann-Whitney U, scipy) runs on round medians when both sides have >= 3 rounds,
-  else on the pooled samples (then it ignores the process effect; it is reported, not used for
+- when both envs have the same rounds (the normal case), the comparison is **paired** by round
+  (see :func:`compare`): the two processes of a round ran back to back, so a slow drift of the
+  machine hits both alike. The ratio is the 20 % trimmed mean of the per-round log ratios and its
+  95 % CI the Tukey-McLaughlin trimmed t interval: a *transient* disturbance (seen on the 2-core CI
+  machine: one case of one process running 1.2-2x slow for a few hundred ms) is one outlying round
+  ratio, which trimming discards where a plain t interval would blow up (with 8 rounds, 1 per side);
+- otherwise (unequal rounds after a crash or a resume) the sides are independent groups: the 95 %
+  CI of the ratio of medians of round medians comes from a two-level bootstrap (resample rounds
+  with replacement, and inside each drawn round its samples; the bootstrap distribution of a sample
+  median is drawn exactly from order statistics: the median of a resample of n values is <= x_(k)
+  iff at least ceil(n/2) draws are <= x_(k), a binomial tail), widened where wider to a Welch t
+  interval on the log round medians (a percentile bootstrap of a few rounds is too narrow: it never
+  reaches past the extreme round medians); the delta's interval likewise on the round medians;
+- the rank test: paired, Wilcoxon's signed-rank test on round medians; independent, Mann-Whitney
+  U on round medians when both sides have >= 3 rounds, else on the pooled samples (then it ignores the process effect; it is reported, not used for
   verdicts).
 
 Verdict, with ``e`` the minimum effect (default 0.05) and ``[lo, hi]`` the ratio's CI:
@@ -91,6 +95,36 @@ def boot_stat(rounds: list[list[float]], n_boot: int, rng: np.random.Generator) 
     return np.median(vals, axis=1)
 
 
+#: Share trimmed from each end of the per-round differences (Tukey-McLaughlin / Yuen: 20 %).
+TRIM = 0.2
+
+
+def trimmed_count(n: int, trim: float = TRIM) -> int:
+    """Values trimmed from each end of ``n`` per-round differences: floor(trim * n) (Wilcox,
+    *Introduction to Robust Estimation and Hypothesis Testing*, ch. 3-4)."""
+    return int(math.floor(trim * n))
+
+
+def _trimmed_ci(d, exp: bool) -> tuple[float, float, float, float]:
+    """20 % trimmed mean of the per-round differences ``d`` (n >= 2) and its Tukey-McLaughlin 95 %
+    t interval: with g = floor(0.2 n) values trimmed from each end, the standard error is the
+    winsorized standard deviation / ((1 - 2g/n) sqrt(n)) and df = n - 2g - 1 (Wilcox, *Introduction
+    to Robust Estimation and Hypothesis Testing*, 3.6 and 4.4; with n <= 4 nothing is trimmed and
+    this is the plain one-sample t interval). With ``exp`` the differences are log ratios and the
+    estimate and bounds are returned as ratios. Returns (estimate, low, high, standard error)."""
+    d = np.sort(np.asarray(d, dtype=float))
+    n = d.size
+    g = trimmed_count(n)
+    est = float(sps.trim_mean(d, TRIM))  # scipy trims floor(0.2 n) from each end, as here
+    w = np.clip(d, d[g], d[n - g - 1])  # winsorized
+    se = float(w.std(ddof=1) / ((1 - 2 * g / n) * math.sqrt(n)))
+    t = float(sps.t.ppf(1 - (1 - CI_LEVEL) / 2, n - 2 * g - 1))
+    lo, hi = est - t * se, est + t * se
+    if exp:
+        return math.exp(est), math.exp(lo), math.exp(hi), se
+    return est, lo, hi, se
+
+
 def verdict(ratio: float, lo: float, hi: float, min_effect: float) -> str:
     """faster / slower / same / ambiguous from the ratio candidate/baseline and its CI (module doc)."""
     up, down = 1.0 + min_effect, 1.0 / (1.0 + min_effect)
@@ -108,16 +142,16 @@ def compare(base: list[list[float]], cand: list[list[float]], min_effect: float 
     """Compare one metric of one case between two envs (``rounds`` lists of µs samples each).
 
     With the same number (>= 2) of rounds on both sides the comparison is **paired**: round r of
-    each env ran back to back (A B, B A, ...), so a disturbance of the machine during round r hits
-    both; the ratio is the median over rounds of the per-round ratio of medians, its CI a two-level
-    bootstrap over rounds (and samples within them) widened where wider to a t interval on the
-    per-round log ratios, and the rank test is Wilcoxon's signed-rank test. Otherwise the two sides
-    are compared as independent groups (median of round medians, Welch-widened bootstrap,
-    Mann-Whitney U).
+    each env ran back to back (A B, B A, ...); the ratio is exp of the 20 % trimmed mean of the
+    per-round log ratios of medians, its CI the Tukey-McLaughlin trimmed t interval on them (delta
+    likewise on the per-round differences in µs), and the rank test is Wilcoxon's signed-rank test
+    (module doc). Otherwise the two sides are compared as independent groups (median of round
+    medians, Welch-widened two-level bootstrap, Mann-Whitney U).
 
     ``paired=False`` forces the independent-groups comparison (for side-by-side checks of the two).
     Returns ``{ratio, ci_low, ci_high, delta_us, delta_ci_low, delta_ci_high, p_value, verdict,
-    base_median, cand_median, n_rounds: [base, cand], paired, within_process_only}``; ratio > 1
+    base_median, cand_median, n_rounds: [base, cand], paired, ci_method, trimmed_rounds,
+    within_process_only}``; ratio > 1
     means the candidate is slower. None when either side has no samples."""
     base = [r for r in base if len(r)]
     cand = [r for r in cand if len(r)]
@@ -132,24 +166,9 @@ def compare(base: list[list[float]], cand: list[list[float]], min_effect: float 
     paired = can_pair if paired is None else (paired and can_pair)  # None: pair whenever possible
     widened = False
     if paired:
-        n = len(base)
-        m_b = np.stack([boot_medians(r, n_boot, rng) for r in base])  # (R, B)
-        m_c = np.stack([boot_medians(r, n_boot, rng) for r in cand])
-        pick = rng.integers(0, n, size=(n_boot, n))
-        cols = np.arange(n_boot)[:, None]
-        vb, vc = m_b[pick, cols], m_c[pick, cols]
-        ratios = np.exp(np.median(np.log(vc) - np.log(vb), axis=1))
-        deltas = np.median(vc - vb, axis=1)
         d_log, d_abs = np.log(rc) - np.log(rb), rc - rb
-        ratio, delta = float(np.exp(np.median(d_log))), float(np.median(d_abs))
-        lo, hi = (float(v) for v in np.quantile(ratios, [a, 1 - a]))
-        dl, dh = (float(v) for v in np.quantile(deltas, [a, 1 - a]))
-        t = float(sps.t.ppf(1 - a, n - 1))
-        se_log, se_abs = d_log.std(ddof=1) / math.sqrt(n), d_abs.std(ddof=1) / math.sqrt(n)
-        tl, th = ratio * math.exp(-t * se_log), ratio * math.exp(t * se_log)
-        widened = tl < lo or th > hi
-        lo, hi = min(lo, tl), max(hi, th)
-        dl, dh = min(dl, delta - t * se_abs), max(dh, delta + t * se_abs)
+        ratio, lo, hi, _ = _trimmed_ci(d_log, exp=True)
+        delta, dl, dh, _ = _trimmed_ci(d_abs, exp=False)
         try:
             p = float(sps.wilcoxon(rc, rb).pvalue) if np.any(d_abs != 0) else 1.0
         except ValueError:
@@ -193,6 +212,8 @@ def compare(base: list[list[float]], cand: list[list[float]], min_effect: float 
         "p_value": p, "verdict": verdict(ratio, lo, hi, min_effect),
         "base_median": mb, "cand_median": mc, "n_rounds": [len(base), len(cand)], "paired": bool(paired),
         "within_process_only": len(base) < 2 or len(cand) < 2, "ci_widened_by_t": widened,
+        "ci_method": "paired trimmed t" if paired else "independent bootstrap+Welch",
+        "trimmed_rounds": trimmed_count(len(base)) if paired else 0,
     }
 
 

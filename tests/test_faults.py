@@ -449,7 +449,13 @@ def test_failed_envs_name_the_reason_and_show_the_log_tail(fault_run):
     assert "source build of flash-attn 9.0.5 failed" in b["error"]
     assert "planted build failure" in (b["error_tail"] or ""), b
     n = envs["noimport"]
-    assert n["error"].startswith("preflight:") and "ImportError: planted import failure" in n["error"], n
+    # found in the env (the torch-free check passes); the first worker's import check fails it, and
+    # its record is marked so the next run re-checks and rebuilds it
+    assert n["error"].startswith("preflight (first worker in the env):"), n
+    assert "ImportError: planted import failure" in n["error"], n
+    rec = json.loads((fault_run["root"] / "envs" / "noimport" / "matrix-run-env.json").read_text())
+    assert rec["fingerprint"] is None and rec["status"] == "import-failed"
+    assert "planted import failure" in rec["import_error"]
     assert not any(c["env"] in ("corrupt", "nobuild", "noimport") for c in res["cases"])
 
 

@@ -30,6 +30,12 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
         assert e["build"]["method"] == "find-links" and e["build"]["reused"] is False
         assert e["build"]["seconds"] > 0
         assert e["torch"].startswith("2.")
+        # the env phase checked flash_attn without importing torch; the first worker's full import
+        # check passed and was written to the env record (the next run reuses it unchecked)
+        assert e["import_checked"] is True
+        rec = json.loads((first_run["root"] / "envs" / e["label"] / "matrix-run-env.json").read_text())
+        assert rec["probe"]["import_checked"] is True and rec["probe"]["torch"]["version"] == e["torch"]
+        assert rec["fingerprint"] and rec["import_error"] is None
     assert len(res["cases"]) == 2 * 4
     for c in res["cases"]:
         assert c["status"] == "ok", c

@@ -59,3 +59,23 @@ def test_cached_wheel_for_another_torch_is_never_used(tmp_path, standins):
     wheels.cache_store(tmp_path / "cache", wheel, want, {"method": "test"})
     cp, p = plan(tmp_path, "ops: [fwd]\n", "--find-links", str(standins["sdists"]))
     assert p[0]["method"] == "cache" and wheels.key_id(want) in p[0]["wheel"]
+
+
+def test_check_probe_rules(tmp_path):
+    from matrix_runner.envs import check_probe
+    env = tmp_path / "envs" / "a"
+    site = env / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    ok = {"error": None, "flash_attn": {"version": "2.6.3", "file": str(site / "flash_attn" / "__init__.py"),
+                                        "ext_file": str(site / "flash_attn_2_cuda.so")}}
+    assert check_probe(ok, env, "2.6.3") is None
+    assert check_probe(ok, env, None) is None and check_probe(ok, env, "local") is None
+    assert check_probe({**ok, "error": "import flash_attn failed: X"}, env, "2.6.3") == "import flash_attn failed: X"
+    outside = {**ok, "flash_attn": {**ok["flash_attn"], "file": "/usr/lib/python3/site-packages/flash_attn/__init__.py"}}
+    assert "not from the env" in check_probe(outside, env, "2.6.3")
+    no_ext = {**ok, "flash_attn": {**ok["flash_attn"], "ext_file": None}}
+    assert "flash_attn_2_cuda was imported from None" in check_probe(no_ext, env, "2.6.3")
+    assert check_probe(ok, env, "2.7.0.post2") == "the env imports flash_attn 2.6.3, not the requested 2.7.0.post2"
+    # a sibling env whose name starts with this one's is not "inside" it
+    sib = {**ok, "flash_attn": {**ok["flash_attn"], "file": str(tmp_path / "envs" / "a2" / "x.py")}}
+    assert check_probe(sib, env, "2.6.3") is not None
