@@ -8,7 +8,8 @@ round (one worker process), and every statistic here is hierarchical:
 - a metric's ``median`` is the **median of per-round medians** (``pooled_median`` is also kept);
 - when both envs have the same rounds (the normal case), the comparison is **paired** by round
   (see :func:`compare`): the two processes of a round ran back to back, so a slow drift of the
-  machine hits both alike. The ratio is the 20 % trimmed mean of the per-round log ratios and its
+  machine hits both alike. The ratio is the trimmed mean (20 %, fewer with few rounds: see
+  :func:`trimmed_count`) of the per-round log ratios and its
   95 % CI the Tukey-McLaughlin trimmed t interval: a *transient* disturbance (seen on the 2-core CI
   machine: one case of one process running 1.2-2x slow for a few hundred ms) is one outlying round
   ratio, which trimming discards where a plain t interval would blow up (with 8 rounds, 1 per side);
@@ -97,25 +98,34 @@ def boot_stat(rounds: list[list[float]], n_boot: int, rng: np.random.Generator) 
 
 #: Share trimmed from each end of the per-round differences (Tukey-McLaughlin / Yuen: 20 %).
 TRIM = 0.2
+#: Fewest degrees of freedom trimming may leave (t_0.975 = 2.78 at 4).
+MIN_TRIMMED_DF = 4
 
 
 def trimmed_count(n: int, trim: float = TRIM) -> int:
     """Values trimmed from each end of ``n`` per-round differences: floor(trim * n) (Wilcox,
-    *Introduction to Robust Estimation and Hypothesis Testing*, ch. 3-4)."""
-    return int(math.floor(trim * n))
+    *Introduction to Robust Estimation and Hypothesis Testing*, ch. 3-4), lowered until
+    n - 2g - 1 >= MIN_TRIMMED_DF. With 5 or 6 rounds nothing is trimmed: trimming one round per
+    side leaves df = 2-3 and t = 3.2-4.3, too wide to decide anything (on the H200, a 1.2-2.2x
+    slowdown seen in 5 of 5 rounds came out "ambiguous" [0.83, 3.45] that way; untrimmed it is
+    [1.21, 2.32]). From 7 rounds one per side is trimmed, from 10 two, from 15 three."""
+    g = int(math.floor(trim * n))
+    while g > 0 and n - 2 * g - 1 < MIN_TRIMMED_DF:
+        g -= 1
+    return g
 
 
 def _trimmed_ci(d, exp: bool) -> tuple[float, float, float, float]:
-    """20 % trimmed mean of the per-round differences ``d`` (n >= 2) and its Tukey-McLaughlin 95 %
-    t interval: with g = floor(0.2 n) values trimmed from each end, the standard error is the
+    """Trimmed mean of the per-round differences ``d`` (n >= 2) and its Tukey-McLaughlin 95 % t
+    interval: with g = :func:`trimmed_count` (n) values trimmed from each end, the standard error is the
     winsorized standard deviation / ((1 - 2g/n) sqrt(n)) and df = n - 2g - 1 (Wilcox, *Introduction
-    to Robust Estimation and Hypothesis Testing*, 3.6 and 4.4; with n <= 4 nothing is trimmed and
-    this is the plain one-sample t interval). With ``exp`` the differences are log ratios and the
+    to Robust Estimation and Hypothesis Testing*, 3.6 and 4.4; with g = 0 this is the plain
+    one-sample t interval). With ``exp`` the differences are log ratios and the
     estimate and bounds are returned as ratios. Returns (estimate, low, high, standard error)."""
     d = np.sort(np.asarray(d, dtype=float))
     n = d.size
     g = trimmed_count(n)
-    est = float(sps.trim_mean(d, TRIM))  # scipy trims floor(0.2 n) from each end, as here
+    est = float(d[g:n - g].mean())
     w = np.clip(d, d[g], d[n - g - 1])  # winsorized
     se = float(w.std(ddof=1) / ((1 - 2 * g / n) * math.sqrt(n)))
     t = float(sps.t.ppf(1 - (1 - CI_LEVEL) / 2, n - 2 * g - 1))
@@ -142,7 +152,7 @@ def compare(base: list[list[float]], cand: list[list[float]], min_effect: float 
     """Compare one metric of one case between two envs (``rounds`` lists of µs samples each).
 
     With the same number (>= 2) of rounds on both sides the comparison is **paired**: round r of
-    each env ran back to back (A B, B A, ...); the ratio is exp of the 20 % trimmed mean of the
+    each env ran back to back (A B, B A, ...); the ratio is exp of the trimmed mean (:func:`trimmed_count`) of the
     per-round log ratios of medians, its CI the Tukey-McLaughlin trimmed t interval on them (delta
     likewise on the per-round differences in µs), and the rank test is Wilcoxon's signed-rank test
     (module doc). Otherwise the two sides are compared as independent groups (median of round
