@@ -24,7 +24,7 @@ ops: [fwd, bwd]
 shapes:
   - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16}
   - {batch: 2, seqlen: 32, nheads: 4, head_dim: 32}
-sampling: {min_rounds: 3, max_rounds: 8, time_budget_s: 90}
+sampling: {min_rounds: 3, max_rounds: 16, time_budget_s: 150}
 """
 PLANTED = (5.0, 20.0)
 

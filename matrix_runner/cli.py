@@ -56,22 +56,7 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
                         "running matrix-run as the only env (for tox: --backend here --versions LABEL=VERSION)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="matrix-run",
-        description="Time flash_attn_func across flash-attn versions, each in its own env; say per shape which "
-                    "version is faster, by how much, how sure, and whether it is host overhead or kernel time.",
-        epilog="Subcommands: run (default), plan, report, compare, publish, envs. `matrix-run SUBCOMMAND -h` for each.")
-    ap.add_argument("--version", action="version", version=f"matrix-run {__version__}")
-    sub = ap.add_subparsers(dest="cmd")
-
-    r = sub.add_parser("run", help="build envs, time, compare, report (the default)")
-    _add_env_args(r)
-    next(a for a in r._actions if a.dest == "versions").required = False  # --resume reads them from RUN_DIR
-    r.add_argument("--resume", metavar="RUN_DIR",
-                   help="finish an interrupted run in RUN_DIR: its measured rounds are kept and only the missing "
-                        "rounds and cases are run, with the settings stored in RUN_DIR/results.json (give no "
-                        "other option)")
+def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--output", metavar="DIR", help="run directory (default: reports/<run-id>/)")
     r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="cuda: time on the GPU; cpu: time the same call on CPU tensors (real flash-attn rejects "
@@ -88,8 +73,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 if any candidate's wall time is 'slower' by more than PCT percent")
     r.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
 
-    p = sub.add_parser("plan", help="show, per env, where flash-attn will come from; builds nothing")
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="matrix-run",
+        description="Time flash_attn_func across flash-attn versions, each in its own env; say per shape which "
+                    "version is faster, by how much, how sure, and whether it is host overhead or kernel time.",
+        epilog="Subcommands: run (default), plan, report, compare, publish, envs. `matrix-run SUBCOMMAND -h` for each.")
+    ap.add_argument("--version", action="version", version=f"matrix-run {__version__}")
+    sub = ap.add_subparsers(dest="cmd")
+
+    r = sub.add_parser("run", help="build envs, time, compare, report (the default)")
+    _add_env_args(r)
+    next(a for a in r._actions if a.dest == "versions").required = False  # --resume reads them from RUN_DIR
+    r.add_argument("--resume", metavar="RUN_DIR",
+                   help="finish an interrupted run in RUN_DIR: its measured rounds are kept and only the missing "
+                        "rounds and cases are run, with the settings stored in RUN_DIR/results.json (give no "
+                        "other option)")
+    _add_timing_args(r)
+
+    p = sub.add_parser("plan", help="show, per env, where flash-attn will come from; builds nothing",
+                       description="Show, per env, where its flash-attn will come from (reuse, --find-links, "
+                                   "wheel cache, release wheel, slim or full source build), its wheel key, and for "
+                                   "builds the kernel set, MAX_JOBS and an estimated time. Builds nothing. Takes the "
+                                   "same command line as `run`; the timing options are accepted and do not change "
+                                   "the plan.")
     _add_env_args(p)
+    _add_timing_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     rp = sub.add_parser("report", help="re-render HTML from saved results.json files")
@@ -142,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("action", choices=("list", "clean"))
     e.add_argument("labels", nargs="*", help="with clean: only these labels (default: all)")
     e.add_argument("--envs-dir", default="envs")
+    ap.set_defaults(_subparsers=sub.choices)
     return ap
 
 
@@ -152,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         argv = ["--help"]
     ap = build_parser()
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    if extra:  # name the subcommand's usage, not the top-level one (`matrix-run --versions X --bogus`)
+        sp = (getattr(args, "_subparsers", None) or {}).get(args.cmd) or ap
+        sp.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.cmd == "run":
             return cmd_run(args, argv)

@@ -726,7 +726,7 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
         progress(req.label, "downloading the release wheel")
         dest = opts.cache_dir / "downloads" / item.prebuilt
         if not dest.exists():
-            wheels.download(item.wheel, dest, timeout=600)
+            wheels.download(item.wheel, dest, timeout=60)
         wheel = wheels.cache_store(opts.cache_dir, dest, item.key, {"method": "prebuilt", "url": item.wheel})
     else:
         wheel = _build_into_cache(req, item, key, opts, py, progress, log, info)

@@ -195,12 +195,23 @@ def release_wheel_name(version: str, torch_version: str, torch_cuda: str | None,
 
 
 def download(url: str, dest: Path, timeout: float = 30.0) -> Path:
-    """Download ``url`` to ``dest`` atomically (temp file + rename). Raises urllib errors."""
+    """Download ``url`` to ``dest`` atomically (temp file + rename), in chunks of up to 1 MiB. ``timeout``
+    (s) bounds each connect and read. Stops within one chunk (or one stalled read) when matrix-run
+    is interrupted (``proc.stopping()``), raising ``proc.Stopped``; the partial file is removed.
+    Raises urllib errors."""
+    from .proc import Stopped, stopping
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".part-")
     try:
         with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as r:
-            shutil.copyfileobj(r, f)
+            while True:
+                if stopping():
+                    raise Stopped(f"interrupted: download of {url} stopped")
+                chunk = r.read1(1 << 20)  # what has arrived, up to 1 MiB
+                if not chunk:
+                    break
+                f.write(chunk)
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):

@@ -13,7 +13,9 @@ Protocol (versioned like pyperf's worker protocol):
     SPEC (schema ``matrix-runner/worker-spec/1``) lists cases and budgets. OUT receives one JSON
     object per line, flushed as written, so a crash loses at most the case in progress:
     ``{"type": "hello", "schema": "matrix-runner/worker/1", "probe": {...}}``, then per case
-    ``{"type": "start", "case": ID}`` and ``{"type": "result", "case": ID, "status": "ok"|"error", ...}``,
+    ``{"type": "start", "case": ID}`` before each step of it (set-up, each sampling turn, finish:
+    the driver blames a crash or hang on the case of the last ``start``) and one
+    ``{"type": "result", "case": ID, "status": "ok"|"error", ...}``,
     then, on CUDA, a second pass per ok case ``{"type": "start", "case": ID, "phase": "device"}`` and
     ``{"type": "device", "case": ID, "metrics": {"device_us": ...}, "kernels": [...]}`` (the profiler
     runs only after every wall/host measurement of the process), then ``{"type": "done"}``.
@@ -59,6 +61,10 @@ BUDGETS = {
 TARGET_SAMPLE_US = 1000.0
 MIN_SAMPLES = 5
 MAX_SAMPLES = 2000
+#: Each case's wall and host budgets are spent in this many turns (see :func:`run_pass1`).
+SLICES = 4
+#: Most bytes of inputs held at once by the cases sampled in turns (on CUDA also <= 1/4 of free memory).
+GROUP_BYTES = 4 * 2**30
 
 
 def probe() -> dict:
@@ -217,7 +223,7 @@ class Bench:
         return self.calls[self.i % self.nsets]()
 
     # -- clocks ---------------------------------------------------------------------------------
-    def warmup(self, seconds: float) -> float:
+    def warmup(self, seconds: float, min_calls: int = 6) -> float:
         """Run the call until ``seconds`` have passed (at least 6 calls); returns the µs per
         synchronized call that calibrates the inner loops: the median of the *second half* of the
         warm-up calls, so one-off first-call costs (lazy init, autograd set-up, a custom op's first
@@ -226,7 +232,7 @@ class Bench:
         pc = time.perf_counter_ns
         t_end = time.perf_counter() + seconds
         times = []
-        while len(times) < 6 or time.perf_counter() < t_end:
+        while len(times) < min_calls or time.perf_counter() < t_end:
             t0 = pc()
             self.call()
             self.sync()
@@ -421,59 +427,172 @@ def _error_fields(rec: dict, e: BaseException) -> None:
     rec["traceback"] = traceback.format_exc()[-2000:]
 
 
-def run_case(case: dict, spec: dict, out: _Out) -> bool:
-    """Pass 1 for one case: wall, host and graph clocks and the correctness check; writes its
-    ``result`` record. Returns whether the case is ok. Errors fail this case only."""
+def _case_bytes(case: dict) -> int:
+    """Upper bound of the bytes one case holds while it is set up (inputs of every rotation set,
+    plus outputs and gradients for bwd): input sets are rotated only while they fit in 2x L2
+    (<= ~100 MB here), so max(100 MB, one set) per copy."""
+    b, sq, sk = case["batch"], case["seqlen_q"], case["seqlen_k"]
+    h, hk, d = case["nheads"], case["nheads_k"], case["head_dim"]
+    one = (b * sq * h * d + 2 * b * sk * hk * d) * 2
+    return max(100 * 2**20, one) * (4 if case["op"] == "bwd" else 2)
+
+
+def _groups(cases: list[dict], budget: int) -> list[list[dict]]:
+    """Consecutive groups of cases whose :func:`_case_bytes` sum stays within ``budget`` (a case
+    larger than the budget is a group of its own): the cases of one group are set up together
+    and sampled in turns."""
+    out: list[list[dict]] = []
+    cur: list[dict] = []
+    used = 0
+    for c in cases:
+        nb = _case_bytes(c)
+        if cur and used + nb > budget:
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(c)
+        used += nb
+    if cur:
+        out.append(cur)
+    return out
+
+
+class _CaseRun:
+    """Pass-1 state of one case: its Bench, samples so far, the result record and its laps."""
+
+    def __init__(self, case: dict, out: _Out):
+        self.case, self.out = case, out
+        self.t_start = time.perf_counter()
+        self.rec: dict = {"type": "result", "case": case["id"], "status": "ok", "error": None, "metrics": {},
+                          "notes": []}
+        self.lap = _Laps()
+        self.bench: Bench | None = None
+        self.per_call = 0.0
+        self.wall: list = []
+        self.host: list = []
+        self.inner = {"wall": None, "host": None}
+        self.host_per_call = 0.0
+
+    def start(self) -> None:
+        # one "start" per step, so the driver blames a crash or hang on the case that was running
+        self.out.write({"type": "start", "case": self.case["id"], "phase": "timing", "t": time.time()})
+
+    def fail(self, e: BaseException) -> None:
+        _error_fields(self.rec, e)
+        self.bench = None
+        if self.rec["error_kind"] == "oom":
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        self.write()
+
+    def write(self) -> None:
+        self.rec["clock_seconds"] = self.lap.d
+        self.rec["seconds"] = round(time.perf_counter() - self.t_start, 3)
+        self.out.write(self.rec)
+
+
+def run_pass1(cases: list[dict], spec: dict, out: _Out) -> list[dict]:
+    """Pass 1: wall, host and graph clocks and the correctness check of every case; writes one
+    ``result`` record per case and returns the cases that are ok. Errors fail their case only.
+
+    Cases are taken in groups (:func:`_groups`: at most GROUP_BYTES of inputs held at once). In a
+    group every case is set up and warmed up, then its wall and host budgets are spent in SLICES
+    turns, round-robin over the group's cases (each turn starts with a few untimed calls, so the
+    switch from another case is not timed), then correctness and the CUDA-graph clock run per case.
+    Why turns: the machine has slow periods of a few hundred ms (the 2-core CI machine: windows
+    13-29 % slow for 100-300 ms; the H200 host: up to +-25 % between 0.25 s windows of one process);
+    timed in one block, a case caught in one shifts that process's median for it, which decides
+    its round; in turns, such a period hits a fraction of every case's samples."""
+    bud = BUDGETS[bool(spec.get("quick"))]
+    budget = GROUP_BYTES
+    if spec["device"] == "cuda":
+        import torch
+
+        budget = min(GROUP_BYTES, torch.cuda.mem_get_info()[0] // 4)
+    ok: list[dict] = []
+    for group in _groups(cases, budget):
+        runs = []
+        for case in group:
+            cr = _CaseRun(case, out)
+            cr.start()
+            try:
+                cr.bench = Bench(case, spec["device"], int(spec.get("seed", 0)))
+                cr.rec["input_sets"] = cr.bench.nsets
+                cr.per_call = cr.bench.warmup(bud["warmup"])
+                cr.lap("setup+warmup")
+                runs.append(cr)
+            except Exception as e:  # noqa: BLE001 - the case fails, the worker goes on
+                cr.fail(e)
+        for k in range(SLICES):
+            for cr in runs:
+                if cr.bench is None:
+                    continue
+                cr.start()
+                cr.lap.t = time.perf_counter()
+                try:
+                    if k:
+                        cr.bench.warmup(0.0, min_calls=3)
+                        cr.lap("setup+warmup")
+                    w = cr.bench.wall(cr.per_call, bud["wall"] / SLICES)
+                    cr.wall += w["samples"]
+                    cr.inner["wall"] = w["inner"]
+                    cr.lap("wall")
+                    if not k:  # host's inner loop: calibrated once, on the first turn's wall samples
+                        cr.host_per_call = statistics.median(cr.wall)
+                    h = cr.bench.host(cr.host_per_call, bud["host"] / SLICES)
+                    cr.host += h["samples"]
+                    cr.inner["host"] = h["inner"]
+                    cr.lap("host")
+                except Exception as e:  # noqa: BLE001
+                    cr.fail(e)
+        for cr in runs:
+            if cr.bench is None:
+                continue
+            cr.start()
+            cr.lap.t = time.perf_counter()
+            try:
+                cr.rec["metrics"]["wall_us"] = {"samples": cr.wall, "inner": cr.inner["wall"], "slices": SLICES}
+                cr.rec["metrics"]["host_us"] = {"samples": cr.host, "inner": cr.inner["host"], "slices": SLICES}
+                _finish_case(cr, spec)
+                cr.bench = None
+                cr.write()
+                ok.append(cr.case)
+            except Exception as e:  # noqa: BLE001
+                cr.fail(e)
+    return ok
+
+
+def _finish_case(cr: _CaseRun, spec: dict) -> None:
+    """Correctness check and CUDA-graph clock of one case, after its wall and host samples."""
     import torch
 
+    bench, rec, lap = cr.bench, cr.rec, cr.lap
     bud = BUDGETS[bool(spec.get("quick"))]
-    t_start = time.perf_counter()
-    out.write({"type": "start", "case": case["id"], "phase": "timing", "t": time.time()})
-    rec: dict = {"type": "result", "case": case["id"], "status": "ok", "error": None, "metrics": {},
-                 "notes": []}
-    lap = _Laps()
-    try:
-        bench = Bench(case, spec["device"], int(spec.get("seed", 0)))
-        rec["input_sets"] = bench.nsets
-        per_call = bench.warmup(bud["warmup"])
-        lap("setup+warmup")
-        rec["metrics"]["wall_us"] = bench.wall(per_call, bud["wall"])
-        lap("wall")
-        per_call = statistics.median(rec["metrics"]["wall_us"]["samples"])
-        rec["metrics"]["host_us"] = bench.host(per_call, bud["host"])
-        lap("host")
-        if spec.get("correctness", True):
+    per_call = statistics.median(cr.wall)
+    if spec.get("correctness", True):
+        try:
+            rec["correctness"] = bench.correctness()
+        except Exception as e:  # noqa: BLE001
+            rec["notes"].append(f"correctness check failed to run: {type(e).__name__}: {e}")
+        lap("correctness")
+    if bench.cuda:
+        err = None
+        for attempt in range(2):  # the first capture of a backward in a process can fail on lazy init
             try:
-                rec["correctness"] = bench.correctness()
+                rec["metrics"]["graph_us"] = bench.graph(per_call, bud["graph"])
+                if attempt:
+                    rec["notes"].append("graph_us: the first CUDA-graph capture failed, the second succeeded")
+                break
             except Exception as e:  # noqa: BLE001
-                rec["notes"].append(f"correctness check failed to run: {type(e).__name__}: {e}")
-            lap("correctness")
-        if bench.cuda:
-            err = None
-            for attempt in range(2):  # the first capture of a backward in a process can fail on lazy init
+                err = f"graph_us unavailable: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
                 try:
-                    rec["metrics"]["graph_us"] = bench.graph(per_call, bud["graph"])
-                    if attempt:
-                        rec["notes"].append("graph_us: the first CUDA-graph capture failed, the second succeeded")
-                    break
-                except Exception as e:  # noqa: BLE001
-                    err = f"graph_us unavailable: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
-                    try:
-                        torch.cuda.synchronize()
-                    except Exception:  # noqa: BLE001
-                        pass
-            else:
-                rec["notes"].append(err)
-            lap("graph")
-        del bench
-    except Exception as e:  # noqa: BLE001 - the case fails, the worker goes on
-        _error_fields(rec, e)
-        if rec["error_kind"] == "oom" and torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    rec["clock_seconds"] = lap.d
-    rec["seconds"] = round(time.perf_counter() - t_start, 3)
-    out.write(rec)
-    return rec["status"] == "ok"
+                    torch.cuda.synchronize()
+                except Exception:  # noqa: BLE001
+                    pass
+        else:
+            rec["notes"].append(err)
+        lap("graph")
 
 
 def run_device_pass(case: dict, spec: dict, out: _Out) -> None:
@@ -539,7 +658,7 @@ def run(spec_path: str, out_path: str) -> int:
         # one intra-op thread: tiny CPU calls are dominated by thread wake-ups otherwise (CPU runs
         # exist to exercise the pipeline, not to benchmark CPU attention)
         torch.set_num_threads(1)
-    ok = [case for case in spec["cases"] if run_case(case, spec, out)]
+    ok = run_pass1(spec["cases"], spec, out)
     if spec["device"] == "cuda":
         for case in ok:
             run_device_pass(case, spec, out)

@@ -45,6 +45,12 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
         assert w["q1"] <= w["median"] <= w["q3"] or w["n_rounds"] > 1
         assert c["correctness"]["ok"] is True
     assert {r["env"] for r in res["rounds"]} == {"2.6.3", "2.7.0.post2"}
+    # each case's wall/host budget is spent in SLICES turns, round-robin over the cases: one
+    # "start" per step (set-up, each turn, finish), in case order within each turn
+    lines = [json.loads(x) for x in (first_run["root"] / "out1" / ".work" / "r0-2.6.3-0.jsonl").read_text().splitlines()]
+    starts = [x["case"] for x in lines if x["type"] == "start"]
+    ids = [c["id"] for c in res["cases"] if c["env"] == "2.6.3"]
+    assert starts == ids * (1 + 4 + 1)
     # interleaved: the two envs alternate (A B, B A, A B ...)
     envs_in_order = [r["env"] for r in res["rounds"]]
     assert envs_in_order[:4] == ["2.6.3", "2.7.0.post2", "2.7.0.post2", "2.6.3"]

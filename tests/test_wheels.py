@@ -56,3 +56,54 @@ def test_cache_store_writes_sidecar_atomically(tmp_path):
 def test_nearest_versions():
     avail = ["2.5.9.post1", "2.6.0", "2.6.1", "2.6.3", "2.7.0.post2", "2.8.3"]
     assert wheels.nearest_versions("2.6.4", avail)[:2] == ["2.6.3", "2.6.1"]
+
+
+def test_download_stops_when_matrix_run_is_interrupted(tmp_path):
+    # a release wheel trickling in (or a stalled mirror) must not hold Ctrl-C for minutes
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from matrix_runner import proc, wheels
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(10 ** 9))
+            self.end_headers()
+            try:
+                for _ in range(600):
+                    self.wfile.write(b"x" * 1024)
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except OSError:
+                pass
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    out: dict = {}
+
+    def go():
+        try:
+            wheels.download(f"http://127.0.0.1:{srv.server_address[1]}/w.whl", tmp_path / "w.whl", timeout=30)
+        except BaseException as e:  # noqa: BLE001
+            out["e"] = e
+
+    t = threading.Thread(target=go)
+    t.start()
+    time.sleep(0.5)
+    assert t.is_alive()
+    t0 = time.monotonic()
+    proc._stopping.set()
+    try:
+        t.join(5)
+        took = time.monotonic() - t0
+    finally:
+        proc._stopping.clear()
+        srv.shutdown()
+    assert not t.is_alive() and took < 2, took
+    assert isinstance(out.get("e"), proc.Stopped) and "interrupted" in str(out["e"])
+    assert not (tmp_path / "w.whl").exists() and not list(tmp_path.glob(".part-*"))

@@ -41,3 +41,17 @@ def test_sampling_loops_are_bounded_by_time_even_when_calibration_was_wrong():
     h = worker.Bench.host(b, 1000.0, 0.03)
     assert 10 <= len(h["samples"]) <= 16  # inner 1, 2 ms a call, 30 ms budget
     assert all(1800 < s < 2600 for s in h["samples"])
+
+
+def test_groups_bound_the_memory_of_cases_sampled_in_turns():
+    def case(op, b, s, h=16, d=64):
+        return {"op": op, "batch": b, "seqlen_q": s, "seqlen_k": s, "nheads": h, "nheads_k": h, "head_dim": d}
+
+    small = [case("fwd", 2, 128), case("bwd", 2, 128), case("fwd", 4, 256)]
+    big = case("bwd", 64, 8192)  # one set: 64*8192*16*64*3*2 B = 3 GiB, x4 for bwd
+    assert worker._case_bytes(small[0]) == 100 * 2**20 * 2 and worker._case_bytes(small[1]) == 100 * 2**20 * 4
+    assert worker._case_bytes(big) == 64 * 8192 * 16 * 64 * 3 * 2 * 4
+    g = worker._groups(small + [big] + small, 4 * 2**30)
+    assert [len(x) for x in g] == [3, 1, 3]  # a case over the budget is a group of its own
+    assert worker._groups(small, 700 * 2**20) == [small[:2], small[2:]]
+    assert worker._groups([], 1) == []
