@@ -8,7 +8,8 @@
 #   3. a config needing kernels that were not built (head_dim 64, bf16) on the same slim wheels,
 #      installed as local wheels: those cases must fail with the stub's error, the others be timed
 #      (SKIP_UNBUILT=1 leaves it out)
-#   4. VALIDATE=1: benchmarks/validate_clocks.py in each env (wall vs Timer, device vs do_bench_cudagraph)
+#   4. AA=1: an A/A run (2.6.3 under two labels, default config): every verdict should be "same"
+#   5. VALIDATE=1: benchmarks/validate_clocks.py in each env (wall vs Timer, device vs do_bench_cudagraph)
 # Results under $OUT: quick.json, default.json (+ index.html), unbuilt.json, console logs.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -39,6 +40,10 @@ step unbuilt 150 python3 -m matrix_runner run --versions "s26=$W26,s27=$W27" --c
   --envs-dir envs --offline --wheel-cache /tmp/mr-cache --output /tmp/u
 cp /tmp/u/results.json "$OUT/unbuilt.json" 2>/dev/null
 fi
+if [ "${AA:-0}" = 1 ]; then  # A/A on the GPU: 2.6.3 under two labels, default config and budget
+  step aa 200 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" --output /tmp/aa
+  cp /tmp/aa/results.json "$OUT/aa.json" 2>/dev/null
+fi
 if [ "${VALIDATE:-0}" = 1 ]; then
   for v in 2.6.3 2.7.0.post2; do
     timeout 150 envs/$v/bin/python -W ignore benchmarks/validate_clocks.py --rounds 3 > "$OUT/validate-$v.json" 2> "$OUT/validate-$v.txt"
@@ -48,7 +53,7 @@ fi
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
-for name in ("quick", "default", "quick-warm"):
+for name in ("quick", "default", "quick-warm", "aa"):
     try:
         d = json.load(open(f"{out}/{name}.json"))
     except OSError:
