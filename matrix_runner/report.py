@@ -170,8 +170,8 @@ def ratio_definition(comparisons: list[dict]) -> str:
     with unequal rounds, as the ratio of medians of per-process medians."""
     wall = [c for c in comparisons if c.get("metric") == "wall_us"]
     if wall and all(c.get("ci_method") == "paired trimmed t" for c in wall):
-        return ("20% trimmed mean over rounds of the per-round ratio (each round's two processes ran back to "
-                "back); 95% CI: Tukey-McLaughlin trimmed t interval over rounds")
+        return ("trimmed mean over rounds of the per-round ratio (each round's two processes ran back to back; "
+                "20% trimmed, none with fewer than 7 rounds); 95% CI: Tukey-McLaughlin trimmed t interval over rounds")
     if wall and all(c.get("paired") for c in wall):  # results written by matrix-run before trimming
         return ("median over rounds of the per-round ratio (each round's two processes ran back to back); "
                 "95% CI from a two-level bootstrap (processes, then samples), t-widened")
