@@ -16,7 +16,7 @@ Protocol (versioned like pyperf's worker protocol):
     ``{"type": "start", "case": ID}`` before each step of it (set-up, each sampling turn, finish:
     the driver blames a crash or hang on the case of the last ``start``) and one
     ``{"type": "result", "case": ID, "status": "ok"|"error", ...}``,
-    then, on CUDA, a second pass per ok case ``{"type": "start", "case": ID, "phase": "device"}`` and
+    then, on CUDA and unless the spec says ``"device_pass": false``, a second pass per ok case ``{"type": "start", "case": ID, "phase": "device"}`` and
     ``{"type": "device", "case": ID, "metrics": {"device_us": ...}, "kernels": [...]}`` (the profiler
     runs only after every wall/host measurement of the process), then ``{"type": "done"}``.
 
@@ -473,8 +473,10 @@ class _CaseRun:
         self.host_per_call = 0.0
 
     def start(self) -> None:
-        # one "start" per step, so the driver blames a crash or hang on the case that was running
+        """Begin a step of this case: a ``start`` record (so the driver blames a crash or hang on the
+        case that was running) and a fresh lap (time spent on other cases is not this case's)."""
         self.out.write({"type": "start", "case": self.case["id"], "phase": "timing", "t": time.time()})
+        self.lap.t = time.perf_counter()
 
     def fail(self, e: BaseException) -> None:
         _error_fields(self.rec, e)
@@ -529,7 +531,6 @@ def run_pass1(cases: list[dict], spec: dict, out: _Out) -> list[dict]:
                 if cr.bench is None:
                     continue
                 cr.start()
-                cr.lap.t = time.perf_counter()
                 try:
                     if k:
                         cr.bench.warmup(0.0, min_calls=3)
@@ -550,7 +551,6 @@ def run_pass1(cases: list[dict], spec: dict, out: _Out) -> list[dict]:
             if cr.bench is None:
                 continue
             cr.start()
-            cr.lap.t = time.perf_counter()
             try:
                 cr.rec["metrics"]["wall_us"] = {"samples": cr.wall, "inner": cr.inner["wall"], "slices": SLICES}
                 cr.rec["metrics"]["host_us"] = {"samples": cr.host, "inner": cr.inner["host"], "slices": SLICES}
@@ -659,7 +659,7 @@ def run(spec_path: str, out_path: str) -> int:
         # exist to exercise the pipeline, not to benchmark CPU attention)
         torch.set_num_threads(1)
     ok = run_pass1(spec["cases"], spec, out)
-    if spec["device"] == "cuda":
+    if spec["device"] == "cuda" and spec.get("device_pass", True):
         for case in ok:
             run_device_pass(case, spec, out)
     out.write({"type": "done"})

@@ -133,3 +133,21 @@ def test_five_rounds_are_not_trimmed_so_a_consistent_slowdown_is_decided():
     c = stats.compare([[x] * 40 for x in a], [[x] * 40 for x in b], 0.05)
     assert c["trimmed_rounds"] == 0
     assert c["verdict"] == "slower" and c["ci_low"] > 1.15, c
+
+
+def test_device_pass_runs_until_kernel_time_is_decided():
+    from matrix_runner.config import Case
+    from matrix_runner.runner import CaseData, device_pass_needed
+
+    case = Case(op="fwd", batch=2, seqlen_q=50, seqlen_k=50, nheads=16, nheads_k=16, head_dim=16)
+    rng = np.random.default_rng(0)
+    data = {(lab, case.id): CaseData(lab, case, status="ok") for lab in ("a", "b")}
+    args = (["a", "b"], [case])
+    assert device_pass_needed(data, *args, 0, 3, 0.05)  # first min_rounds rounds: always
+    assert device_pass_needed(data, *args, 3, 3, 0.05)  # no device sample yet
+    for lab in ("a", "b"):  # kernel time equal to 0.1 %: "same" -> no more profiler passes
+        data[(lab, case.id)].rounds["device_us"] = [list(rng.normal(4.93, 0.005, 16)) for _ in range(3)]
+    assert not device_pass_needed(data, *args, 3, 3, 0.05)
+    # a device difference near the minimum effect stays ambiguous -> keep profiling
+    data[("b", case.id)].rounds["device_us"] = [list(rng.normal(4.93 * f, 0.005, 16)) for f in (1.0, 1.1, 1.05)]
+    assert device_pass_needed(data, *args, 3, 3, 0.05)
