@@ -150,8 +150,8 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
 
 
 def ci_bands(cases: list[dict], metric: str = "wall_us", n_boot: int = 1000) -> dict:
-    """(env, case id) -> (lo, hi): 95 % CI of the median of per-process medians, from the same
-    two-level bootstrap as the ratio CIs (stats.boot_stat), seeded per case so it is reproducible."""
+    """(env, case id) -> (lo, hi): 95 % CI of the median of per-process medians, from a two-level
+    bootstrap (stats.boot_stat: processes, then samples), seeded per case so it is reproducible."""
     out = {}
     for c in cases:
         m = (c.get("metrics") or {}).get(metric)
