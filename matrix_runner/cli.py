@@ -26,6 +26,9 @@ from .config import ConfigError, load_config, parse_config
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_HELP = ("Exit codes: 0 done; 1 a wall-time regression over --fail-on-regression; 2 usage or config error; "
+             "3 some env or case failed, or nothing could be timed (e.g. no GPU; results still written); "
+             "130 interrupted (results so far written). plan: 3 when an env has no way to be obtained.")
 
 console = Console(stderr=True, highlight=False)
 
@@ -79,11 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="matrix-run",
         description="Time flash_attn_func across flash-attn versions, each in its own env; say per shape which "
                     "version is faster, by how much, how sure, and whether it is host overhead or kernel time.",
-        epilog="Subcommands: run (default), plan, report, compare, publish, envs. `matrix-run SUBCOMMAND -h` for each.")
+        epilog="Subcommands: run (default), plan, report, compare, publish, envs, wheelhouse; `matrix-run SUBCOMMAND -h` "
+               "for each. " + EXIT_HELP)
     ap.add_argument("--version", action="version", version=f"matrix-run {__version__}")
     sub = ap.add_subparsers(dest="cmd")
 
-    r = sub.add_parser("run", help="build envs, time, compare, report (the default)")
+    r = sub.add_parser("run", help="build envs, time, compare, report (the default)", epilog=EXIT_HELP)
     _add_env_args(r)
     next(a for a in r._actions if a.dest == "versions").required = False  # --resume reads them from RUN_DIR
     r.add_argument("--resume", metavar="RUN_DIR",
@@ -149,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma list of packages whose wheels to download for the node (default: %(default)s; '' for none)")
 
     e = sub.add_parser("envs", help="list or remove envs")
-    e.add_argument("action", choices=("list", "clean"))
+    e.add_argument("action", choices=("list", "clean"), nargs="?", help="list (default) or clean")
     e.add_argument("labels", nargs="*", help="with clean: only these labels (default: all)")
     e.add_argument("--envs-dir", default="envs")
     ap.set_defaults(_subparsers=sub.choices)
@@ -158,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        print(f"error: unknown subcommand {argv[0]!r}: give one of {', '.join(SUBCOMMANDS)}, or options "
+              "for run (e.g. matrix-run --versions 2.6.3,2.7.0.post2)", file=sys.stderr)
+        return EXIT_USAGE
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run", *argv]
     if not argv:
@@ -235,19 +243,21 @@ def _plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
     return items
 
 
-def _print_plan(items: list[envmod.PlanItem]) -> None:
+def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> None:
+    out = out or console
     t = Table(title="Plan: where each env's flash-attn comes from", title_justify="left")
     for col in ("env", "version", "method", "wheel key", "kernels", "archs", "estimate"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # wrap "2.7.0.post2" rather than cut it at 80 columns
     for it in items:
-        kern = it.kernels if isinstance(it.kernels, str) else f"{len(it.kernels)}: " + ", ".join(it.kernels)
+        kern = (it.kernels if isinstance(it.kernels, str) else "none (no CUDA)" if not it.kernels
+                else f"{len(it.kernels)}: " + ", ".join(it.kernels))
         est = f"~{it.estimate_s / 60:.1f} min (MAX_JOBS={it.jobs['max_jobs']})" if it.estimate_s else "–"
         meth = it.method if it.method != "failed" else f"[red]failed[/]: {it.error}"
         t.add_row(it.label, it.version, meth, it.key_id, kern, ",".join(it.archs) if isinstance(it.archs, list) else it.archs, est)
-    console.print(t)
+    out.print(t)
     for it in items:
         for n in it.notes:
-            console.print(f"  [dim]{it.label}: {n}[/]")
+            out.print(f"  [dim]{it.label}: {n}[/]")
 
 
 def cmd_plan(args) -> int:
@@ -261,8 +271,8 @@ def cmd_plan(args) -> int:
     items = _plan_all(reqs, cfg.cases, opts, dprobe)
     if args.json:
         print(json.dumps([i.to_dict() for i in items], indent=1, default=str))
-    else:
-        _print_plan(items)
+    else:  # the plan is this command's output: stdout (run prints it to stderr, with its progress)
+        _print_plan(items, Console(highlight=False))
     return EXIT_FAILED if any(i.method == "failed" for i in items) else EXIT_OK
 
 
@@ -286,14 +296,21 @@ def cmd_wheelhouse(args) -> int:
 
 def cmd_envs(args) -> int:
     envs_dir = Path(args.envs_dir)
+    if not envs_dir.is_dir():
+        raise envmod.UsageError(f"--envs-dir {envs_dir}: no such directory (matrix-run creates envs in envs/ "
+                                "of the directory it runs from, or in --envs-dir)")
     rows = envmod.list_envs(envs_dir)
-    if args.action == "list":
+    if args.action in (None, "list"):
         t = Table(title=f"envs in {envs_dir}")
         for col in ("label", "requested", "status", "torch", "python", "wheel", "created", "MB"):
             t.add_column(col)
+
+        def cell(v) -> str:
+            return "–" if v is None else str(v)
+
         for r in rows:
-            t.add_row(r["label"], str(r["requested"]), r["status"], str(r["torch"]), str(r["python"]), r["wheel"],
-                      str(r["created"]), str(r["size_mb"]))
+            t.add_row(r["label"], cell(r["requested"]), r["status"], cell(r["torch"]), cell(r["python"]),
+                      cell(r["wheel"]), cell(r["created"]), cell(r["size_mb"]))
         Console().print(t)
         return EXIT_OK
     import shutil
@@ -333,6 +350,16 @@ def cmd_report(args) -> int:
     runs = [results.load(p) for p in args.results]
     res = results.merge(runs, args.min_effect)
     out = Path(args.output)
+    existing = out / "results.json"
+    if existing.is_file() and existing.resolve() not in {Path(a).resolve() for a in args.results}:
+        try:
+            other = json.loads(existing.read_text()).get("run_id")
+        except (OSError, ValueError, AttributeError):
+            other = None
+        if other is None or other != res.get("run_id"):
+            raise envmod.UsageError(f"-o {args.output}: already holds another run's results.json (run {other}); "
+                                    "report would overwrite its measurements: give another -o")
+    _check_writable_dir(out, "-o")
     out.mkdir(parents=True, exist_ok=True)
     json_name = None
     if len(runs) > 1 or args.min_effect is not None:
@@ -353,6 +380,30 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def _check_writable_dir(d: Path, opt: str) -> None:
+    """Raise UsageError unless ``d`` is, or can be created as, a directory this user can write
+    (checked before anything is built or timed, so a bad path never costs a run)."""
+    d = Path(d).expanduser()
+    probe = d
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise envmod.UsageError(f"{opt} {d}: {probe} is not a directory")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise envmod.UsageError(f"{opt} {d}: {probe} is not writable; give a directory you can write")
+
+
+def _check_writable_file(f: Path, opt: str) -> None:
+    """Raise UsageError unless file ``f`` can be written (its directory exists and is writable)."""
+    f = Path(f).expanduser()
+    if not f.parent.is_dir():
+        raise envmod.UsageError(f"{opt} {f}: the directory {f.parent} does not exist")
+    if (f.exists() and not os.access(f, os.W_OK)) or not os.access(f.parent, os.W_OK | os.X_OK):
+        raise envmod.UsageError(f"{opt} {f}: not writable; give a path you can write")
+
+
 def _results_path(a: str) -> Path:
     p = Path(a)
     return p / "results.json" if p.is_dir() else p
@@ -365,10 +416,13 @@ def cmd_compare(args) -> int:
         raise envmod.UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
     cmp = report.compare_runs(a, b, args.min_effect, str(pa), str(pb))
     if not cmp["pairs"]:
+        def envs_of(doc: dict) -> str:
+            return ", ".join(e["label"] + ("" if e.get("status") == "ok" else f" ({e.get('status')})")
+                             for e in doc.get("envs", [])) or "none"
+
         raise results.ResultsError(
-            f"no env in common: A has {', '.join(e['label'] for e in a.get('envs', [])) or 'none'}, "
-            f"B has {', '.join(e['label'] for e in b.get('envs', [])) or 'none'} (envs are matched by label, "
-            "else by flash-attn version; only envs that were built and timed count)")
+            f"no env timed in both runs: A has {envs_of(a)}, B has {envs_of(b)} (envs are matched by label, else by "
+            "flash-attn version; an env counts only where it was built and timed)")
     report.compare_terminal(cmp, Console())
     if args.output:
         if (Path(args.output) / "results.json").exists():
@@ -414,6 +468,11 @@ def cmd_run(args, argv: list[str]) -> int:
         elif args.versions is None:
             raise envmod.UsageError("--versions is required (or --resume RUN_DIR)")
         return _cmd_run(args, argv, stop, prior)
+    except envmod.UsageError:
+        made = getattr(args, "_created_output", None)
+        if made is not None and made.is_dir() and not any(made.iterdir()):
+            made.rmdir()  # created by this run, which stopped before writing anything into it
+        raise
     except Exception:
         if stop.is_set():  # a step cut short by the interrupt (a probe, a download) failed: not a fault
             console.print("[yellow]interrupted before anything was measured[/]")
@@ -469,6 +528,8 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         cfg = load_config(args.config)
     else:  # the config as the run stored it (the file may have changed since)
         cfg = parse_config(prior.get("config"), prior.get("config_source") or "results.json")
+    if prior is not None:  # a resumed run's total includes the earlier invocations
+        t_start -= float(((prior.get("timing") or {}).get("total_s")) or 0.0)
     samp = cfg.sampling
     for name, attr in (("min_effect", "min_effect"), ("min_rounds", "min_rounds"), ("max_rounds", "max_rounds"),
                        ("time_budget", "time_budget_s")):
@@ -483,6 +544,9 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         raise envmod.UsageError(f"--max-rounds {samp.max_rounds} is below --min-rounds {samp.min_rounds}")
     if not 0 < samp.min_effect < 1:
         raise envmod.UsageError(f"--min-effect {samp.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
+    if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
+        raise envmod.UsageError(f"--fail-on-regression {args.fail_on_regression:g}: give a percentage >= 0 "
+                                "(5 = fail when a candidate is slower by more than 5%)")
     reqs = envmod.parse_versions(args.versions)
     opts = _options(args)
     if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error
@@ -500,21 +564,25 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                                     f"--output, or finish that run with --resume {shlex.quote(str(out_dir))}")
         if out_dir.exists() and not out_dir.is_dir():
             raise envmod.UsageError(f"--output {out_dir} is a file, not a directory")
+        _check_writable_dir(out_dir, "--output")
+        if not out_dir.exists():
+            args._created_output = out_dir  # removed again if a usage error stops the run before timing
         out_dir.mkdir(parents=True, exist_ok=True)
     else:
+        _check_writable_dir(Path("reports"), "reports/ (the default --output)")
         base, n = Path("reports") / run_id, 1
         while True:  # two runs started in the same second get their own directories
             out_dir = base if n == 1 else base.with_name(f"{base.name}-{n}")
             try:
                 out_dir.mkdir(parents=True, exist_ok=prior is not None)
+                if prior is None:
+                    args._created_output = out_dir
                 break
             except FileExistsError:
                 n += 1
         run_id = out_dir.name
     if args.markdown:
-        md = Path(args.markdown).expanduser()
-        if not md.parent.is_dir():
-            raise envmod.UsageError(f"--markdown {args.markdown}: the directory {md.parent} does not exist")
+        _check_writable_file(Path(args.markdown), "--markdown")
 
     console.print(f"[bold]matrix-run[/] {__version__}: {len(reqs)} env(s), {len(cfg.cases)} case(s) "
                   f"({cfg.source}) → {out_dir}")
@@ -604,7 +672,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     if stop.is_set():  # interrupted while envs were prepared
         reason = "interrupted"
         for e in env_results:
-            if e.status != "ok":
+            if e.status != "ok" and not str(e.error).startswith("interrupted"):
                 e.status, e.error = "failed", f"interrupted: {e.error}"
     elif ok_envs:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -646,7 +714,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             per_clock[k] = per_clock.get(k, 0.0) + v
     in_cases = sum(per_clock.values())
     spent = ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_clock.items(), key=lambda kv: -kv[1]))
-    n = len(rounds)
+    n = sum(1 for r in rounds if r.get("status") != "interrupted")
     console.print(f"[dim]time: envs {env_s:.1f} s, timing {timing_s:.1f} s ({n} worker process{'es' if n != 1 else ''}; "
                   f"stopped: {reason})" + (f"; in cases {in_cases:.1f} s ({spent}), process start-up and "
                                            f"imports {max(timing_s - in_cases, 0):.1f} s" if per_clock else "") + "[/]")

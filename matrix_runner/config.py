@@ -361,10 +361,39 @@ def load_config(path: str | Path | None) -> Config:
     except UnicodeDecodeError as e:
         raise ConfigError(f"--config {path}: not UTF-8 text (byte {e.start}); save the YAML as UTF-8") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as e:
+        raise ConfigError(f"{p}:{e.line}: key {e.key!r} appears twice in the same mapping; keep one") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    if data is None:
+        raise ConfigError(f"--config {path}: the file is empty; write the keys you want to change (README.md, "
+                          "'Config'), or leave --config out for the built-in default")
     return parse_config(data, str(p))
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key, line: int):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key that appears twice in one mapping (PyYAML keeps the last
+    one silently, so a typo'd copy of ``shapes:`` would drop the first list)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for k_node, _ in node.value:
+            k = self.construct_object(k_node, deep=deep)
+            try:
+                hash(k)
+            except TypeError:
+                continue
+            if k in seen:
+                raise _DuplicateKey(k, k_node.start_mark.line + 1)
+            seen.add(k)
+        return super().construct_mapping(node, deep=deep)

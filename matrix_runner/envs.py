@@ -41,7 +41,7 @@ from packaging.version import InvalidVersion, Version
 from . import build as buildmod
 from . import wheels
 from .config import Case
-from .proc import capture, run_logged
+from .proc import Stopped, capture, run_logged, stopping
 
 RECORD = "matrix-run-env.json"
 RECORD_SCHEMA = "matrix-runner/env/1"
@@ -111,8 +111,8 @@ def parse_versions(text: str) -> list[EnvRequest]:
                 raise UsageError(f"--versions: {ver!r} is not a PEP 440 version (like 2.6.3 or 2.7.0.post2) "
                                  "nor a path to a flash-attn sdist or wheel") from None
         if not LABEL_RE.match(label) or label in (".", ".."):
-            raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + - "
-                             "(it names the env directory)")
+            raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + -, must start "
+                             "with a letter or digit and have at most 64 characters (it names the env directory)")
         if any(r.label == label for r in out):
             raise UsageError(f"--versions: label {label!r} appears twice; use LABEL=VERSION to name each env "
                              "(e.g. a=2.6.3,b=2.6.3 for an A/A run)")
@@ -337,7 +337,19 @@ def wanted_key(version: str, tid: dict, py: str, archs, kernels, platform_tag: s
 
 
 def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int = 1) -> PlanItem:
-    """Decide, without building anything, how ``req``'s env will be obtained (see module doc)."""
+    """Decide, without building anything, how ``req``'s env will be obtained (see module doc).
+    An env directory that exists but is not a matrix-run env makes the item "failed": it would be
+    refused when the env is created (it is never deleted)."""
+    item = _plan_env(req, cases, opts, driver_probe, n_builds_hint)
+    d = item.env_dir
+    if item.method not in ("failed", "reuse") and (d.exists() or d.is_symlink()) and not is_matrix_run_env(d):
+        item.method = "failed"
+        item.error = (f"{d} exists and is not a matrix-run env (no {RECORD} or pyvenv.cfg): it is left untouched; "
+                      "move it or use another --envs-dir")
+    return item
+
+
+def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int) -> PlanItem:
     env_dir = env_dir_for(opts, req.label)
     tid = torch_identity(opts, driver_probe)
     py = driver_probe.get("python") or sys.version.split()[0]
@@ -600,7 +612,11 @@ def check_probe(p: dict, env_dir: Path | str, version: str | None) -> str | None
     root = Path(env_dir).resolve()
     if not Path(fa.get("file") or "/").resolve().is_relative_to(root):
         return f"flash_attn was imported from {fa.get('file')}, not from the env {root}"
-    if not fa.get("ext_file") or not Path(fa["ext_file"]).resolve().is_relative_to(root):
+    if not fa.get("ext_file"):
+        return ("flash_attn's compiled extension flash_attn_2_cuda is not installed in the env: flash-attn was "
+                "built without CUDA (against a CPU-only torch, or with FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE), so its "
+                "kernels cannot run; use an interpreter whose torch has CUDA, on a machine with an NVIDIA GPU")
+    if not Path(fa["ext_file"]).resolve().is_relative_to(root):
         return f"flash_attn_2_cuda was imported from {fa.get('ext_file')}, not from the env"
     if version not in (None, "local") and not wheels.same_version(str(fa.get("version")), version):
         return f"the env imports flash_attn {fa.get('version')}, not the requested {version}"
@@ -654,6 +670,13 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
     """Carry out ``item`` for ``req``. Never raises for env-local failures: returns a failed result
     with the reason and the log's last lines, so other envs go on."""
     res = EnvResult(req.label, req.version, str(item.env_dir), plan=item.to_dict(), version=item.version)
+    step = {"now": "planning"}
+    outer_progress = progress
+
+    def progress(label: str, msg: str) -> None:  # remember the step, for an interrupt's message
+        step["now"] = msg
+        outer_progress(label, msg)
+
     logdir = opts.envs_dir / ".logs"
     logdir.mkdir(parents=True, exist_ok=True)
     log = logdir / f"{req.label}.log"
@@ -674,10 +697,12 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
         res.status = "ok"
         if not res.build.get("wheel_sha256"):  # a reused env: the record says which wheel it holds
             res.build["wheel_sha256"] = ((load_record(item.env_dir) or {}).get("wheel") or {}).get("sha256")
-    except (EnvError, buildmod.BuildError, wheels.urllib.error.URLError, LookupError, OSError) as e:
+    except (EnvError, buildmod.BuildError, wheels.urllib.error.URLError, LookupError, OSError, Stopped) as e:
         res.status = "failed"
         res.error = str(e)
         res.error_tail = getattr(e, "tail", "") or None
+        if stopping():  # a step cut short by Ctrl-C fails in its own words (e.g. "no setuptools"): say what happened
+            res.error, res.error_tail = f"interrupted while {step['now']}", None
     res.build["seconds"] = round(time.monotonic() - t0, 2)
     return res
 
@@ -789,6 +814,8 @@ def _build_into_cache(req, item, key, opts, py, progress, log, info) -> Path:
 def _importable(py: Path, mod: str) -> bool:
     try:
         return capture([str(py), "-c", f"import {mod}"], timeout=60).returncode == 0
+    except Stopped:
+        raise
     except Exception:  # noqa: BLE001
         return False
 

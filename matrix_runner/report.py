@@ -89,8 +89,9 @@ def short_labels(cases: list[dict]) -> tuple[dict, str]:
 
 def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
               device: list[dict] | None = None, host: list[dict] | None = None,
-              min_effect: float = 0.05, prefix: str = "") -> dict:
-    """The one-line verdict for a candidate: ``{cls, text, detail}``.
+              min_effect: float = 0.05, prefix: str = "", quick: bool = True, interrupted: bool = False) -> dict:
+    """The one-line verdict for a candidate: ``{cls, text, detail}``. ``quick``: the run was a
+    ``--quick`` one (else one process per version means it stopped early); ``interrupted``: it was.
 
     ``wall``: the candidate's wall comparisons (with attribution), ``name``: case id -> short name
     (label + op). ``cls`` is slower / faster / mixed / same / none for the colour."""
@@ -136,9 +137,15 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
         text += " " + ", ".join(rest).capitalize() + "."
     cls = ("mixed" if counts["slower"] and counts["faster"] else "slower" if counts["slower"]
            else "faster" if counts["faster"] else "same" if wall and len(counts["same"]) == len(wall) else "none")
+    if interrupted:
+        text += " The run was interrupted: finish it with matrix-run --resume RUN_DIR."
     if any(c.get("within_process_only") for c in wall):
-        text += (" Quick run: one worker process per version, so the intervals ignore process-to-process "
-                 "spread (modes up to 2x apart); rerun without --quick before acting on a verdict.")
+        if quick:
+            text += (" Quick run: one worker process per version, so the intervals ignore process-to-process "
+                     "spread (modes up to 2x apart); rerun without --quick before acting on a verdict.")
+        else:
+            text += (" Only one worker process per version was timed, so the intervals ignore "
+                     "process-to-process spread (modes up to 2x apart); do not act on a verdict yet.")
     detail = []
     for lst, what in ((device, "Kernel (device) time"), (host, "Host time")):
         if not lst:
@@ -216,7 +223,9 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     summaries = []
     for j, cand in enumerate(ok_labels[1:]):
         pick = lambda k: [c[k] for r in rows for c in r["comps"][j:j + 1] if c[k]]  # noqa: E731
-        s = summarize(pick("wall"), len(rows), name, cand, base, pick("device"), pick("host"), min_effect)
+        s = summarize(pick("wall"), len(rows), name, cand, base, pick("device"), pick("host"), min_effect,
+                      quick=bool((res.get("settings") or {}).get("quick")),
+                      interrupted=(res.get("timing") or {}).get("stop_reason") == "interrupted")
         hb = {lab: sum(1 for r in rows if lab in r["host_bound"]) for lab in (base, cand)}
         if any(r["case"].get("host_bound") is not None for r in rows):
             s["detail"] += (" Host-bound (host dispatch ≥ kernel time): " +

@@ -464,7 +464,10 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             # stop when another round would overrun the budget (rounds take about the same time)
             elapsed = time.monotonic() - t0
             if elapsed + elapsed / r > sampling.time_budget_s:
-                return f"time budget {sampling.time_budget_s:g} s: another round would overrun it"
+                why = f"time budget {sampling.time_budget_s:g} s: another round would overrun it"
+                if elapsed > sampling.time_budget_s:
+                    why += f" (min_rounds {min_r} came first and took {elapsed:.0f} s)"
+                return why
         if r >= max_r:
             return "quick: one round per env" if quick else f"max_rounds {max_r} reached"
         return None

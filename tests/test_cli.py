@@ -43,3 +43,86 @@ def test_plan_json(standins, tiny_config, tmp_path):
     plan = json.loads(cp.stdout)
     assert [(p["label"], p["method"]) for p in plan] == [("2.6.3", "find-links"), ("b", "find-links")]
     assert plan[0]["wheel"].endswith("flash_attn-2.6.3-py3-none-any.whl")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--versions", "2.6.3", "--fail-on-regression", "-3"], "--fail-on-regression -3: give a percentage >= 0"),
+    (["pln", "--versions", "2.6.3"], "unknown subcommand 'pln'"),
+    (["--versions", "2.6.3", "--quik"], "usage: matrix-run run"),  # the subcommand's usage, not the top level
+    (["--versions", ".venv=2.6.3"], "must start with a letter or digit"),
+])
+def test_more_bad_input_exits_2(args, needle, tmp_path):
+    cp = run_cli(*args, "--envs-dir", str(tmp_path / "envs"), "--output", str(tmp_path / "o"))
+    assert cp.returncode == 2, cp.stderr
+    assert needle in " ".join(cp.stderr.split())
+    assert "Traceback" not in cp.stderr
+    assert not (tmp_path / "o").exists()  # nothing left behind by a refused run
+
+
+def test_unwritable_output_and_markdown_are_refused_before_anything_runs(tmp_path):
+    import os
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user who can write anywhere (root without capabilities dropped)")
+        for extra, needle in ((["--output", str(ro)], f"--output {ro}: {ro} is not writable"),
+                              (["--output", str(tmp_path / "o"), "--markdown", str(ro / "x.md")], "--markdown"),
+                              (["--output", str(ro / "sub")], "is not writable")):
+            cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--envs-dir", str(tmp_path / "envs"), *extra)
+            assert cp.returncode == 2 and needle in " ".join(cp.stderr.split()), cp.stderr
+            assert not (tmp_path / "envs" / "2.6.3").exists()
+    finally:
+        ro.chmod(0o755)
+
+
+def test_report_refuses_to_overwrite_another_runs_results(tmp_path):
+    import json
+    import shutil
+    from pathlib import Path
+    h200 = Path(__file__).resolve().parents[1] / "reports" / "h200-2.6.3-vs-2.7.0.post2"
+    other = tmp_path / "other"
+    shutil.copytree(h200, other)
+    doc = json.loads((other / "results.json").read_text())
+    doc["run_id"] = "another-run"
+    (other / "results.json").write_text(json.dumps(doc))
+    before = (other / "results.json").read_bytes()
+    cp = run_cli("report", str(h200 / "results.json"), "-o", str(other))
+    assert cp.returncode == 2 and "already holds another run's results.json (run another-run)" in " ".join(cp.stderr.split())
+    assert (other / "results.json").read_bytes() == before
+    # re-rendering a copy of the same run into its own directory is fine
+    same = tmp_path / "same"
+    shutil.copytree(h200, same)
+    cp = run_cli("report", str(h200 / "results.json"), "-o", str(same))
+    assert cp.returncode == 0, cp.stderr
+
+
+def test_plan_flags_an_env_dir_that_run_would_refuse(standins, tiny_config, tmp_path):
+    (tmp_path / "envs" / "2.6.3").mkdir(parents=True)
+    cp = run_cli("plan", "--versions", "2.6.3", "--config", str(tiny_config), "--device", "cpu", "--quick",
+                 "--find-links", str(standins["wheels"]), "--envs-dir", str(tmp_path / "envs"),
+                 "--wheel-cache", str(tmp_path / "cache"))
+    assert cp.returncode == 3
+    assert "exists and is not a matrix-run env" in " ".join((cp.stdout + cp.stderr).split())
+
+
+def test_writability_checks_name_the_unwritable_directory(tmp_path, monkeypatch):
+    # (as root every directory is writable, so the subprocess test above skips: check the rule here)
+    import os
+
+    from matrix_runner import cli, envs
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = os.access
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if str(p).startswith(str(ro)) else real(p, mode))
+    with pytest.raises(envs.UsageError, match=f"--output {ro}/a/b: {ro} is not writable"):
+        cli._check_writable_dir(ro / "a" / "b", "--output")
+    with pytest.raises(envs.UsageError, match="--markdown .*x.md: not writable"):
+        cli._check_writable_file(ro / "x.md", "--markdown")
+    with pytest.raises(envs.UsageError, match="does not exist"):
+        cli._check_writable_file(tmp_path / "nope" / "x.md", "--markdown")
+    (tmp_path / "f").write_text("")
+    with pytest.raises(envs.UsageError, match="is not a directory"):
+        cli._check_writable_dir(tmp_path / "f" / "out", "--output")
+    cli._check_writable_dir(tmp_path / "new" / "deeper", "--output")  # creatable: fine

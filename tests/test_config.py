@@ -66,3 +66,19 @@ def test_seqlen_q_k_and_gqa():
     (c,) = cfg.cases
     assert (c.seqlen_q, c.seqlen_k, c.nheads_k, c.kernel_head_dim) == (8, 32, 2, 64)
     assert c.id == "fwd-b1-sq8-sk32-h8-hk2-d60-fp16"
+
+
+def test_empty_config_file_and_duplicate_keys_are_errors(tmp_path):
+    from matrix_runner.config import ConfigError, load_config
+    f = tmp_path / "c.yaml"
+    f.write_text("# nothing yet\n")
+    with pytest.raises(ConfigError, match="the file is empty"):
+        load_config(f)
+    f.write_text("title: x\nops: [fwd]\ntitle: y\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:3: key 'title' appears twice"):
+        load_config(f)
+    f.write_text("shapes:\n  - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16, batch: 2}\n")
+    with pytest.raises(ConfigError, match="key 'batch' appears twice"):
+        load_config(f)
+    f.write_text("ops: [fwd]\nshapes:\n  - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16}\n")
+    assert [c.batch for c in load_config(f).cases] == [1]

@@ -74,7 +74,9 @@ def test_check_probe_rules(tmp_path):
     outside = {**ok, "flash_attn": {**ok["flash_attn"], "file": "/usr/lib/python3/site-packages/flash_attn/__init__.py"}}
     assert "not from the env" in check_probe(outside, env, "2.6.3")
     no_ext = {**ok, "flash_attn": {**ok["flash_attn"], "ext_file": None}}
-    assert "flash_attn_2_cuda was imported from None" in check_probe(no_ext, env, "2.6.3")
+    assert "flash_attn_2_cuda is not installed in the env: flash-attn was built without CUDA" in check_probe(no_ext, env, "2.6.3")
+    other_ext = {**ok, "flash_attn": {**ok["flash_attn"], "ext_file": "/usr/lib/flash_attn_2_cuda.so"}}
+    assert "flash_attn_2_cuda was imported from /usr/lib" in check_probe(other_ext, env, "2.6.3")
     assert check_probe(ok, env, "2.7.0.post2") == "the env imports flash_attn 2.6.3, not the requested 2.7.0.post2"
     # a sibling env whose name starts with this one's is not "inside" it
     sib = {**ok, "flash_attn": {**ok["flash_attn"], "file": str(tmp_path / "envs" / "a2" / "x.py")}}

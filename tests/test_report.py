@@ -428,7 +428,7 @@ def test_compare_cli_help_and_errors(tmp_path):
     other = make_results([env("zzz")], [make_case("zzz", "fwd", 1, 16, 10.0, 5.0, None)])
     results.write_json(tmp_path / "o" / "results.json", other)
     cp = run_cli("compare", str(H200), str(tmp_path / "o" / "results.json"))
-    assert cp.returncode == 2 and "no env in common" in " ".join(cp.stderr.split())
+    assert cp.returncode == 2 and "no env timed in both runs" in " ".join(cp.stderr.split())
     (tmp_path / "bad.json").write_text('{"schema": "other/1"}')
     cp = run_cli("compare", str(H200), str(tmp_path / "bad.json"))
     assert cp.returncode == 2 and "is not 'matrix-runner/results/1'" in cp.stderr and "Traceback" not in cp.stderr
@@ -486,3 +486,13 @@ def test_publish_cli_on_the_committed_reports(tmp_path):
     assert (tmp_path / "site" / H200_DIR.name / "results.json").is_file()
     cp = run_cli("publish", str(tmp_path / "nope"), "-o", str(tmp_path / "s2"))
     assert cp.returncode == 2 and "not a directory" in cp.stderr
+
+
+def test_headline_of_an_interrupted_run_is_not_called_quick():
+    w = [{"case": "c1", "verdict": "slower", "ratio": 1.9, "attribution": None, "within_process_only": True,
+          "attribution_why": "no device clock (CPU run)"}]
+    s = report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a", quick=False, interrupted=True)["text"]
+    assert "interrupted" in s and "--resume" in s and "Only one worker process per version" in s
+    assert "Quick run" not in s
+    q = report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a", quick=True)["text"]
+    assert "Quick run" in q and "interrupted" not in q

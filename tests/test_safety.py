@@ -72,3 +72,25 @@ def test_resume_refuses_to_pool_two_builds_under_one_label(standins, tiny_config
     cp = run_cli("--resume", str(out))
     assert cp.returncode == 2, cp.stderr[-2000:]
     assert "env 2.7.0.post2 now has another flash-attn wheel" in " ".join(cp.stderr.split())
+
+
+def test_an_interrupt_during_env_preparation_is_reported_as_such(standins, tmp_path):
+    # Ctrl-C cuts a step short; it must not be reported in that step's own words (e.g. "a source
+    # build needs setuptools" after the import check of setuptools was killed)
+    import sys
+
+    from matrix_runner import envs, proc
+    from matrix_runner.config import Case
+    opts = envs.Options(envs_dir=tmp_path / "envs", cache_dir=tmp_path / "cache", find_links=[standins["wheels"]])
+    opts.envs_dir.mkdir()
+    cases = [Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)]
+    dprobe = envs.probe(sys.executable)
+    req = envs.parse_versions("2.6.3")[0]
+    item = envs.plan_env(req, cases, opts, dprobe)
+    assert item.method == "find-links"
+    proc._stopping.set()
+    try:
+        res = envs.prepare_env(req, item, opts, dprobe, cases)
+    finally:
+        proc._stopping.clear()
+    assert res.status == "failed" and res.error == "interrupted while creating venv (uv)", res.error
