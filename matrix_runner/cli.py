@@ -496,6 +496,9 @@ def _resume_args(args, argv: list[str]):
     run_dir = Path(args.resume).expanduser().resolve()
     if run_dir.name == "results.json":
         run_dir = run_dir.parent
+    if run_dir.is_dir() and not (run_dir / "results.json").exists():
+        raise envmod.UsageError(f"--resume {args.resume}: no results.json there: that run stopped before it "
+                                "measured anything or wrote results; start it again with its original command")
     doc = results.load(run_dir / "results.json")
     stopped = (doc.get("timing") or {}).get("stop_reason")
     if stopped not in ("interrupted", "running"):

@@ -126,3 +126,9 @@ def test_writability_checks_name_the_unwritable_directory(tmp_path, monkeypatch)
     with pytest.raises(envs.UsageError, match="is not a directory"):
         cli._check_writable_dir(tmp_path / "f" / "out", "--output")
     cli._check_writable_dir(tmp_path / "new" / "deeper", "--output")  # creatable: fine
+
+
+def test_resume_of_a_run_that_measured_nothing_says_so(tmp_path):
+    (tmp_path / "run").mkdir()
+    cp = run_cli("--resume", str(tmp_path / "run"))
+    assert cp.returncode == 2 and "that run stopped before it measured anything" in " ".join(cp.stderr.split())
