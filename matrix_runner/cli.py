@@ -68,7 +68,7 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--min-effect", type=float, metavar="FRAC",
                    help="smallest ratio change called faster/slower (default 0.05 = 5%%)")
     r.add_argument("--min-rounds", type=int, help="worker processes per env before stopping early (default 3)")
-    r.add_argument("--max-rounds", type=int, help="most worker processes per env (default 8)")
+    r.add_argument("--max-rounds", type=int, help="most worker processes per env (default 30; the time budget normally stops sampling first)")
     r.add_argument("--time-budget", type=float, metavar="S", help="seconds for the timing phase (default 100)")
     r.add_argument("--case-timeout", type=float, default=300.0, metavar="S",
                    help="a case running longer than this is stopped and failed (default 300)")

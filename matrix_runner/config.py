@@ -21,7 +21,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       - {batch: 4, seqlen_q: 128, seqlen_k: 512, nheads: 32, nheads_k: 8, head_dim: 64, causal: true}
     sampling:
       min_rounds: 3         # worker processes per env before a verdict may stop sampling
-      max_rounds: 8
+      max_rounds: 30        # a cap; the time budget normally stops sampling first
       time_budget_s: 100    # wall-clock budget for the timing phase (s)
       min_effect: 0.05      # smallest ratio change called faster/slower (0.05 = 5 %)
 
@@ -152,7 +152,7 @@ class Sampling:
     """How long to sample: see the module docstring. ``time_budget_s`` is seconds of wall clock."""
 
     min_rounds: int = 3
-    max_rounds: int = 8
+    max_rounds: int = 30
     time_budget_s: float = 100.0
     min_effect: float = 0.05
 
@@ -197,7 +197,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
         {"batch": 2, "seqlen": 150, "nheads": 16, "embed_dim": 256},
         {"batch": 2, "seqlen": 300, "nheads": 16, "embed_dim": 256},
     ],
-    "sampling": {"min_rounds": 3, "max_rounds": 8, "time_budget_s": 100.0, "min_effect": 0.05},
+    "sampling": {"min_rounds": 3, "max_rounds": 30, "time_budget_s": 100.0, "min_effect": 0.05},
 }
 
 _TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling", "impls"}

@@ -365,12 +365,12 @@ def terminal_table(res: dict, console=None) -> None:
     console = console or Console()
     vm = view_model(res)
     t = Table(title=escape(str(res.get("title") or "")), show_lines=False)
-    t.add_column("case")
-    t.add_column("op")
+    t.add_column("case", overflow="fold")
+    t.add_column("op", overflow="fold")
     for lab in vm["labels"]:
-        t.add_column(f"{escape(lab)}\nwall / host / dev µs", justify="right")
+        t.add_column(f"{escape(lab)}\nwall / host / dev µs", justify="right", overflow="fold")
     for c in vm["candidates"]:
-        t.add_column(f"{escape(c)} vs {escape(vm['base'])}\nwall ratio [95% CI]", justify="left")
+        t.add_column(f"{escape(c)} vs {escape(vm['base'])}\nwall ratio [95% CI]", justify="left", overflow="fold")
     for r in vm["rows"]:
         cells = [escape(r["label"]), escape(str(r["op"]))]
         by = {e["label"]: e for e in r["envs"]}
@@ -504,7 +504,7 @@ def compare_terminal(cmp: dict, console=None) -> None:
     for col, j in (("env", "left"), ("case", "left"), ("op", "left"), ("A wall µs", "right"), ("B wall µs", "right"),
                    ("B/A wall [95% CI]", "left"), ("verdict · why", "left"), ("B/A host", "right"),
                    ("B/A dev", "right")):
-        t.add_column(col, justify=j)
+        t.add_column(col, justify=j, overflow="fold")
     for r in cmp["rows"]:
         w = r["wall"]
         env = r["env"] if r["env"] == r["env_b"] else f"{r['env']}→{r['env_b']}"
