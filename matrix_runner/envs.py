@@ -42,6 +42,7 @@ from . import build as buildmod
 from . import wheels
 from .config import Case
 from .proc import Stopped, capture, run_logged, stopping
+from .worker import PROBE_SCHEMA
 
 RECORD = "matrix-run-env.json"
 RECORD_SCHEMA = "matrix-runner/env/1"
@@ -646,7 +647,7 @@ def static_preflight(py: Path, env_dir: Path, version: str, torch_info: dict | N
     err = check_probe(p, env_dir, version)
     if err:
         raise EnvError(f"preflight: {err}")
-    return {"schema": "matrix-runner/probe/1", **p, "torch": torch_info, "import_checked": False}
+    return {"schema": PROBE_SCHEMA, **p, "torch": torch_info, "import_checked": False}
 
 
 def record_import_check(env_dir: Path | str, p: dict, error: str | None) -> None:

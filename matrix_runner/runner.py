@@ -239,8 +239,6 @@ def run_worker_round(env: EnvResult, cases: list[Case], data: dict, *, device: s
             rec["restarts"] += 1
         elif fatal:
             rec.update(status="failed", error=fatal)
-            if env.status == "failed":  # the import check failed: the env is out of the run
-                rec["env_failed"] = True
             for c in todo:
                 cd = data[(env.label, c.id)]
                 if c.id not in done_ids:
