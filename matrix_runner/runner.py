@@ -388,7 +388,8 @@ def _add_clock_seconds(cd: CaseData, line: dict) -> None:
 
 def decided(data: dict, baseline: str, envs: list[str], cases: list[Case], min_effect: float,
             metric: str = "wall_us") -> tuple[int, int]:
-    """(undecided, total) comparisons of ``metric``: undecided = ambiguous verdicts."""
+    """(undecided, total) comparisons of ``metric``: undecided = ambiguous at the stop level
+    (:data:`stats.STOP_LEVEL`, stricter than the reported 95 %: the runner tests after every round)."""
     und = tot = 0
     for cand in envs:
         if cand == baseline:
@@ -397,7 +398,7 @@ def decided(data: dict, baseline: str, envs: list[str], cases: list[Case], min_e
             b, k = data[(baseline, c.id)], data[(cand, c.id)]
             if b.status != "ok" or k.status != "ok":
                 continue
-            cmp = stats.compare(b.rounds[metric], k.rounds[metric], min_effect, n_boot=400)
+            cmp = stats.compare(b.rounds[metric], k.rounds[metric], min_effect, n_boot=400, level=stats.STOP_LEVEL)
             if cmp is None:
                 continue
             tot += 1
@@ -456,7 +457,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
         if r >= min_r:
             und, tot = decided(data, labels[0], labels, cases, sampling.min_effect)
             if tot and not und:
-                return "all verdicts decided"
+                return f"all verdicts decided (at the {stats.STOP_LEVEL:.1%} stop level)"
             if len(labels) < 2:
                 return "single env: min_rounds reached"
             # stop when another round would overrun the budget (rounds take about the same time)

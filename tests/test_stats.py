@@ -151,3 +151,23 @@ def test_device_pass_runs_until_kernel_time_is_decided():
     # a device difference near the minimum effect stays ambiguous -> keep profiling
     data[("b", case.id)].rounds["device_us"] = [list(rng.normal(4.93 * f, 0.005, 16)) for f in (1.0, 1.1, 1.05)]
     assert device_pass_needed(data, *args, 3, 3, 0.05)
+
+
+def test_early_stop_needs_the_stricter_level_but_reports_at_95():
+    # 6 rounds of a noisy ~6 % slowdown: "slower" at 95 % but not yet at the 99.5 % stop level, so
+    # the runner keeps sampling (it re-tests after every round; see stats.STOP_LEVEL)
+    from matrix_runner.config import Case
+    from matrix_runner.runner import CaseData, decided
+
+    case = Case(op="fwd", batch=2, seqlen_q=50, seqlen_k=50, nheads=16, nheads_k=16, head_dim=16)
+    a = [100.0, 101.0, 99.0, 100.5, 99.5, 100.0]
+    f = [1.02, 1.10, 1.00, 1.12, 1.05, 1.09]
+    data = {("a", case.id): CaseData("a", case, status="ok"), ("b", case.id): CaseData("b", case, status="ok")}
+    data[("a", case.id)].rounds["wall_us"] = [[x] * 30 for x in a]
+    data[("b", case.id)].rounds["wall_us"] = [[x * k] * 30 for x, k in zip(a, f)]
+    c95 = stats.compare(data[("a", case.id)].rounds["wall_us"], data[("b", case.id)].rounds["wall_us"], 0.05)
+    assert c95["verdict"] == "slower", c95
+    c_stop = stats.compare(data[("a", case.id)].rounds["wall_us"], data[("b", case.id)].rounds["wall_us"], 0.05,
+                           level=stats.STOP_LEVEL)
+    assert c_stop["verdict"] == "ambiguous" and c_stop["ci_low"] < c95["ci_low"]
+    assert decided(data, "a", ["a", "b"], [case], 0.05) == (1, 1)
