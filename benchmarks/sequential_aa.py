@@ -43,7 +43,6 @@ def run_matrix(rng, sd: float, n_cases: int, min_rounds: int, max_rounds: int, s
     decided (or at ``max_rounds``); every comparison's verdict is read at that stop."""
     base = [[] for _ in range(n_cases)]
     cand = [[] for _ in range(n_cases)]
-    v: list[str] = []
     for r in range(max_rounds):
         for i in range(n_cases):
             base[i].append([100.0])
