@@ -149,7 +149,7 @@ class Bench:
         if case["dropout_p"] and "dropout_p" not in params:
             raise RuntimeError("this flash_attn_func has no dropout_p parameter")
         g = torch.Generator(device=self.dev).manual_seed(seed)
-        set_bytes = (b * sq * h * d + 2 * b * sk * hk * d) * 2
+        set_bytes = _set_bytes(case)
         l2 = 50 * 2**20
         if self.cuda:
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", l2) or l2
@@ -427,14 +427,19 @@ def _error_fields(rec: dict, e: BaseException) -> None:
     rec["traceback"] = traceback.format_exc()[-2000:]
 
 
+def _set_bytes(case: dict) -> int:
+    """Bytes of one input set of ``case``: q (batch, seqlen_q, nheads, head_dim) plus k and v
+    (batch, seqlen_k, nheads_k, head_dim), 2 bytes per element (fp16/bf16)."""
+    b, sq, sk = case["batch"], case["seqlen_q"], case["seqlen_k"]
+    h, hk, d = case["nheads"], case["nheads_k"], case["head_dim"]
+    return (b * sq * h * d + 2 * b * sk * hk * d) * 2
+
+
 def _case_bytes(case: dict) -> int:
     """Upper bound of the bytes one case holds while it is set up (inputs of every rotation set,
     plus outputs and gradients for bwd): input sets are rotated only while they fit in 2x L2
     (<= ~100 MB here), so max(100 MB, one set) per copy."""
-    b, sq, sk = case["batch"], case["seqlen_q"], case["seqlen_k"]
-    h, hk, d = case["nheads"], case["nheads_k"], case["head_dim"]
-    one = (b * sq * h * d + 2 * b * sk * hk * d) * 2
-    return max(100 * 2**20, one) * (4 if case["op"] == "bwd" else 2)
+    return max(100 * 2**20, _set_bytes(case)) * (4 if case["op"] == "bwd" else 2)
 
 
 def _groups(cases: list[dict], budget: int) -> list[list[dict]]:
