@@ -137,18 +137,24 @@ def ratio_chart(rows: list[dict], candidates: list[str], base: str, min_effect: 
     up, down = 1 + min_effect, 1 / (1 + min_effect)
     ax.axvspan(down, up, color="#eef0f2", zorder=0, lw=0)
     ax.axvline(1.0, color="#6b7280", lw=0.9, zorder=1)
-    lo_all = min(min(c["ci_low"], c["ratio"]) for _, _, c in items)
-    hi_all = max(max(c["ci_high"], c["ratio"]) for _, _, c in items)
+    def bounds(c):  # an anytime interval still unbounded is drawn as its point only
+        lo, hi = c.get("ci_low"), c.get("ci_high")
+        if not lo or hi is None or hi == float("inf"):
+            return c["ratio"], c["ratio"]
+        return lo, hi
+
+    lo_all = min(min(bounds(c)[0], c["ratio"]) for _, _, c in items)
+    hi_all = max(max(bounds(c)[1], c["ratio"]) for _, _, c in items)
     lo_all, hi_all = min(lo_all, down) / 1.08, max(hi_all, up) * 1.08
     span = 0.7 / k
     for i, j, c in items:
         y = i + (j - (k - 1) / 2) * span
         col = VERDICT_COLORS.get(c["verdict"], "#333")
-        ax.plot([c["ci_low"], c["ci_high"]], [y, y], color=col, lw=2.2, solid_capstyle="butt", zorder=3)
+        ax.plot(list(bounds(c)), [y, y], color=col, lw=2.2, solid_capstyle="butt", zorder=3)
         mk = "os^Dv<>p"[j % 8]
         ax.plot([c["ratio"]], [y], marker=mk, ms=6, color=col, mec="white", mew=0.8, zorder=4, ls="none")
         txt = f"{c['ratio']:.2f}x" + (f" ({1 / c['ratio']:.2f}x faster)" if c["verdict"] == "faster" else "")
-        ax.annotate(txt, (max(c["ci_high"], c["ratio"]), y), xytext=(5, 0), textcoords="offset points",
+        ax.annotate(txt, (max(bounds(c)[1], c["ratio"]), y), xytext=(5, 0), textcoords="offset points",
                     va="center", fontsize=8, color=col)
     ax.set_xlim(lo_all, hi_all * (1.35 if hi_all / lo_all < 4 else 1.6))
     for i, r in enumerate(rows):

@@ -18,10 +18,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import __version__, envs as envmod, machine, proc, report, results, runner, wheels
+from . import __version__, envs as envmod, lockstep, machine, proc, report, results, runner, wheels
 from .config import ConfigError, load_config, parse_config
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish")
@@ -64,12 +64,19 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="cuda: time on the GPU; cpu: time the same call on CPU tensors (real flash-attn rejects "
                         "them); auto: cuda when a GPU is visible")
-    r.add_argument("--quick", action="store_true", help="one worker process per env, short sampling (smoke runs)")
+    r.add_argument("--quick", action="store_true",
+                   help="one process set, short sampling (smoke runs): ratios are provisional, never a verdict")
     r.add_argument("--min-effect", type=float, metavar="FRAC",
                    help="smallest ratio change called faster/slower (default 0.05 = 5%%)")
-    r.add_argument("--min-rounds", type=int, help="worker processes per env before stopping early (default 3)")
-    r.add_argument("--max-rounds", type=int, help="most worker processes per env (default 30; the time budget normally stops sampling first)")
-    r.add_argument("--time-budget", type=float, metavar="S", help="seconds for the timing phase (default 100)")
+    r.add_argument("--time-budget", type=float, metavar="S", help="seconds for the timing phase (default 60)")
+    r.add_argument("--max-sets", type=int, metavar="N",
+                   help="most process sets (one fresh worker per env each; default 40: the budget or decided "
+                        "verdicts normally stop first)")
+    r.add_argument("--set-seconds", type=float, metavar="S", help="seconds of lockstep cycles per process set (default 4)")
+    r.add_argument("--burst-ms", type=float, metavar="MS", help="each worker's turn in a cycle, ms of calls (default 10)")
+    r.add_argument("--cpus", default="auto", metavar="auto|unpinned|LIST",
+                   help="CPU cores the process sets are pinned to (auto: the quietest by a short calibration; "
+                        "the driver takes another); unpinned: no pinning")
     r.add_argument("--case-timeout", type=float, default=300.0, metavar="S",
                    help="a case running longer than this is stopped and failed (default 300)")
     r.add_argument("--fail-on-regression", type=float, metavar="PCT",
@@ -91,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_env_args(r)
     next(a for a in r._actions if a.dest == "versions").required = False  # --resume reads them from RUN_DIR
     r.add_argument("--resume", metavar="RUN_DIR",
-                   help="finish an interrupted run in RUN_DIR: its measured rounds are kept and only the missing "
-                        "rounds and cases are run, with the settings stored in RUN_DIR/results.json (give no "
+                   help="finish an interrupted run in RUN_DIR: its measured process sets are kept and new "
+                        "sets are run, with the settings stored in RUN_DIR/results.json (give no "
                         "other option)")
     _add_timing_args(r)
 
@@ -516,11 +523,12 @@ def _resume_args(args, argv: list[str]):
     st = doc.get("settings") or {}
     if st.get("device") in ("cuda", "cpu"):
         new.device = st["device"]
-    for arg, key in (("min_rounds", "min_rounds"), ("max_rounds", "max_rounds"), ("time_budget", "time_budget_s"),
-                     ("min_effect", "min_effect"), ("case_timeout", "case_timeout_s"), ("quick", "quick")):
+    for arg, key in (("max_sets", "max_sets"), ("set_seconds", "set_seconds"), ("burst_ms", "burst_ms"),
+                     ("time_budget", "time_budget_s"), ("min_effect", "min_effect"),
+                     ("case_timeout", "case_timeout_s"), ("quick", "quick"), ("cpus", "cpus_request")):
         if st.get(key) is not None:  # the values the run used, whatever today's defaults are
             setattr(new, arg, st[key])
-    console.print(f"resuming {doc.get('run_id')} in {run_dir}: {len(doc.get('rounds') or [])} worker rounds "
+    console.print(f"resuming {doc.get('run_id')} in {run_dir}: {len(doc.get('sets') or [])} process sets "
                   f"and {len(doc.get('cases') or [])} case records kept")
     return new, new_argv, doc
 
@@ -534,17 +542,15 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     if prior is not None:  # a resumed run's total includes the earlier invocations
         t_start -= float(((prior.get("timing") or {}).get("total_s")) or 0.0)
     samp = cfg.sampling
-    for name, attr in (("min_effect", "min_effect"), ("min_rounds", "min_rounds"), ("max_rounds", "max_rounds"),
-                       ("time_budget", "time_budget_s")):
+    for name, attr in (("min_effect", "min_effect"), ("max_sets", "max_sets"), ("set_seconds", "set_seconds"),
+                       ("burst_ms", "burst_ms"), ("time_budget", "time_budget_s")):
         v = getattr(args, name)
         if v is not None:
             setattr(samp, attr, v)
-    for name, v in (("--min-rounds", samp.min_rounds), ("--max-rounds", samp.max_rounds),
+    for name, v in (("--max-sets", samp.max_sets), ("--set-seconds", samp.set_seconds), ("--burst-ms", samp.burst_ms),
                     ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
         if not v > 0:
             raise envmod.UsageError(f"{name} {v:g}: give a positive number")
-    if samp.max_rounds < samp.min_rounds:
-        raise envmod.UsageError(f"--max-rounds {samp.max_rounds} is below --min-rounds {samp.min_rounds}")
     if not 0 < samp.min_effect < 1:
         raise envmod.UsageError(f"--min-effect {samp.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
     if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
@@ -610,7 +616,9 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                           "(real flash-attn rejects CPU tensors; README.md, 'Without a GPU', shows a stand-in).")
 
     settings = {"device": device, "torch": opts.torch, "quick": args.quick, "min_effect": samp.min_effect,
-                "min_rounds": samp.min_rounds, "max_rounds": samp.max_rounds, "time_budget_s": samp.time_budget_s,
+                "method": results.METHOD, "alpha": samp.alpha, "planned_sets": samp.planned_sets,
+                "max_sets": samp.max_sets, "set_seconds": samp.set_seconds, "burst_ms": samp.burst_ms,
+                "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                 "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,
                 "find_links": [str(p) for p in opts.find_links], "no_gpu_message": no_gpu_msg,
                 "cwd": (prior or {}).get("settings", {}).get("cwd") or os.getcwd()}
@@ -668,9 +676,9 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     # ---- timing -------------------------------------------------------------------------------
     prior_tm = float(((prior or {}).get("timing") or {}).get("timing_phase_s") or 0.0)
     t_tm = time.monotonic() - prior_tm  # a resumed run's timing phase includes the earlier one
-    # measured per-round samples and rounds of the run being resumed (case id + env label is the key)
+    # measured process sets of the run being resumed (case id + env label is the key)
     data: dict = runner.data_from_results(prior, cfg.cases) if prior else {}
-    rounds: list = list(prior.get("rounds") or []) if prior else []
+    sets: list = list(prior.get("sets") or []) if prior else []
     reason = "no env could be timed"
     if stop.is_set():  # interrupted while envs were prepared
         reason = "interrupted"
@@ -678,38 +686,45 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             if e.status != "ok" and not str(e.error).startswith("interrupted"):
                 e.status, e.error = "failed", f"interrupted: {e.error}"
     elif ok_envs:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console) as prog:
-            per_round = len(ok_envs) * len(cfg.cases)
-            task = prog.add_task("timing", total=per_round * (1 if args.quick else samp.min_rounds))
-            done = {"n": 0}
+        try:
+            cpus = lockstep.plan_cpus(args.cpus, n_sets=4)
+        except ValueError as ex:
+            raise envmod.UsageError(str(ex)) from None
+        base_doc["settings"]["cpus"] = cpus
+        if cpus["pinned"]:
+            console.print(f"[dim]process sets pinned to CPU(s) {', '.join(map(str, cpus['set_cpus']))} "
+                          f"(driver on CPU {cpus['driver_cpu']})[/]")
+        else:
+            console.print(f"[yellow]warning:[/] workers run unpinned ({cpus['why']}): process sets are not "
+                          "timed on one core, so CPU speed changes are not shared; intervals are wider")
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=console) as prog:
+            task = prog.add_task("timing", total=None)
 
-            def on_case(env, cid, status):
-                if status == "start":
-                    prog.update(task, description=f"timing {env}: {cid}")
-                else:
-                    done["n"] += 1
-                    total = prog.tasks[0].total or 0
-                    prog.update(task, completed=done["n"], total=max(total, done["n"]))
+            def on_progress(msg):
+                prog.update(task, description=msg)
 
-            def on_round(rec):
+            def on_set(rec):
                 try:  # results so far, so that a crash or kill of the driver keeps them
-                    partial = _finish_doc(base_doc, env_results, data, cfg, rounds, "running", env_s,
+                    partial = _finish_doc(base_doc, env_results, data, cfg, sets, "running", env_s,
                                           time.monotonic() - t_tm, t_start)
                     results.write_json(out_dir / "results.json", partial)
                 except Exception as ex:  # noqa: BLE001 - a partial write must never stop the run
                     console.print(f"[dim]partial results not written: {ex}[/]")
+                if not console.is_terminal:
+                    console.print(f"set {rec['set']}: {rec['cycles']} cycles, {rec['seconds']:.1f} s"
+                                  + (f", cpu {rec['cpu']}" if rec.get("cpu") is not None else ", unpinned"))
 
             reason = runner.run_all(ok_envs, cfg.cases, samp, device=device, quick=args.quick,
                                     work=out_dir / ".work", case_timeout=args.case_timeout, stop=stop,
-                                    data=data, rounds=rounds, on_case=on_case, on_round=on_round,
+                                    data=data, sets=sets, cpus=cpus, on_set=on_set, on_progress=on_progress,
                                     elapsed_s=prior_tm)
     timing_s = time.monotonic() - t_tm
     for e in ok_envs:
         if e.status == "failed":  # failed the import check in its first worker
             console.print(f"  [red]✗ {e.label}: {e.error}[/]")
     ok_envs = [e for e in ok_envs if e.status == "ok"]
-    doc = _finish_doc(base_doc, env_results, data, cfg, rounds, reason, env_s, timing_s, t_start)
+    doc = _finish_doc(base_doc, env_results, data, cfg, sets, reason, env_s, timing_s, t_start)
     _write(doc, out_dir, args)
     per_clock: dict = {}
     for c in doc["cases"]:
@@ -717,8 +732,8 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             per_clock[k] = per_clock.get(k, 0.0) + v
     in_cases = sum(per_clock.values())
     spent = ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_clock.items(), key=lambda kv: -kv[1]))
-    n = sum(1 for r in rounds if r.get("status") != "interrupted")
-    console.print(f"[dim]time: envs {env_s:.1f} s, timing {timing_s:.1f} s ({n} worker process{'es' if n != 1 else ''}; "
+    n = sum(1 for r in sets if r.get("status") != "interrupted")
+    console.print(f"[dim]time: envs {env_s:.1f} s, timing {timing_s:.1f} s ({n} process set{'s' if n != 1 else ''}; "
                   f"stopped: {reason})" + (f"; in cases {in_cases:.1f} s ({spent}), process start-up and "
                                            f"imports {max(timing_s - in_cases, 0):.1f} s" if per_clock else "") + "[/]")
 
@@ -737,7 +752,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             console.print(f"[yellow]{len(failed_cases)} case(s) failed ({', '.join(kinds)}); see the report[/]")
     if args.fail_on_regression is not None:
         bad = [c for c in doc["comparisons"] if c["metric"] == "wall_us" and c["verdict"] == "slower"
-               and not c["case"].endswith("-sdpa")  # the SDPA control times torch, not flash-attn
+               and c.get("impl", "flash_attn") != "sdpa"  # the SDPA control times torch, not flash-attn
                and (c["ratio"] - 1) * 100 > args.fail_on_regression]
         if bad:
             console.print(f"[red]{len(bad)} regression(s) over {args.fail_on_regression:g}%[/]: " +
@@ -771,7 +786,7 @@ def _prepare_envs(reqs, items, opts, dprobe, cases) -> list[envmod.EnvResult]:
     return res  # type: ignore[return-value]
 
 
-def _finish_doc(base_doc, env_results, data, cfg, rounds, reason, env_s, timing_s, t_start) -> dict:
+def _finish_doc(base_doc, env_results, data, cfg, sets, reason, env_s, timing_s, t_start) -> dict:
     doc = dict(base_doc)
     doc["envs"] = [e.to_dict() for e in env_results]
     cases = []
@@ -783,8 +798,9 @@ def _finish_doc(base_doc, env_results, data, cfg, rounds, reason, env_s, timing_
     cases.sort(key=lambda c: (order.get(c["id"], 0), labels.index(c["env"]) if c["env"] in labels else 0))
     doc["cases"] = cases
     ok_labels = [e.label for e in env_results if e.status == "ok"]
-    doc["comparisons"] = results.comparisons(cases, ok_labels, doc["settings"]["min_effect"])
-    doc["rounds"] = rounds
+    doc["comparisons"] = results.comparisons(cases, ok_labels, doc["settings"]["min_effect"],
+                                             settings=doc["settings"])
+    doc["sets"] = sets
     doc["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     doc["timing"] = {"env_phase_s": round(env_s, 2), "timing_phase_s": round(timing_s, 2),
                      "total_s": round(time.monotonic() - t_start, 2), "stop_reason": reason}

@@ -20,10 +20,12 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       - {batch: 2, seqlen: 50, nheads: 16, embed_dim: 256}
       - {batch: 4, seqlen_q: 128, seqlen_k: 512, nheads: 32, nheads_k: 8, head_dim: 64, causal: true}
     sampling:
-      min_rounds: 3         # worker processes per env before a verdict may stop sampling
-      max_rounds: 30        # a cap; the time budget normally stops sampling first
-      time_budget_s: 100    # wall-clock budget for the timing phase (s)
+      time_budget_s: 60     # wall-clock budget for the timing phase (s)
       min_effect: 0.05      # smallest ratio change called faster/slower (0.05 = 5 %)
+      set_seconds: 4        # lockstep cycles per process set (s); a set is one fresh worker per env
+      max_sets: 40          # a cap; the time budget or decided verdicts normally stop first
+      burst_ms: 10          # each worker's turn in a cycle (ms of calls)
+      alpha: 0.05           # family-wise error rate of a run's verdicts per clock
 
 Errors: :class:`ConfigError` (a ``ValueError``) naming the key, the value and the rule.
 """
@@ -149,12 +151,25 @@ def kernel_head_dim(head_dim: int, dispatch: tuple[int, ...] = KERNEL_HEAD_DIMS)
 
 @dataclass
 class Sampling:
-    """How long to sample: see the module docstring. ``time_budget_s`` is seconds of wall clock."""
+    """How long to sample (runner module doc). ``time_budget_s``, ``set_seconds``: seconds of wall
+    clock; ``burst_ms``: milliseconds; ``alpha``: family-wise error rate per clock."""
 
-    min_rounds: int = 3
-    max_rounds: int = 30
-    time_budget_s: float = 100.0
+    time_budget_s: float = 60.0
     min_effect: float = 0.05
+    set_seconds: float = 4.0
+    max_sets: int = 40
+    burst_ms: float = 10.0
+    alpha: float = 0.05
+    #: Seconds of cycles in a ``--quick`` run's single set.
+    quick_set_seconds: float = 2.0
+    #: Seconds a set costs beyond its cycles (set-up, correctness, graph, profiler), for planning.
+    SET_OVERHEAD_S = 3.0
+
+    @property
+    def planned_sets(self) -> int:
+        """Sets the budget should hold (>= 4): the confidence sequence is tuned to be narrowest
+        there (stats.lai_mixing). Fixed from the settings before anything is measured."""
+        return max(4, min(self.max_sets, int(self.time_budget_s / (self.set_seconds + self.SET_OVERHEAD_S))))
 
 
 @dataclass
@@ -197,13 +212,17 @@ DEFAULT_CONFIG: dict[str, Any] = {
         {"batch": 2, "seqlen": 150, "nheads": 16, "embed_dim": 256},
         {"batch": 2, "seqlen": 300, "nheads": 16, "embed_dim": 256},
     ],
-    "sampling": {"min_rounds": 3, "max_rounds": 30, "time_budget_s": 100.0, "min_effect": 0.05},
+    "sampling": {"time_budget_s": 60.0, "min_effect": 0.05, "set_seconds": 4.0, "max_sets": 40, "burst_ms": 10.0,
+                 "alpha": 0.05},
 }
 
 _TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling", "impls"}
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
                "causal", "dtype"}
-_SAMPLING_KEYS = {"min_rounds", "max_rounds", "time_budget_s", "min_effect"}
+_SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha"}
+#: Keys of the earlier sampling design (one worker process per round), with what replaced them.
+_OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
+                      "max_rounds": "use max_sets (process sets of one worker per env)"}
 
 
 def _err(where: str, value: Any, rule: str) -> ConfigError:
@@ -328,20 +347,27 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
     samp = merged.get("sampling") or {}
     if not isinstance(samp, dict):
         raise _err("sampling", samp, "must be a mapping")
+    for k, why in _OLD_SAMPLING_KEYS.items():
+        if k in samp:
+            raise _err(f"sampling.{k}", samp[k], f"is no longer used: {why}")
     _unknown("sampling", samp, _SAMPLING_KEYS)
     sd = {**DEFAULT_CONFIG["sampling"], **samp}
+    for k in ("time_budget_s", "set_seconds", "burst_ms"):
+        v = sd[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise _err(f"sampling.{k}", v, "must be a positive number")
     sampling = Sampling(
-        min_rounds=_pos_int("sampling.min_rounds", sd["min_rounds"]),
-        max_rounds=_pos_int("sampling.max_rounds", sd["max_rounds"]),
         time_budget_s=float(sd["time_budget_s"]),
         min_effect=float(sd["min_effect"]),
+        set_seconds=float(sd["set_seconds"]),
+        max_sets=_pos_int("sampling.max_sets", sd["max_sets"]),
+        burst_ms=float(sd["burst_ms"]),
+        alpha=float(sd["alpha"]),
     )
-    if sampling.max_rounds < sampling.min_rounds:
-        raise _err("sampling.max_rounds", sampling.max_rounds, f"must be >= min_rounds ({sampling.min_rounds})")
     if not 0 < sampling.min_effect < 1:
         raise _err("sampling.min_effect", sampling.min_effect, "must be between 0 and 1 (0.05 = 5 %)")
-    if sampling.time_budget_s <= 0:
-        raise _err("sampling.time_budget_s", sampling.time_budget_s, "must be a positive number of seconds")
+    if not 0 < sampling.alpha < 0.5:
+        raise _err("sampling.alpha", sampling.alpha, "must be between 0 and 0.5 (0.05: 95 % family-wise)")
     return Config(title=title, cases=cases, sampling=sampling, source=source, raw=merged)
 
 

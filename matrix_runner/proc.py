@@ -185,6 +185,19 @@ def spawn(argv: list[str], *, env_extra: dict | None = None, log: Path, cwd: Pat
         out.close()
 
 
+def spawn_piped(argv: list[str], *, env_extra: dict | None = None, log: Path,
+                cwd: Path | str | None = None) -> subprocess.Popen:
+    """Like :func:`spawn`, with pipes for stdin and stdout (a worker's command and reply channels);
+    stderr is appended to ``log``. Unbuffered binary pipes: the caller frames lines itself."""
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    err = open(log, "ab")
+    try:
+        return _start(argv, cwd=cwd, env=clean_env(env_extra), stdout=subprocess.PIPE, stderr=err,
+                      stdin=subprocess.PIPE, bufsize=0)
+    finally:
+        err.close()
+
+
 def kill_group(p: subprocess.Popen, grace: float = 3.0) -> None:
     """SIGTERM the process group, SIGKILL it after ``grace`` seconds; then SIGKILL whatever the
     group leader left behind (its children share its process group)."""

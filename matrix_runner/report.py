@@ -39,10 +39,21 @@ def fmt_us(v) -> str:
     return f"{v:.2f}"
 
 
+def fmt_ci(c: dict | None, digits: int = 2) -> str:
+    """``[low, high]`` of a comparison's ratio interval; an anytime interval that is still unbounded
+    (too few process sets for its level) says so."""
+    if not c:
+        return "–"
+    lo, hi = c.get("ci_low"), c.get("ci_high")
+    if hi is None or lo is None or hi == float("inf") or not lo:
+        return "[unbounded: too few sets]"
+    return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
 def fmt_ratio(c: dict | None) -> str:
     if not c:
         return "–"
-    return f"{c['ratio']:.2f}x [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
+    return f"{c['ratio']:.2f}x {fmt_ci(c)}"
 
 
 def fmt_x(r: float) -> str:
@@ -276,6 +287,8 @@ def _env() -> Environment:
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["us"] = fmt_us
     env.filters["ratio"] = fmt_ratio
+    env.filters["ci"] = fmt_ci
+    env.filters["p"] = lambda v: "–" if v is None else f"{v:.3g}"
     env.filters["xr"] = fmt_x
     env.filters["headline"] = headline
     env.filters["pct"] = lambda v: "–" if v is None else f"{v:.0%}"

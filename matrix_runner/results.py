@@ -31,20 +31,29 @@ from pathlib import Path
 from . import stats
 from .config import Case
 
-SCHEMA = "matrix-runner/results/1"
+SCHEMA = "matrix-runner/results/2"
+#: Schemas :func:`load` reads: results/1 (one worker process per round, comparisons paired by round
+#: position) is read as it was written; its comparisons are recomputed with the method it used.
+READABLE = ("matrix-runner/results/1", SCHEMA)
+#: How a results/2 run's comparisons are made (stats.set_compare); named in the data.
+METHOD = "lockstep-sets/anytime-t-cs/1"
 CORRECTNESS_TOL = {"fp16": 1e-2, "bf16": 3e-2}  # relative (Frobenius) error vs the fp32 reference
 
 
 def case_record(cd, case: Case) -> dict:
-    """One entry of ``cases`` from a runner.CaseData."""
+    """One entry of ``cases`` from a runner.CaseData: per metric the summary over sets
+    (stats.summarize, each set as one group of values) plus ``by_set`` (set id -> cycle id -> µs for
+    wall/host, set id -> list of µs for device/graph), so comparisons pair by set and cycle id."""
     d = case.to_dict()
     d.update({"env": cd.env, "label": case.label, "status": cd.status, "error": cd.error,
               "error_kind": cd.error_kind, "notes": cd.notes, "seconds": round(cd.seconds, 2),
-              "kernels": cd.kernels, "inner": cd.inner, "clock_seconds": cd.clock_seconds})
+              "kernels": cd.kernels, "inner": cd.inner, "clock_seconds": cd.clock_seconds, "faults": cd.faults})
     metrics = {}
-    for m, rounds in cd.rounds.items():
-        s = stats.summarize(rounds)
+    for m, by in cd.sets.items():
+        s = stats.summarize([list(v.values()) if isinstance(v, dict) else list(v) for v in by.values()])
         if s:
+            s["by_set"] = {str(sid): ({str(k): x for k, x in v.items()} if isinstance(v, dict) else list(v))
+                           for sid, v in by.items()}
             metrics[m] = s
     d["metrics"] = metrics
     med = {m: v["median"] for m, v in metrics.items()}
@@ -78,33 +87,66 @@ def _worst_correctness(checks: list[dict], dtype: str) -> dict | None:
     return {"tensors": worst, "tolerance": tol, "ok": ok}
 
 
-def comparisons(cases: list[dict], labels: list[str], min_effect: float) -> list[dict]:
-    """Every candidate vs the baseline (first label), per case and metric, with attribution on wall."""
+def _by_set(metric: dict) -> dict | None:
+    """A results/2 metric's ``by_set`` with int keys (cycle dicts for wall/host), or None (results/1)."""
+    by = metric.get("by_set")
+    if not isinstance(by, dict):
+        return None
+    out = {}
+    for sid, v in by.items():
+        if isinstance(v, dict):
+            out[int(sid)] = {int(k): (float(x) if x is not None else None) for k, x in v.items()}
+        else:
+            out[int(sid)] = [float(x) for x in v if x is not None]
+    return out
+
+
+def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, paired: bool = True,
+                settings: dict | None = None) -> list[dict]:
+    """Every candidate vs the baseline (first label), per case and metric, with attribution on wall.
+
+    results/2 data (``by_set``) measured in one run: :func:`stats.set_compare` — process sets paired by
+    set id, cycles by cycle id, an anytime-valid interval at the family-wise level of ``settings``
+    (``alpha``, Bonferroni over the comparisons of each metric). ``paired=False`` (envs from separate
+    runs: ``merge``, ``compare``) or results/1 data: :func:`stats.compare` on the per-set (per-round)
+    values as independent groups, or paired by round for a results/1 run as it was written."""
+    settings = settings or {}
     by = {(c["env"], c["id"]): c for c in cases}
     ids = list(dict.fromkeys(c["id"] for c in cases))
     out = []
     if not labels:
         return out
     base = labels[0]
-    for cand in labels[1:]:
-        for cid in ids:
-            b, k = by.get((base, cid)), by.get((cand, cid))
-            if not b or not k or b["status"] != "ok" or k["status"] != "ok":
+    pairs = [(cand, cid) for cand in labels[1:] for cid in ids
+             if (by.get((base, cid)) or {}).get("status") == "ok" and (by.get((cand, cid)) or {}).get("status") == "ok"]
+    alpha = float(settings.get("alpha") or 0.05)
+    quick = bool(settings.get("quick"))
+    n_target = int(settings.get("planned_sets") or 8)
+    family = {}
+    for m in ("wall_us", "host_us", "device_us", "graph_us"):
+        family[m] = sum(1 for cand, cid in pairs if m in by[(base, cid)]["metrics"] and m in by[(cand, cid)]["metrics"])
+    for cand, cid in pairs:
+        b, k = by[(base, cid)], by[(cand, cid)]
+        per = {}
+        for m in ("wall_us", "host_us", "device_us", "graph_us"):
+            if m not in b["metrics"] or m not in k["metrics"]:
                 continue
-            per = {}
-            for m in ("wall_us", "host_us", "device_us", "graph_us"):
-                if m in b["metrics"] and m in k["metrics"]:
-                    per[m] = stats.compare(b["metrics"][m]["samples"], k["metrics"][m]["samples"], min_effect,
-                                           seed=zlib.crc32(f"{cid}/{m}".encode()))
-            attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
-            for m, cmp in per.items():
-                if cmp is None:
-                    continue
-                out.append({"baseline": base, "candidate": cand, "case": cid, "label": b["label"], "op": b["op"],
-                            "metric": m, **cmp,
-                            "attribution": attr if m == "wall_us" else None,
-                            "attribution_why": why if m == "wall_us" else None,
-                            "host_bound": {"baseline": b["host_bound"], "candidate": k["host_bound"]}})
+            bs, ks = _by_set(b["metrics"][m]), _by_set(k["metrics"][m])
+            if paired and bs is not None and ks is not None:
+                per[m] = stats.set_compare(bs, ks, min_effect=min_effect, family_size=family[m], family_alpha=alpha,
+                                           n_target=n_target, cycles=m in ("wall_us", "host_us"), provisional=quick)
+            else:
+                per[m] = stats.compare(b["metrics"][m]["samples"], k["metrics"][m]["samples"], min_effect,
+                                       seed=zlib.crc32(f"{cid}/{m}".encode()), paired=None if paired else False)
+        attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
+        for m, cmp in per.items():
+            if cmp is None:
+                continue
+            out.append({"baseline": base, "candidate": cand, "case": cid, "label": b["label"], "op": b["op"],
+                        "impl": b.get("impl", "flash_attn"), "metric": m, **cmp,
+                        "attribution": attr if m == "wall_us" else None,
+                        "attribution_why": why if m == "wall_us" else None,
+                        "host_bound": {"baseline": b["host_bound"], "candidate": k["host_bound"]}})
     return out
 
 
@@ -156,9 +198,9 @@ def load(path: str | Path) -> dict:
         raise ResultsError(f"{p}: cannot read ({e.strerror})") from None
     except ValueError as e:
         raise ResultsError(f"{p}: not valid JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+    if not isinstance(data, dict) or data.get("schema") not in READABLE:
         raise ResultsError(f"{p}: schema {data.get('schema') if isinstance(data, dict) else None!r} is not "
-                           f"{SCHEMA!r}")
+                           f"one of {', '.join(READABLE)}")
     return data
 
 

@@ -33,6 +33,7 @@ Verdict, with ``e`` the minimum effect (default 0.05) and ``[lo, hi]`` the ratio
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -275,3 +276,138 @@ def tflops(flops: float, us: float | None) -> float | None:
     if not us or us <= 0:
         return None
     return flops / (us * 1e-6) / 1e12
+
+
+# -- anytime-valid comparison of lockstep process sets (the current method) ---------------------
+#: Family-wise error rate of a run's verdicts on one clock (Bonferroni over its comparisons).
+FAMILY_ALPHA = 0.05
+#: Share trimmed from each end of a set's per-cycle log ratios (Tukey-McLaughlin / Yuen: 20 %).
+CYCLE_TRIM = 0.2
+
+
+@functools.lru_cache(maxsize=256)
+def lai_mixing(n_target: int, alpha: float) -> float:
+    """The mixing precision ``c`` of :func:`t_cs` that makes the confidence sequence narrowest at
+    ``n_target`` observations (for unit sample variance), searched on a log grid. Chosen from the
+    planned number of process sets before any data is seen, so it does not affect validity."""
+    grid = np.geomspace(0.005, 50.0, 400)
+    best, arg = math.inf, 1.0
+    for c in grid:
+        w = _t_cs_halfwidth(n_target, float(n_target - 1), alpha, float(c))
+        if w < best:
+            best, arg = w, float(c)
+    return arg
+
+
+def _t_cs_halfwidth(n: int, q: float, alpha: float, c: float) -> float:
+    """Half-width of the t-mixture confidence sequence at n observations with ``q`` = sum of squared
+    deviations from their mean (see :func:`t_cs`); inf while it is unbounded."""
+    if n < 2:
+        return math.inf
+    r = (alpha * alpha * c / (n + c)) ** (1.0 / n)
+    den = n * n - (1.0 - r) * (n + c) * n
+    if den <= 0:
+        return math.inf
+    return math.sqrt(max(q, 0.0) * (1.0 - r) * (n + c) / den)
+
+
+def t_cs(x, alpha: float, c: float) -> tuple[float, float, float]:
+    """Anytime-valid confidence sequence for the mean of i.i.d. Gaussian observations ``x`` with
+    unknown variance: returns (mean, low, high), valid *simultaneously* over every n, so it can be
+    looked at after every observation and the sampling stopped whenever (no peeking penalty).
+
+    The Gaussian-mixture form of Lai's (1976) t confidence sequence (Wang & Ramdas, "Anytime-valid
+    t-tests and confidence sequences for Gaussian means with unknown variance", 2023): with
+    S = sum(x_i - mu) and V = sum (x_i - mu)^2, the scale-invariant likelihood ratio mixed over the
+    standardized effect with a N(0, 1/c) prior is M_n(mu) = sqrt(c/(n+c)) (V/(V - S^2/(n+c)))^(n/2),
+    a test martingale in the reduced (scale-invariant) filtration; by Ville's inequality
+    P(exists n: M_n(mu) >= 1/alpha) <= alpha. Solving M_n(mu) < 1/alpha for mu gives
+    |mean - mu| < sqrt(Q (1-r)(n+c) / (n^2 - (1-r)(n+c) n)), r = (alpha^2 c/(n+c))^(1/n),
+    Q = sum (x_i - mean)^2: unbounded while the denominator is <= 0 (too few observations).
+    Time-uniform coverage is checked by simulation in tests/test_stats.py. NaN/inf in ``x`` are
+    dropped."""
+    a = np.asarray([v for v in x if v is not None and math.isfinite(v)], dtype=float)
+    n = a.size
+    if n == 0:
+        return math.nan, -math.inf, math.inf
+    m = float(a.mean())
+    q = float(((a - m) ** 2).sum())
+    h = _t_cs_halfwidth(n, q, alpha, c)
+    return m, m - h, m + h
+
+
+def set_log_ratio(base: dict, cand: dict) -> float | None:
+    """One process set's observation of log(candidate / baseline) from its lockstep cycles:
+    ``base``/``cand`` map cycle id -> burst median (µs per call); cycles are paired by id (never by
+    position), and the set's value is the 20 % trimmed mean of the paired per-cycle log ratios (a
+    transient disturbance of one burst is one outlying cycle). None without a finite pair."""
+    d = []
+    for cy, b in base.items():
+        k = cand.get(cy)
+        if k is None or b is None or not (b > 0 and k > 0) or not (math.isfinite(b) and math.isfinite(k)):
+            continue
+        d.append(math.log(k) - math.log(b))
+    if not d:
+        return None
+    d.sort()
+    g = int(math.floor(CYCLE_TRIM * len(d)))
+    return float(np.mean(d[g:len(d) - g]))
+
+
+def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, family_size: int = 1,
+                family_alpha: float = FAMILY_ALPHA, n_target: int = 8, cycles: bool = True,
+                provisional: bool = False) -> dict | None:
+    """Compare one clock of one case between two envs measured in lockstep process sets.
+
+    ``base_sets``/``cand_sets`` map a process-set id to that set's data: with ``cycles`` a dict
+    cycle id -> burst median (µs per call; wall and host clocks, paired by cycle inside the set), else a
+    list of µs samples (device, graph: one profiler or graph pass per worker and set; the set's
+    value is the log ratio of the two medians). Sets are paired by id. The process set is the unit:
+    each set gives one log ratio (:func:`set_log_ratio`), and the ratio's interval is the
+    anytime-valid t confidence sequence (:func:`t_cs`) over the sets' log ratios at level
+    1 - family_alpha/family_size (Bonferroni over the run's comparisons of this clock, so the chance
+    that *any* of them is wrong stays <= family_alpha however early the run stops). The same interval
+    decides stopping and is reported. ``provisional`` (``--quick``, or a single set): the ratio is
+    given, the verdict is "provisional", never faster/slower.
+
+    Returns ``{ratio, ci_low, ci_high, delta_us, delta_ci_low, delta_ci_high, verdict, base_median,
+    cand_median, n_sets, sets, set_log_ratios, alpha, ci_method, paired}``; ratio > 1: the candidate
+    is slower; None when no set has both sides. ``delta_us`` is ratio-based: base_median * (ratio - 1)."""
+    ids = [s for s in base_sets if s in cand_sets]
+    obs, used = [], []
+    for s in ids:
+        b, k = base_sets[s], cand_sets[s]
+        if cycles:
+            v = set_log_ratio(b, k)
+        else:
+            bv = [x for x in b if x is not None and math.isfinite(x) and x > 0]
+            kv = [x for x in k if x is not None and math.isfinite(x) and x > 0]
+            v = math.log(_median(kv)) - math.log(_median(bv)) if bv and kv else None
+        if v is not None:
+            obs.append(v)
+            used.append(s)
+    if not obs:
+        return None
+
+    def med(sets):
+        vals = []
+        for s in used:
+            d = sets[s]
+            vals.extend(d.values() if isinstance(d, dict) else d)
+        vals = [x for x in vals if x is not None and math.isfinite(x)]
+        return _median(vals) if vals else math.nan
+
+    mb, mc = med(base_sets), med(cand_sets)
+    alpha = family_alpha / max(1, family_size)
+    c = lai_mixing(n_target, alpha)
+    m, lo, hi = t_cs(obs, alpha, c)
+    ratio, rlo, rhi = math.exp(m), math.exp(lo) if lo > -math.inf else 0.0, math.exp(hi) if hi < math.inf else math.inf
+    v = "provisional" if provisional or len(obs) < 2 else verdict(ratio, rlo, rhi, min_effect)
+    return {
+        "ratio": ratio, "ci_low": rlo, "ci_high": rhi,
+        "delta_us": mb * (ratio - 1), "delta_ci_low": mb * (rlo - 1), "delta_ci_high": mb * (rhi - 1) if rhi < math.inf else math.inf,
+        "verdict": v, "base_median": mb, "cand_median": mc, "n_sets": len(obs), "sets": used,
+        "set_log_ratios": obs, "alpha": alpha, "family_size": family_size, "family_alpha": family_alpha,
+        "cs_mixing": c, "ci_method": "lockstep sets, anytime t-CS", "paired": True,
+        "n_rounds": [len(obs), len(obs)], "within_process_only": len(obs) < 2, "p_value": None,
+    }

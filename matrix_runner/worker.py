@@ -277,6 +277,35 @@ class Bench:
             out.append(tot / inner / 1e3)
         return {"samples": out, "inner": inner}
 
+    def wall_samples(self, inner: int, budget_s: float) -> list:
+        """Synchronized µs per call, samples of ``inner`` calls for ``budget_s`` s (>= 1 sample)."""
+        pc, call, sync = time.perf_counter_ns, self.call, self.sync
+        out = []
+        t_end = pc() + int(budget_s * 1e9)
+        while not out or pc() < t_end:
+            t0 = pc()
+            for _ in range(inner):
+                call()
+                sync()
+            out.append((pc() - t0) / inner / 1e3)
+        return out
+
+    def host_samples(self, inner: int, budget_s: float) -> list:
+        """Host dispatch µs per call (device idle before each call), like :meth:`wall_samples`."""
+        pc, call, sync = time.perf_counter_ns, self.call, self.sync
+        out = []
+        t_end = pc() + int(budget_s * 1e9)
+        while not out or pc() < t_end:
+            tot = 0
+            for _ in range(inner):
+                sync()
+                t0 = pc()
+                call()
+                tot += pc() - t0
+            sync()
+            out.append(tot / inner / 1e3)
+        return out
+
     def device(self, ncalls: int) -> dict:
         torch = self.torch
         from torch.profiler import ProfilerActivity, profile
@@ -671,10 +700,159 @@ def run(spec_path: str, out_path: str) -> int:
     return 0
 
 
+# -- lockstep serving (the current protocol) ----------------------------------------------------
+SERVE_SCHEMA = "matrix-runner/lockstep/1"
+#: Samples per burst: a burst of B ms is timed as samples of ~B/8 ms (at least one call each).
+BURST_SAMPLES = 8
+
+
+class Server:
+    """One lockstep worker: holds every case of its process set, set up once, and answers the
+    driver's commands one at a time (protocol in :func:`serve`). All times in µs per call."""
+
+    def __init__(self, send):
+        self.send = send
+        self.benches: dict = {}
+        self.per_call: dict = {}
+        self.device_started = False
+        self.device = "cpu"
+        self.seed = 0
+        self.quick = False
+
+    def handle(self, cmd: dict) -> dict:
+        op = cmd.get("cmd")
+        cid = cmd.get("case")
+        rec: dict = {"type": op, "case": cid, "status": "ok"}
+        try:
+            if op == "config":
+                self.device, self.seed, self.quick = cmd["device"], int(cmd.get("seed", 0)), bool(cmd.get("quick"))
+                import torch
+
+                if self.device == "cuda" and not torch.cuda.is_available():
+                    return {"type": "fatal", "error": "CUDA is not available in this env's torch "
+                            f"({torch.__version__}); flash-attn needs an NVIDIA GPU"}
+                torch.manual_seed(self.seed)
+                if self.device == "cpu":
+                    torch.set_num_threads(1)  # tiny CPU calls are dominated by thread wake-ups otherwise
+            elif op == "pin":
+                cpu = cmd.get("cpu")
+                if cpu is None:
+                    os.sched_setaffinity(0, set(cmd["allowed"]))
+                else:
+                    os.sched_setaffinity(0, {int(cpu)})
+                rec["cpus"] = sorted(os.sched_getaffinity(0))
+            elif op == "setup":
+                t0 = time.perf_counter()
+                b = Bench(cmd["spec"], self.device, self.seed)
+                bud = BUDGETS[self.quick]
+                self.per_call[cid] = b.warmup(bud["warmup"])
+                self.benches[cid] = b
+                rec.update(per_call_us=self.per_call[cid], input_sets=b.nsets,
+                           seconds=round(time.perf_counter() - t0, 3))
+            elif op == "burst":
+                if self.device_started:
+                    raise RuntimeError("burst after the profiler pass: the profiler slows later calls")
+                b = self.benches[cid]
+                ms = float(cmd["ms"])
+                b.warmup(0.0, min_calls=int(cmd.get("warm_calls", 2)))
+                per = self.per_call[cid]
+                sample_us = max(ms * 1e3 / BURST_SAMPLES, 1.0)
+                inner = max(1, int(round(sample_us / max(per, 1e-3))))
+                fn = b.wall_samples if cmd["clock"] == "wall" else b.host_samples
+                samples = fn(inner, ms / 1e3)
+                rec.update(us=statistics.median(samples), n=len(samples), inner=inner)
+            elif op == "finish":
+                b = self.benches[cid]
+                notes: list = []
+                if cmd.get("correctness", True):
+                    try:
+                        rec["correctness"] = b.correctness()
+                    except Exception as e:  # noqa: BLE001
+                        notes.append(f"correctness check failed to run: {type(e).__name__}: {e}")
+                if b.cuda and cmd.get("graph", True):
+                    err = None
+                    for attempt in range(2):  # the first capture of a backward can fail on lazy init
+                        try:
+                            rec["graph_us"] = b.graph(self.per_call[cid], BUDGETS[self.quick]["graph"])
+                            break
+                        except Exception as e:  # noqa: BLE001
+                            err = f"graph_us unavailable: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+                            b.torch.cuda.synchronize()
+                    else:
+                        notes.append(err)
+                rec["notes"] = notes
+            elif op == "device":
+                self.device_started = True
+                b = self.benches[cid]
+                b.warmup(0.0, min_calls=3)
+                d = b.device(int(cmd.get("calls") or BUDGETS[self.quick]["device_calls"]))
+                rec["kernels"] = d.pop("kernels")
+                rec["device_us"] = d
+            elif op == "release":
+                self.benches.pop(cid, None)
+            else:
+                raise ValueError(f"unknown command {op!r}")
+        except Exception as e:  # noqa: BLE001 - the case fails, the worker goes on
+            _error_fields(rec, e)
+            if rec["error_kind"] == "oom" and self.device == "cuda":
+                import torch
+
+                self.benches.pop(cid, None)
+                torch.cuda.empty_cache()
+        return rec
+
+
+def serve() -> int:
+    """Lockstep worker (``worker.py serve``). Commands arrive on stdin, one JSON object per line;
+    each gets exactly one reply on the original stdout, one JSON object per line (everything else
+    the process prints to stdout goes to stderr, the log). First reply, unasked: ``hello`` with the
+    probe (or ``fatal``). Commands (``case`` is a case id):
+
+    - ``config {device, seed, quick}``; ``pin {cpu}`` (this thread to one CPU; reply lists the CPUs);
+    - ``setup {case, spec}``: inputs, warm-up, calibration -> ``per_call_us``;
+    - ``burst {case, clock: wall|host, ms}``: a few untimed calls, then ~``ms`` of timed calls in
+      samples of ~ms/8 -> ``us`` (median of the samples, µs per call), ``n``, ``inner``;
+    - ``finish {case}``: correctness against an fp32 reference and the CUDA-graph clock;
+    - ``device {case}``: kernel time from the profiler; after the first, bursts are refused (one
+      profiler session slowed every later 2.6.3 call 2.4x on the H200);
+    - ``release {case}``; ``quit``.
+    A reply with ``status: error`` fails that case only; the worker goes on."""
+    proto = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def send(rec: dict) -> None:
+        proto.write(json.dumps(rec) + "\n")
+        proto.flush()
+
+    _die_with_parent()
+    info = probe()
+    send({"type": "hello", "schema": SERVE_SCHEMA, "pid": os.getpid(), "probe": info})
+    if info["error"]:
+        send({"type": "fatal", "error": info["error"]})
+        return 3
+    srv = Server(send)
+    for line in sys.stdin:
+        try:
+            cmd = json.loads(line)
+        except ValueError:
+            send({"type": "fatal", "error": f"unreadable command {line[:200]!r}"})
+            return 2
+        if cmd.get("cmd") == "quit":
+            send({"type": "bye"})
+            return 0
+        rep = srv.handle(cmd)
+        send(rep)
+        if rep.get("type") == "fatal":
+            return 3
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="matrix-run timing worker (runs inside one env)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("probe")
+    sub.add_parser("serve")
     r = sub.add_parser("run")
     r.add_argument("--spec", required=True)
     r.add_argument("--out", required=True)
@@ -682,6 +860,8 @@ def main(argv=None) -> int:
     if a.cmd == "probe":
         print(json.dumps(probe()))
         return 0
+    if a.cmd == "serve":
+        return serve()
     return run(a.spec, a.out)
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# GPU machine (device tool; no network, no uv there): the lockstep measurement (issue #10) on real
+# flash-attn, in one device call. Needs in .carry/: uv's wheel and the slim 2.6.3 / 2.7.0.post2 wheels
+# (hdim32 fp16, sm_90) with their key sidecars (../shared/wheels/).
+#   1. the seed comparison, default config and budget: 2.6.3 vs 2.7.0.post2 (envs created here)
+#   2. three A/A runs: 2.6.3 under two labels, default config and budget
+#   3. a --quick A/A (no faster/slower verdict may come out of one process set)
+#   4. EXTRA="--burst-ms 5" etc.: one more A/A with those options, if time is left
+# Everything comes back as $OUT/lockstep.tgz (results.json, index.html, console logs) + summary.txt.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
+mkdir -p "$OUT" /tmp/lk
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+COMMON=(--find-links "$PWD/.carry" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
+nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+step() { local name=$1; shift; local t=$SECONDS
+  timeout --signal=TERM --kill-after=10 "$1" "${@:2}" --output /tmp/lk/$name > /tmp/lk/$name.log 2>&1; local rc=$?
+  echo "== $name: exit $rc, $((SECONDS - t)) s wall" | tee -a "$OUT/summary.txt"
+  grep -E "✓|✗|time:|stopped|failed|warning|pinned" /tmp/lk/$name.log | head -8 | tee -a "$OUT/summary.txt"
+  python3 benchmarks/lockstep_summary.py /tmp/lk/$name/results.json 2>&1 | tee -a "$OUT/summary.txt"; }
+step seed 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
+for i in 1 2 3; do
+  step aa$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}"
+done
+step aa-quick 90 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" --quick
+if [ -n "${EXTRA:-}" ] && [ $((SECONDS - T0)) -lt 420 ]; then
+  step aa-extra 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" $EXTRA
+fi
+rm -rf /tmp/lk/*/.work
+tar czf "$OUT/lockstep.tgz" -C /tmp lk
+echo "total $((SECONDS - T0)) s"

@@ -1,0 +1,36 @@
+"""Print a run's wall-time comparisons as measured figures: ratio, interval, half-width (% of the
+ratio), verdict, process sets; and the run's timing. Usage: python benchmarks/lockstep_summary.py RESULTS.json"""
+import json
+import sys
+
+
+def main(path: str) -> None:
+    d = json.load(open(path))
+    t = d.get("timing") or {}
+    sets = d.get("sets") or []
+    print(f"{path}: timing {t.get('timing_phase_s')} s, total {t.get('total_s')} s, {len(sets)} sets, "
+          f"stopped: {t.get('stop_reason')}; cpus {(d.get('settings') or {}).get('cpus', {}).get('set_cpus')}")
+    if sets:
+        ph = {}
+        for s in sets:
+            for k, v in (s.get("phase_s") or {}).items():
+                ph[k] = ph.get(k, 0) + v
+        print("  set phases (s, all sets): " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items())
+              + f"; cycles {sum(s.get('cycles', 0) for s in sets)}")
+    verdicts = {}
+    for c in d.get("comparisons") or []:
+        if c["metric"] not in ("wall_us", "host_us"):
+            continue
+        lo, hi, r = c.get("ci_low"), c.get("ci_high"), c["ratio"]
+        hw = (max(hi - r, r - lo) / r * 100) if lo and hi else float("inf")
+        if c["metric"] == "wall_us":
+            verdicts[c["verdict"]] = verdicts.get(c["verdict"], 0) + 1
+        print(f"  {c['metric'][:4]} {c['candidate']:>12} {c['label']:<20} {c['op']:<4} {r:6.3f} "
+              f"[{lo or 0:6.3f}, {hi if hi is not None else float('inf'):6.3f}] ±{hw:5.1f}%  {c['verdict']:<11} "
+              f"sets {c.get('n_sets', c.get('n_rounds'))}  {c.get('attribution') or ''}")
+    print("  wall verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items())))
+
+
+if __name__ == "__main__":
+    for p in sys.argv[1:]:
+        main(p)

@@ -1,0 +1,255 @@
+"""Stage 3 (driver side) — lockstep workers: spawn, pin, feed and read them, and blame a fault on its case.
+
+The one place that talks to workers. A *worker* is ``ENV/bin/python matrix_runner/worker.py serve``
+(protocol in :func:`worker.serve`): commands on its stdin, one JSON reply per command on its stdout,
+its stderr in a log. A *process set* is one worker per env, all pinned to the same CPU core while
+they are timed (the driver runs on another core): on the H200 machine a worker's CPU changes speed
+over time and between cores, and two workers pinned to the same core at the same moment see the same
+speed (``../shared/notes/h200-measurements.md``: A/A within +-1-3 % pinned in lockstep, +-6 %
+unpinned). The driver gives every worker of the set a burst of one case in turn (a *cycle*), so
+the bursts compared were timed on the same core within a few ms of each other.
+
+Faults: a worker that exits or is killed while it works on a request fails that request's case
+(:class:`WorkerDied`); one that sends nothing for the request's timeout is killed and its case fails
+(:class:`WorkerHung`). The caller decides what else is lost (runner module doc).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import time
+from pathlib import Path
+
+from . import proc
+
+WORKER = Path(__file__).with_name("worker.py")
+
+
+class WorkerFault(Exception):
+    """A worker died or hung while working on a request; ``kind`` is ``crash`` or ``timeout``."""
+
+    kind = "crash"
+
+    def __init__(self, msg: str, log: Path | None = None):
+        super().__init__(msg)
+        self.log = log
+
+
+class WorkerDied(WorkerFault):
+    kind = "crash"
+
+
+class WorkerHung(WorkerFault):
+    kind = "timeout"
+
+
+def exit_reason(rc: int | None) -> str:
+    """Human words for a worker's exit status (signals named; SIGKILL hints at the OOM killer)."""
+    if rc is None:
+        return "was stopped"
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            return f"was killed by signal {-rc}"
+        if name == "SIGKILL":
+            return "was killed by SIGKILL (out of memory? the kernel's OOM killer sends SIGKILL)"
+        return f"was killed by {name}"
+    return f"exited with code {rc}"
+
+
+class Worker:
+    """One live worker process of one env. ``request`` sends a command and waits for its reply."""
+
+    def __init__(self, label: str, python: str, log: Path, cpus: set[int] | None = None):
+        self.label, self.log = label, log
+        self.p = proc.spawn_piped([python, str(WORKER), "serve"], log=log,
+                                  env_extra={"PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"})
+        self._buf = b""
+        self.pid = self.p.pid
+        self.hello: dict | None = None
+        if cpus:  # while it imports, keep it off the set's core (its threads inherit this)
+            set_affinity(self.pid, cpus)
+
+    def _readline(self, timeout: float) -> dict:
+        end = time.monotonic() + timeout
+        fd = self.p.stdout.fileno()
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line, self._buf = self._buf[:nl], self._buf[nl + 1:]
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # not a protocol line
+                if isinstance(rec, dict):
+                    return rec
+                continue
+            left = end - time.monotonic()
+            if left <= 0:
+                raise WorkerHung(f"no reply for {timeout:g} s", self.log)
+            r, _, _ = select.select([fd], [], [], min(left, 0.5))
+            if not r:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                try:
+                    rc = self.p.wait(timeout=5)
+                except Exception:  # noqa: BLE001
+                    rc = None
+                raise WorkerDied(f"the worker {exit_reason(rc)}; log tail: {proc.tail_of(self.log, 6)}", self.log)
+            self._buf += chunk
+
+    def wait_hello(self, timeout: float) -> dict:
+        """The worker's first reply (``hello`` with its env probe, or ``fatal``)."""
+        self.hello = self._readline(timeout)
+        return self.hello
+
+    def send(self, cmd: dict) -> None:
+        try:
+            self.p.stdin.write((json.dumps(cmd) + "\n").encode())
+        except (BrokenPipeError, OSError):
+            rc = self.p.poll()
+            self.kill()
+            raise WorkerDied(f"the worker {exit_reason(rc)}; log tail: {proc.tail_of(self.log, 6)}", self.log) from None
+
+    def reply(self, timeout: float) -> dict:
+        """The reply to the command sent last (see :meth:`request`)."""
+        try:
+            return self._readline(timeout)
+        except WorkerFault:
+            self.kill()
+            raise
+
+    def request(self, cmd: dict, timeout: float) -> dict:
+        """Send ``cmd`` and return its reply; raises :class:`WorkerDied` / :class:`WorkerHung`
+        (the worker is then killed)."""
+        try:
+            self.send(cmd)
+            return self._readline(timeout)
+        except WorkerFault:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        proc.kill_group(self.p, grace=1.0)
+
+    def close(self) -> None:
+        """Ask the worker to quit; kill it if it does not within a second."""
+        if self.p.poll() is None:
+            try:
+                self.send({"cmd": "quit"})
+                self.p.wait(timeout=2)
+            except Exception:  # noqa: BLE001
+                pass
+        self.kill()
+        for f in (self.p.stdin, self.p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+def set_affinity(pid: int, cpus) -> bool:
+    """Pin ``pid`` (0: this thread) to ``cpus``; False where the OS or a cgroup forbids it."""
+    try:
+        os.sched_setaffinity(pid, set(cpus))
+        return True
+    except (OSError, AttributeError, ValueError):
+        return False
+
+
+def allowed_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        return []
+
+
+def siblings(cpu: int) -> set[int]:
+    """CPUs sharing ``cpu``'s physical core (SMT), from sysfs; ``{cpu}`` where unknown."""
+    try:
+        txt = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+    except OSError:
+        return {cpu}
+    out: set[int] = set()
+    for part in txt.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out.update(range(int(a), int(b) + 1))
+        elif part.strip():
+            out.add(int(part))
+    return out or {cpu}
+
+
+def _noise(cpu: int, seconds: float = 0.03) -> float:
+    """Spread of a fixed busy loop's duration on ``cpu``: (p90 - p10) / median of ~50 µs chunks,
+    timed with this thread pinned there."""
+    if not set_affinity(0, {cpu}):
+        return float("inf")
+    ts = []
+    end = time.perf_counter() + seconds
+    pc = time.perf_counter_ns
+    while time.perf_counter() < end:
+        t0 = pc()
+        x = 0
+        for i in range(400):
+            x += i
+        ts.append(pc() - t0)
+    ts.sort()
+    n = len(ts)
+    med = ts[n // 2]
+    return (ts[int(0.9 * (n - 1))] - ts[int(0.1 * (n - 1))]) / med if med else float("inf")
+
+
+def plan_cpus(request: str | None, n_sets: int = 4) -> dict:
+    """Which CPU the driver runs on and which cores the process sets are pinned to.
+
+    ``request``: ``auto`` (default) or ``None`` — the driver takes the first allowed CPU, the sets
+    the ``n_sets`` quietest of the others by a short noise calibration (:func:`_noise`, ~30 ms per
+    core); ``unpinned`` — no pinning; or a comma list of CPU ids for the sets. Returns ``{pinned,
+    driver_cpu, set_cpus, why, noise}``; ``pinned`` is False with ``why`` where pinning cannot work
+    (one CPU, an OS or cgroup that forbids it): the run then goes on unpinned and says so."""
+    allowed = allowed_cpus()
+    out = {"pinned": False, "driver_cpu": None, "set_cpus": [], "spare_cpus": [], "why": None, "noise": None,
+           "allowed": allowed}
+    if request == "unpinned":
+        out["why"] = "--cpus unpinned"
+        return out
+    if len(allowed) < 2:
+        out["why"] = (f"only {len(allowed)} CPU allowed to this process: the driver and the workers cannot get "
+                      "cores of their own" if allowed else "CPU affinity is not available on this OS")
+        return out
+    driver = allowed[0]
+    if request and request != "auto":
+        try:
+            want = [int(x) for x in request.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"--cpus {request!r}: give auto, unpinned or a comma list of CPU ids") from None
+        bad = [c for c in want if c not in allowed]
+        if bad or not want:
+            raise ValueError(f"--cpus {request!r}: CPU(s) {bad or want} not allowed to this process "
+                             f"(allowed: {allowed})")
+        if driver in want:
+            rest = [c for c in allowed if c not in want]
+            driver = rest[0] if rest else driver
+        out.update(pinned=True, driver_cpu=driver, set_cpus=want)
+    else:
+        cands = [c for c in allowed if c not in siblings(driver)] or [c for c in allowed if c != driver]
+        noise = {}
+        before = allowed_cpus()
+        try:
+            for c in cands[:32]:
+                noise[c] = round(_noise(c), 4)
+        finally:
+            set_affinity(0, before)
+        if not noise or all(v == float("inf") for v in noise.values()):
+            out["why"] = "this process may not change CPU affinity (cgroup or OS)"
+            return out
+        ranked = sorted(noise, key=lambda c: noise[c])
+        out.update(pinned=True, driver_cpu=driver, set_cpus=ranked[:max(1, n_sets)], noise=noise)
+    busy = set().union(*(siblings(c) for c in out["set_cpus"])) if out["set_cpus"] else set()
+    out["spare_cpus"] = [c for c in allowed if c not in busy]
+    return out
