@@ -72,8 +72,10 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--max-sets", type=int, metavar="N",
                    help="most process sets (one fresh worker per env each; default 40: the budget or decided "
                         "verdicts normally stop first)")
-    r.add_argument("--set-seconds", type=float, metavar="S", help="seconds of lockstep cycles per process set (default 4)")
-    r.add_argument("--burst-ms", type=float, metavar="MS", help="each worker's turn in a cycle, ms of calls (default 10)")
+    r.add_argument("--set-seconds", type=float, metavar="S", help="seconds of lockstep cycles per process set (default 3)")
+    r.add_argument("--burst-ms", type=float, metavar="MS", help="each worker's turn in a cycle, ms of calls (default 5)")
+    r.add_argument("--workers-per-env", type=int, metavar="K",
+                   help="worker processes per env in each process set (default: 2 where spare cores exist, else 1)")
     r.add_argument("--cpus", default="auto", metavar="auto|unpinned|LIST",
                    help="CPU cores the process sets are pinned to (auto: the quietest by a short calibration; "
                         "the driver takes another); unpinned: no pinning")
@@ -524,6 +526,7 @@ def _resume_args(args, argv: list[str]):
     if st.get("device") in ("cuda", "cpu"):
         new.device = st["device"]
     for arg, key in (("max_sets", "max_sets"), ("set_seconds", "set_seconds"), ("burst_ms", "burst_ms"),
+                     ("workers_per_env", "workers_per_env"),
                      ("time_budget", "time_budget_s"), ("min_effect", "min_effect"),
                      ("case_timeout", "case_timeout_s"), ("quick", "quick"), ("cpus", "cpus_request")):
         if st.get(key) is not None:  # the values the run used, whatever today's defaults are
@@ -543,11 +546,13 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         t_start -= float(((prior.get("timing") or {}).get("total_s")) or 0.0)
     samp = cfg.sampling
     for name, attr in (("min_effect", "min_effect"), ("max_sets", "max_sets"), ("set_seconds", "set_seconds"),
-                       ("burst_ms", "burst_ms"), ("time_budget", "time_budget_s")):
+                       ("burst_ms", "burst_ms"), ("time_budget", "time_budget_s"),
+                       ("workers_per_env", "workers_per_env")):
         v = getattr(args, name)
         if v is not None:
             setattr(samp, attr, v)
     for name, v in (("--max-sets", samp.max_sets), ("--set-seconds", samp.set_seconds), ("--burst-ms", samp.burst_ms),
+                    ("--workers-per-env", samp.workers_per_env or 1),
                     ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
         if not v > 0:
             raise envmod.UsageError(f"{name} {v:g}: give a positive number")
@@ -618,6 +623,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     settings = {"device": device, "torch": opts.torch, "quick": args.quick, "min_effect": samp.min_effect,
                 "method": results.METHOD, "alpha": samp.alpha, "planned_sets": samp.planned_sets,
                 "max_sets": samp.max_sets, "set_seconds": samp.set_seconds, "burst_ms": samp.burst_ms,
+                "workers_per_env": samp.workers_per_env,
                 "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                 "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,
                 "find_links": [str(p) for p in opts.find_links], "no_gpu_message": no_gpu_msg,
@@ -691,6 +697,9 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         except ValueError as ex:
             raise envmod.UsageError(str(ex)) from None
         base_doc["settings"]["cpus"] = cpus
+        if samp.workers_per_env is None:  # auto: 2 where the next set can start on spare cores
+            samp.workers_per_env = 2 if len(cpus.get("spare_cpus") or []) >= 4 else 1
+        base_doc["settings"]["workers_per_env"] = samp.workers_per_env
         if cpus["pinned"]:
             console.print(f"[dim]process sets pinned to CPU(s) {', '.join(map(str, cpus['set_cpus']))} "
                           f"(driver on CPU {cpus['driver_cpu']})[/]")

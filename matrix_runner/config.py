@@ -22,10 +22,11 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
     sampling:
       time_budget_s: 60     # wall-clock budget for the timing phase (s)
       min_effect: 0.05      # smallest ratio change called faster/slower (0.05 = 5 %)
-      set_seconds: 4        # lockstep cycles per process set (s); a set is one fresh worker per env
+      set_seconds: 3        # lockstep cycles per process set (s); a set is one fresh worker per env
       max_sets: 40          # a cap; the time budget or decided verdicts normally stop first
-      burst_ms: 10          # each worker's turn in a cycle (ms of calls)
+      burst_ms: 5           # each worker's turn in a cycle (ms of calls)
       alpha: 0.05           # family-wise error rate of a run's verdicts per clock
+      workers_per_env: auto # worker processes per env in each set, averaged (auto: 2 with spare cores, else 1)
 
 Errors: :class:`ConfigError` (a ``ValueError``) naming the key, the value and the rule.
 """
@@ -156,14 +157,21 @@ class Sampling:
 
     time_budget_s: float = 60.0
     min_effect: float = 0.05
-    set_seconds: float = 4.0
+    set_seconds: float = 3.0
     max_sets: int = 40
-    burst_ms: float = 10.0
+    burst_ms: float = 5.0
     alpha: float = 0.05
+    #: A decided comparison is sampled on until its interval's upper end is within this share of its
+    #: ratio (only while other comparisons keep the run going): precise ratios, not just verdicts.
+    precision: float = 0.01
+    #: Workers per env in each process set: a set's value averages its processes (one worker
+    #: process of a version can sit a few % off another, H200: A/A set offsets up to 6 %). None:
+    #: 2 where spare cores let the next set's workers start while a set is timed, else 1.
+    workers_per_env: int | None = None
     #: Seconds of cycles in a ``--quick`` run's single set.
     quick_set_seconds: float = 2.0
     #: Seconds a set costs beyond its cycles (set-up, correctness, graph, profiler), for planning.
-    SET_OVERHEAD_S = 3.0
+    SET_OVERHEAD_S = 2.0
 
     @property
     def planned_sets(self) -> int:
@@ -212,14 +220,14 @@ DEFAULT_CONFIG: dict[str, Any] = {
         {"batch": 2, "seqlen": 150, "nheads": 16, "embed_dim": 256},
         {"batch": 2, "seqlen": 300, "nheads": 16, "embed_dim": 256},
     ],
-    "sampling": {"time_budget_s": 60.0, "min_effect": 0.05, "set_seconds": 4.0, "max_sets": 40, "burst_ms": 10.0,
+    "sampling": {"time_budget_s": 60.0, "min_effect": 0.05, "set_seconds": 3.0, "max_sets": 40, "burst_ms": 5.0,
                  "alpha": 0.05},
 }
 
 _TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling", "impls"}
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
                "causal", "dtype"}
-_SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha"}
+_SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -363,6 +371,8 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
         max_sets=_pos_int("sampling.max_sets", sd["max_sets"]),
         burst_ms=float(sd["burst_ms"]),
         alpha=float(sd["alpha"]),
+        workers_per_env=(None if sd.get("workers_per_env") in (None, "auto")
+                         else _pos_int("sampling.workers_per_env", sd["workers_per_env"])),
     )
     if not 0 < sampling.min_effect < 1:
         raise _err("sampling.min_effect", sampling.min_effect, "must be between 0 and 1 (0.05 = 5 %)")

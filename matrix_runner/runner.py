@@ -21,6 +21,7 @@ so far is kept, and ``--resume`` continues with new sets.
 """
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -178,23 +179,27 @@ def _undecided(cmp: dict) -> set:
 
 
 class _Set:
-    """One process set: a worker per env (see module doc)."""
+    """One process set: ``per_env`` workers per env (see module doc). Worker keys are the env label,
+    or ``label#j`` with several per env."""
 
-    def __init__(self, sid: int, envs: list[EnvResult], work: Path, other_cpus: set | None):
+    def __init__(self, sid: int, envs: list[EnvResult], work: Path, other_cpus: set | None, per_env: int = 1):
         self.sid, self.envs, self.work = sid, envs, work
         self.t0 = time.monotonic()
-        self.workers: dict[str, lockstep.Worker | None] = {}
-        self.spawn_error: dict[str, str] = {}
+        self.workers: dict[str, lockstep.Worker] = {}
+        self.label_of: dict[str, str] = {}
         for e in envs:
-            try:
-                self.workers[e.label] = lockstep.Worker(e.label, e.python, work / f"s{sid}-{e.label}.log", other_cpus)
-            except proc.Stopped:
-                raise Interrupted() from None
+            for j in range(per_env):
+                key = e.label if per_env == 1 else f"{e.label}#{j}"
+                try:
+                    self.workers[key] = lockstep.Worker(key, e.python, work / f"s{sid}-{key}.log", other_cpus)
+                except proc.Stopped:
+                    raise Interrupted() from None
+                self.label_of[key] = e.label
 
     def close(self) -> None:
         """Stop the set's workers in the background (a worker's exit takes ~1 s of torch teardown;
         the next set need not wait for it)."""
-        ws = [w for w in self.workers.values() if w is not None]
+        ws = list(self.workers.values())
         t = threading.Thread(target=lambda: [w.close() for w in ws], daemon=True)
         t.start()
         _closing.append(t)
@@ -230,6 +235,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     if cpus.get("pinned") and cpus.get("driver_cpu") is not None:
         lockstep.set_affinity(0, {cpus["driver_cpu"]})
     others = set(cpus.get("spare_cpus") or []) or None  # where the next set's workers start
+    if sampling.workers_per_env is None:  # auto (config doc)
+        sampling.workers_per_env = 2 if others and len(others) >= 4 else 1
     labels = [e.label for e in envs]
     durations: list[float] = []
     pending: _Set | None = None
@@ -254,7 +261,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 break
             if stop.is_set():
                 raise Interrupted()
-            cur = pending if pending is not None else _Set(sid, envs, work, others)
+            cur = pending if pending is not None else _Set(sid, envs, work, others, sampling.workers_per_env)
             pending = None
             cpu = cpus["set_cpus"][sid % len(cpus["set_cpus"])] if cpus.get("pinned") else None
 
@@ -262,7 +269,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 nonlocal pending
                 if quick or stop.is_set() or others is None:  # no spare core: start after this set
                     return
-                pending = _Set(_sid + 1, envs, work, others)
+                pending = _Set(_sid + 1, envs, work, others, sampling.workers_per_env)
 
             with monitor:
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
@@ -319,89 +326,93 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         now = time.monotonic()
         rec["phase_s"][name] = round(rec["phase_s"].get(name, 0.0) + now - lap[0], 3)
         lap[0] = now
-    live: dict[str, lockstep.Worker] = {}
-    envs = {e.label: e for e in st.envs}
 
-    def fault(label: str, cid: str | None, ex: lockstep.WorkerFault, what: str) -> None:
-        live.pop(label, None)
-        rec["workers"].setdefault(label, {})["error"] = f"{what}: {ex}"
+    live: dict[str, lockstep.Worker] = {}  # worker key -> worker
+    envs = {e.label: e for e in st.envs}
+    lab_of = st.label_of
+
+    def fault(key: str, cid: str | None, ex: lockstep.WorkerFault, what: str) -> None:
+        live.pop(key, None)
+        rec["workers"].setdefault(key, {})["error"] = f"{what}: {ex}"
         if cid is None:
             return
-        cd = data[(label, cid)]
+        cd = data[(lab_of[key], cid)]
         cd.faults += 1
-        how = "stopped after --case-timeout" if ex.kind == "timeout" else str(ex)
-        msg = (f"the worker {how} {case_timeout:g} s during {what}" if ex.kind == "timeout"
-               else f"{what}: {how}")
+        msg = (f"the worker was stopped after --case-timeout {case_timeout:g} s during {what}"
+               if ex.kind == "timeout" else f"{what}: {ex}")
         cd.fail(ex.kind, msg)
         cd.notes.append(f"set {sid}: {msg}")
 
+    def env_failed(key: str, msg: str) -> None:
+        envs[lab_of[key]].status, envs[lab_of[key]].error = "failed", msg
+        rec["workers"][key] = {"error": msg}
+        st.workers[key].kill()
+
     try:
         on_progress(f"set {sid}: starting workers")
-        for lab, w in st.workers.items():
+        for key, w in st.workers.items():
             if stop.is_set():
                 raise Interrupted()
+            env = envs[lab_of[key]]
+            if env.status == "failed":
+                w.kill()
+                continue
             try:
                 hello = w.hello or w.wait_hello(max(case_timeout, START_TIMEOUT_S))
             except lockstep.WorkerFault as ex:
-                w.kill()
-                envs[lab].status, envs[lab].error = "failed", f"worker did not start: {ex}"
-                rec["workers"][lab] = {"error": envs[lab].error}
+                env_failed(key, f"worker did not start: {ex}")
                 continue
             if hello.get("type") == "fatal":
-                envs[lab].status, envs[lab].error = "failed", str(hello.get("error"))
-                rec["workers"][lab] = {"error": envs[lab].error}
-                w.kill()
+                env_failed(key, str(hello.get("error")))
                 continue
-            if not envs[lab].import_checked and _import_check(envs[lab], hello):
+            if not env.import_checked and _import_check(env, hello):
                 w.kill()
                 continue
             try:
                 rep = w.request({"cmd": "config", "device": device, "seed": seed + 1000 * sid, "quick": quick},
                                 START_TIMEOUT_S)
             except lockstep.WorkerFault as ex:
-                envs[lab].status, envs[lab].error = "failed", f"worker failed at start: {ex}"
-                rec["workers"][lab] = {"error": envs[lab].error}
+                env_failed(key, f"worker failed at start: {ex}")
                 continue
             if rep.get("type") == "fatal":
-                envs[lab].status, envs[lab].error = "failed", str(rep.get("error"))
-                w.kill()
+                env_failed(key, str(rep.get("error")))
                 continue
-            live[lab] = w
-            rec["workers"][lab] = {"pid": w.pid}
+            live[key] = w
+            rec["workers"][key] = {"pid": w.pid}
         phase("start")
-        if any(envs[lab].status == "failed" for lab in envs):
+        if any(e.status == "failed" for e in envs.values()):
             return rec
         # cases to time in this set: ok or pending in every env, or retried once after a fault
         todo = []
         for c in cases:
-            cds = [data[(lab, c.id)] for lab in live]
+            cds = [data[(lab, c.id)] for lab in envs]
             if any(cd.status == "error" and not (cd.error_kind in ("crash", "timeout") and cd.faults < 2)
                    for cd in cds):
                 continue
             todo.append(c)
-        # set-up (workers not yet pinned: it is not timed)
+        # set-up (workers not yet pinned to one core: it is not timed)
         on_progress(f"set {sid}: setting up {len(todo)} case(s)")
         ready = []
-        for c in todo:  # each case in every worker at once (they are not pinned to one core yet)
+        for c in todo:  # each case in every worker at once
             ok = True
             sent = []
-            for lab in list(live):
+            for key in list(live):
                 if stop.is_set():
                     raise Interrupted()
                 try:
-                    live[lab].send({"cmd": "setup", "case": c.id, "spec": c.to_dict()})
-                    sent.append(lab)
+                    live[key].send({"cmd": "setup", "case": c.id, "spec": c.to_dict()})
+                    sent.append(key)
                 except lockstep.WorkerFault as ex:
-                    fault(lab, c.id, ex, "set-up")
+                    fault(key, c.id, ex, "set-up")
                     ok = False
-            for lab in sent:
+            for key in sent:
                 try:
-                    rep = live[lab].reply(case_timeout)
+                    rep = live[key].reply(case_timeout)
                 except lockstep.WorkerFault as ex:
-                    fault(lab, c.id, ex, "set-up")
+                    fault(key, c.id, ex, "set-up")
                     ok = False
                     continue
-                cd = data[(lab, c.id)]
+                cd = data[(lab_of[key], c.id)]
                 if rep.get("status") != "ok":
                     cd.fail(rep.get("error_kind") or "error", rep.get("error") or "set-up failed")
                     if rep.get("traceback"):
@@ -414,37 +425,37 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         phase("setup")
         prefetch()
         phase("prefetch")
-        # pin every worker of the set to the set's core
-        if cpu is not None:
-            for lab, w in list(live.items()):
+        if cpu is not None:  # every thread of every worker of the set to the set's core
+            for key, w in list(live.items()):
                 try:
                     rep = w.request({"cmd": "pin", "cpu": cpu}, case_timeout)
                 except lockstep.WorkerFault as ex:
-                    fault(lab, None, ex, "pinning")
+                    fault(key, None, ex, "pinning")
                     continue
                 if rep.get("status") != "ok":
                     rec["pinned"] = False
                     rec["error"] = f"pinning failed: {rep.get('error')}"
-        # cycles
-        cyc = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
-                      rng=rng, on_progress=on_progress, fault=fault, labels=labels)
-        rec["cycles"] = cyc
+        rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
+                                rng=rng, on_progress=on_progress, fault=fault, labels=labels)
         phase("cycles")
-        # correctness + graph, then the profiler pass
+        # correctness and the graph clock, then the profiler pass: on each env's first worker
+        first = {}
+        for key in live:
+            first.setdefault(lab_of[key], key)
         on_progress(f"set {sid}: correctness and graph clock")
+        graph_todo = _needed(data, labels, ready, sampling, "graph_us") if device == "cuda" else set()
         for c in ready:
-            for lab in list(live):
+            for lab, key in first.items():
                 cd = data[(lab, c.id)]
-                if cd.status == "error" and cd.faults == 0:
+                if key not in live or cd.status != "ok" or (cd.correctness and c.id not in graph_todo):
                     continue
                 t1 = time.monotonic()
                 try:
-                    rep = live[lab].request({"cmd": "finish", "case": c.id,
-                                             "correctness": not cd.correctness}, case_timeout)
+                    rep = live[key].request({"cmd": "finish", "case": c.id, "correctness": not cd.correctness,
+                                             "graph": c.id in graph_todo}, case_timeout)
                 except lockstep.WorkerFault as ex:
-                    fault(lab, c.id, ex, "correctness check and graph clock")
+                    fault(key, c.id, ex, "correctness check and graph clock")
                     continue
-                cd.seconds += time.monotonic() - t1
                 _clock(cd, "finish", time.monotonic() - t1)
                 if rep.get("correctness"):
                     cd.correctness.append(rep["correctness"])
@@ -454,18 +465,21 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     if n not in cd.notes:
                         cd.notes.append(n)
         phase("finish")
-        if device == "cuda" and _device_needed(data, labels, ready, sampling):
+        dev_todo = _needed(data, labels, ready, sampling, "device_us") if device == "cuda" else set()
+        if dev_todo:
             on_progress(f"set {sid}: kernel time (profiler)")
             for c in ready:
-                for lab in list(live):
+                if c.id not in dev_todo:
+                    continue
+                for lab, key in first.items():
                     cd = data[(lab, c.id)]
-                    if cd.status != "ok":
+                    if key not in live or cd.status != "ok":
                         continue
                     t1 = time.monotonic()
                     try:
-                        rep = live[lab].request({"cmd": "device", "case": c.id}, case_timeout)
+                        rep = live[key].request({"cmd": "device", "case": c.id}, case_timeout)
                     except lockstep.WorkerFault as ex:
-                        live.pop(lab, None)
+                        live.pop(key, None)
                         cd.notes.append(f"device_us (set {sid}): the worker failed in the profiler pass: {ex}")
                         continue
                     _clock(cd, "device", time.monotonic() - t1)
@@ -494,69 +508,78 @@ def _clock(cd: CaseData, name: str, seconds: float) -> None:
     cd.clock_seconds[name] = round(cd.clock_seconds.get(name, 0.0) + seconds, 3)
 
 
-def _device_needed(data: dict, labels: list[str], cases: list[Case], sampling: Sampling) -> bool:
-    """Whether this set runs the profiler pass: while some ok case has no kernel time yet, or some
-    device comparison is undecided. Kernel time hardly varies between processes (the same to 0.1 µs
-    in 12 of 12 H200 cases), and the pass costs ~0.1 s per case and worker."""
-    live = [data[(lab, c.id)] for lab in labels for c in cases if data[(lab, c.id)].status == "ok"]
-    if any(not cd.sets["device_us"] for cd in live):
-        return True
-    return bool(_undecided(comparisons_now(data, labels, cases, sampling, "device_us")))
+def _needed(data: dict, labels: list[str], cases: list[Case], sampling: Sampling, metric: str) -> set:
+    """Ids of the cases whose ``metric`` still needs sets: some ok env has none of it yet, or a
+    comparison of it is undecided. Used for the profiler pass and the graph clock (kernel time hardly
+    varies between processes: the same to 0.1 µs in 12 of 12 H200 cases; each pass costs ~0.05-0.1 s
+    per case and worker), so the time goes to the lockstep cycles once they are decided."""
+    out = set()
+    und = _undecided(comparisons_now(data, labels, cases, sampling, metric)) if len(labels) > 1 else set()
+    for c in cases:
+        cds = [data[(lab, c.id)] for lab in labels if data[(lab, c.id)].status == "ok"]
+        if any(not cd.sets[metric] for cd in cds) or any((cand, c.id) in und for cand in labels[1:]):
+            out.add(c.id)
+    return out
 
 
 def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampling, *, quick: bool,
             case_timeout: float, stop: threading.Event, rng: random.Random, on_progress, fault,
             labels: list[str]) -> int:
-    """The set's lockstep cycles for ``sampling.set_seconds`` (quick: ``quick_set_seconds``).
-    Returns how many cycles ran. Items whose comparisons of that clock are all decided are skipped."""
-    sid = st.sid
+    """The set's lockstep cycles for ``sampling.set_seconds`` (quick: ``quick_set_seconds``); returns
+    how many ran. A cycle is one (case, clock) item: every worker of the set times a burst of it, in
+    a random order, reversed for that item's next cycle. With several workers per env, an env's
+    value of a cycle is the geometric mean of its workers' bursts. A comparison decided and within
+    ``sampling.precision`` drops its item for this set; the host clock is sampled every other sweep.
+    A worker fault ends the cycles (the set's other data stay)."""
+    sid, lab_of = st.sid, st.label_of
     budget = sampling.quick_set_seconds if quick else sampling.set_seconds
     items = []
     for m in CYCLED:
         done: set = set()
         if len(labels) >= 2 and not quick:
             cmp = comparisons_now(data, labels, cases, sampling, m)
-            done = set(cmp) - _undecided(cmp)
+            done = {k for k, v in cmp.items() if v and v["verdict"] not in ("ambiguous", "provisional")
+                    and v["ci_high"] / v["ratio"] - 1 <= sampling.precision}
         for c in cases:
             if len(labels) < 2 or any((cand, c.id) not in done for cand in labels[1:]):
                 items.append((c, m))
     if not items:
         return 0
+    keys = list(live)
     t_end = time.monotonic() + budget
     n = 0
     flip: dict = {}
+    sweep = 0
     on_progress(f"set {sid}: lockstep cycles ({len(items)} case-clock items)")
     while time.monotonic() < t_end and items:
-        rng.shuffle(items)
-        for c, m in list(items):
+        # the host clock in every other sweep: wall decides the run, host only explains it
+        now = [it for it in items if it[1] == "wall_us" or sweep % 2 == 0] or list(items)
+        sweep += 1
+        rng.shuffle(now)
+        for c, m in now:
             if stop.is_set():
                 raise Interrupted()
-            order = [lab for lab in st.workers if lab in live]
-            if len(order) < 1:
-                return n
-            key = (c.id, m)
-            if key in flip:
-                order = list(reversed(flip.pop(key)))
+            if any(k not in live for k in keys):
+                return n  # a worker was lost: the set ends
+            if any(data[(lab_of[k], c.id)].status == "error" for k in keys):
+                continue
+            item = (c.id, m)
+            if item in flip:
+                order = list(reversed(flip.pop(item)))
             else:
+                order = list(keys)
                 rng.shuffle(order)
-                flip[key] = order
-            cy = n
-            got = {}
-            for lab in order:
-                w = live.get(lab)
-                if w is None:
-                    continue
-                cd = data[(lab, c.id)]
-                if cd.status == "error":
-                    continue
+                flip[item] = order
+            got: dict = {}
+            for key in order:
+                cd = data[(lab_of[key], c.id)]
                 t1 = time.monotonic()
                 try:
-                    rep = w.request({"cmd": "burst", "case": c.id, "clock": m[:-3], "ms": sampling.burst_ms},
-                                    case_timeout)
+                    rep = live[key].request({"cmd": "burst", "case": c.id, "clock": m[:-3], "ms": sampling.burst_ms},
+                                            case_timeout)
                 except lockstep.WorkerFault as ex:
-                    fault(lab, c.id, ex, f"a {m[:-3]} burst")
-                    got = {}
-                    break
+                    fault(key, c.id, ex, f"a {m[:-3]} burst")
+                    return n
                 _clock(cd, m[:-3], time.monotonic() - t1)
                 if rep.get("status") != "ok":
                     cd.fail(rep.get("error_kind") or "error", rep.get("error") or "burst failed")
@@ -564,20 +587,20 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                         cd.notes.append(str(rep["traceback"])[-1200:])
                     got = {}
                     break
-                got[lab] = float(rep["us"])
+                got.setdefault(lab_of[key], []).append(float(rep["us"]))
                 cd.inner[m] = rep.get("inner")
-            for lab, v in got.items():
+            for lab, vals in got.items():
                 cd = data[(lab, c.id)]
-                cd.sets[m].setdefault(sid, {})[cy] = v
-                if cd.status == "pending" or (cd.status == "error" and cd.error_kind in ("crash", "timeout")
-                                              and sid in cd.sets[m]):
+                if any(v <= 0 or not math.isfinite(v) for v in vals):
+                    continue
+                cd.sets[m].setdefault(sid, {})[n] = math.exp(sum(math.log(v) for v in vals) / len(vals))
+                if cd.status != "ok":
                     if cd.status == "error":
                         cd.notes.append(f"set {sid}: timed again after the earlier fault")
                     cd.status, cd.error, cd.error_kind = "ok", None, None
             n += 1
             if time.monotonic() >= t_end:
                 break
-        items = [(c, m) for c, m in items if all(data[(lab, c.id)].status != "error" for lab in live)]
     return n
 
 
