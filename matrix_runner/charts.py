@@ -24,7 +24,8 @@ import re
 
 #: One colour per env (Okabe-Ito, colour-blind safe); baseline first.
 ENV_COLORS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"]
-VERDICT_COLORS = {"slower": "#c62828", "faster": "#2e7d32", "same": "#6b7280", "ambiguous": "#b7791f"}
+VERDICT_COLORS = {"slower": "#c62828", "faster": "#2e7d32", "same": "#6b7280", "ambiguous": "#b7791f",
+                  "provisional": "#0e7490"}
 TENSOR_MARKERS = {"out": "o", "dq": "s", "dk": "^", "dv": "D"}
 FONT = "'DejaVu Sans', 'Segoe UI', Roboto, Arial, sans-serif"
 

@@ -20,7 +20,6 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from . import charts, stats
 
-VERDICT_WORD = {"faster": "faster", "slower": "slower", "same": "same", "ambiguous": "ambiguous"}
 METRIC_NAMES = {"wall_us": "wall", "host_us": "host", "device_us": "device", "graph_us": "graph"}
 ATTR_PHRASE = {"host": "host overhead", "device": "kernel (device) time", "mixed": "host and kernel time"}
 
@@ -70,6 +69,8 @@ def headline(c: dict, min_effect: float = 0.05) -> str:
         return f"{1 / r:.2f}x faster"
     if c["verdict"] == "same":
         return f"same (within ±{min_effect:.0%})"
+    if c["verdict"] == "provisional":
+        return f"provisional {r:.2f}x"
     return "ambiguous"
 
 
@@ -106,7 +107,8 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
 
     ``wall``: the candidate's wall comparisons (with attribution), ``name``: case id -> short name
     (label + op). ``cls`` is slower / faster / mixed / same / none for the colour."""
-    counts = {v: [c for c in wall if c["verdict"] == v] for v in ("slower", "faster", "same", "ambiguous")}
+    counts = {v: [c for c in wall if c["verdict"] == v]
+              for v in ("slower", "faster", "same", "ambiguous", "provisional")}
     parts = []
 
     def side(word: str) -> str:
@@ -133,6 +135,11 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
         rest.append(f"same in {len(counts['same'])}")
     if counts["ambiguous"]:
         rest.append(f"ambiguous in {len(counts['ambiguous'])}")
+    if counts["provisional"]:
+        lo = min(counts["provisional"], key=lambda c: c["ratio"])
+        hi = max(counts["provisional"], key=lambda c: c["ratio"])
+        parts.append(f"provisional ratios {lo['ratio']:.2f}x-{hi['ratio']:.2f}x in {len(counts['provisional'])} "
+                     "cases, no verdict (one process set: a quick run decides nothing)")
     missing = n_cases - len(wall)
     if missing:
         rest.append(f"not compared in {missing} (failed or not run)")
@@ -150,7 +157,7 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
            else "faster" if counts["faster"] else "same" if wall and len(counts["same"]) == len(wall) else "none")
     if interrupted:
         text += " The run was interrupted: finish it with matrix-run --resume RUN_DIR."
-    if any(c.get("within_process_only") for c in wall):
+    if any(c.get("within_process_only") for c in wall) and not counts["provisional"]:
         if quick:
             text += (" Quick run: one worker process per version, so the intervals ignore process-to-process "
                      "spread (modes up to 2x apart); rerun without --quick before acting on a verdict.")
@@ -161,7 +168,8 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
     for lst, what in ((device, "Kernel (device) time"), (host, "Host time")):
         if not lst:
             continue
-        vc = {v: sum(1 for c in lst if c["verdict"] == v) for v in ("slower", "faster", "same", "ambiguous")}
+        vc = {v: sum(1 for c in lst if c["verdict"] == v)
+              for v in ("slower", "faster", "same", "ambiguous", "provisional")}
         detail.append(what + ": " + ", ".join(f"{v} in {n}" for v, n in vc.items() if n) + f" of {len(lst)}")
     return {"cls": cls, "text": text, "detail": ". ".join(detail) + ("." if detail else ""),
             "counts": {k: len(v) for k, v in counts.items()}}
@@ -366,7 +374,7 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-VERDICT_STYLE = {"slower": "red", "faster": "green", "same": "white", "ambiguous": "yellow"}
+VERDICT_STYLE = {"slower": "red", "faster": "green", "same": "white", "ambiguous": "yellow", "provisional": "cyan"}
 
 
 def terminal_table(res: dict, console=None) -> None:
