@@ -3,28 +3,22 @@
 It imports nothing but the standard library, torch and flash_attn (it is never imported from
 matrix_runner by the env; the driver runs ``<env>/bin/python .../worker.py``).
 
-Protocol (versioned like pyperf's worker protocol):
+Protocol (versioned like pyperf's worker protocol; schema :data:`SERVE_SCHEMA`):
 
 ``worker.py probe``
     prints one JSON object (schema ``matrix-runner/probe/1``) describing the interpreter, torch and
     the imported flash_attn (version, file, CUDA extension file); never raises.
 
-``worker.py run --spec SPEC.json --out OUT.jsonl``
-    SPEC (schema ``matrix-runner/worker-spec/1``) lists cases and budgets. OUT receives one JSON
-    object per line, flushed as written, so a crash loses at most the case in progress:
-    ``{"type": "hello", "schema": "matrix-runner/worker/1", "probe": {...}}``, then per case
-    ``{"type": "start", "case": ID}`` before each step of it (set-up, each sampling turn, finish:
-    the driver blames a crash or hang on the case of the last ``start``) and one
-    ``{"type": "result", "case": ID, "status": "ok"|"error", ...}``,
-    then, on CUDA and unless the spec says ``"device_pass": false``, a second pass per ok case ``{"type": "start", "case": ID, "phase": "device"}`` and
-    ``{"type": "device", "case": ID, "metrics": {"device_us": ...}, "kernels": [...]}`` (the profiler
-    runs only after every wall/host measurement of the process), then ``{"type": "done"}``.
+``worker.py serve``
+    a lockstep worker driven by the driver (matrix_runner/lockstep.py): one JSON command per line on
+    stdin, exactly one JSON reply per command on stdout (see :func:`serve` for the commands and
+    records). A reply with ``status: error`` fails that case only.
 
 Clocks per case, all in µs per call:
 
-- ``wall_us``: ``call(); synchronize()`` timed with ``time.perf_counter_ns``; each sample is the mean
-  of ``inner`` such synchronized calls (``inner`` calibrated so a sample lasts >= ~1 ms, far above
-  the timer's resolution).
+- ``wall_us``: ``call(); synchronize()`` timed with ``time.perf_counter_ns``; a burst of ~B ms is
+  timed as samples of ``inner`` such calls (~B/8 ms each, >= 1 call), and the burst's value is the
+  median of its samples.
 - ``host_us``: the time until the call returns, without synchronizing; the device is synchronized
   *before* each timed call (outside the timing) so the launch queue is empty: host dispatch overhead.
 - ``device_us`` (CUDA only): the summed GPU time of every kernel/memset/memcpy the call launched, from
@@ -47,24 +41,15 @@ import sys
 import time
 import traceback
 
-WORKER_SCHEMA = "matrix-runner/worker/1"
-SPEC_SCHEMA = "matrix-runner/worker-spec/1"
 PROBE_SCHEMA = "matrix-runner/probe/1"
 
-#: Seconds of sampling per clock per case and worker process (normal, quick). Kept short: the
-#: spread *between* processes (modes up to ~1.9x apart on the H200, pinned or not) dominates the
-#: uncertainty, so more processes beat more samples per process.
-BUDGETS = {
-    False: {"warmup": 0.05, "wall": 0.12, "host": 0.05, "device_calls": 8, "graph": 0.015},
-    True: {"warmup": 0.03, "wall": 0.08, "host": 0.04, "device_calls": 8, "graph": 0.02},
-}
+#: Per case and worker: seconds of warm-up at set-up (calibrates the burst's calls per sample),
+#: profiled calls of the device pass, seconds of CUDA-graph replays.
+BUDGETS = {"setup_warmup": 0.02, "device_calls": 8, "graph": 0.015}
+#: Target µs of one CUDA-graph replay sample.
 TARGET_SAMPLE_US = 1000.0
+#: Fewest samples of the CUDA-graph clock.
 MIN_SAMPLES = 5
-MAX_SAMPLES = 2000
-#: Each case's wall and host budgets are spent in this many turns (see :func:`run_pass1`).
-SLICES = 4
-#: Most bytes of inputs held at once by the cases sampled in turns (on CUDA also <= 1/4 of free memory).
-GROUP_BYTES = 4 * 2**30
 
 
 def probe() -> dict:
@@ -114,17 +99,6 @@ def probe() -> dict:
     except Exception as e:  # noqa: BLE001
         info["error"] = f"import flash_attn failed: {type(e).__name__}: {e}"
     return info
-
-
-class _Out:
-    """Line-buffered JSONL writer: every record is flushed before the next step starts."""
-
-    def __init__(self, path: str):
-        self.f = open(path, "a", encoding="utf-8")
-
-    def write(self, rec: dict) -> None:
-        self.f.write(json.dumps(rec) + "\n")
-        self.f.flush()
 
 
 class Bench:
@@ -240,42 +214,6 @@ class Bench:
             if len(times) >= 100000:
                 break
         return statistics.median(times[len(times) // 2:]) / 1e3
-
-    def _plan(self, per_call_us: float) -> int:
-        return max(1, int(math.ceil(TARGET_SAMPLE_US / max(per_call_us, 1e-3))))
-
-    def wall(self, per_call_us: float, budget_s: float) -> dict:
-        """Samples of synchronized µs per call, each the mean of ``inner`` calls, taken until
-        ``budget_s`` seconds have passed (at least MIN_SAMPLES, at most MAX_SAMPLES)."""
-        pc, call, sync = time.perf_counter_ns, self.call, self.sync
-        inner = self._plan(per_call_us)
-        out = []
-        t_end = pc() + int(budget_s * 1e9)
-        while len(out) < MIN_SAMPLES or (pc() < t_end and len(out) < MAX_SAMPLES):
-            t0 = pc()
-            for _ in range(inner):
-                call()
-                sync()
-            out.append((pc() - t0) / inner / 1e3)
-        return {"samples": out, "inner": inner}
-
-    def host(self, per_call_us: float, budget_s: float) -> dict:
-        """Samples of host dispatch µs per call (device idle before each call; see module doc),
-        each the mean of ``inner`` calls, taken for ``budget_s`` seconds like :meth:`wall`."""
-        pc, call, sync = time.perf_counter_ns, self.call, self.sync
-        inner = self._plan(per_call_us)
-        out = []
-        t_end = pc() + int(budget_s * 1e9)
-        while len(out) < MIN_SAMPLES or (pc() < t_end and len(out) < MAX_SAMPLES):
-            tot = 0
-            for _ in range(inner):
-                sync()
-                t0 = pc()
-                call()
-                tot += pc() - t0
-            sync()
-            out.append(tot / inner / 1e3)
-        return {"samples": out, "inner": inner}
 
     def wall_samples(self, inner: int, budget_s: float) -> list:
         """Synchronized µs per call, samples of ``inner`` calls for ``budget_s`` s (>= 1 sample)."""
@@ -435,19 +373,6 @@ def _classify(e: BaseException) -> str:
     return "error"
 
 
-class _Laps:
-    """Seconds spent per step of a case ("what took the time")."""
-
-    def __init__(self):
-        self.d: dict = {}
-        self.t = time.perf_counter()
-
-    def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.d[name] = round(self.d.get(name, 0.0) + now - self.t, 3)
-        self.t = now
-
-
 def _error_fields(rec: dict, e: BaseException) -> None:
     rec["status"] = "error"
     rec["error_kind"] = _classify(e)
@@ -464,194 +389,6 @@ def _set_bytes(case: dict) -> int:
     return (b * sq * h * d + 2 * b * sk * hk * d) * 2
 
 
-def _case_bytes(case: dict) -> int:
-    """Upper bound of the bytes one case holds while it is set up (inputs of every rotation set,
-    plus outputs and gradients for bwd): input sets are rotated only while they fit in 2x L2
-    (<= ~100 MB here), so max(100 MB, one set) per copy."""
-    return max(100 * 2**20, _set_bytes(case)) * (4 if case["op"] == "bwd" else 2)
-
-
-def _groups(cases: list[dict], budget: int) -> list[list[dict]]:
-    """Consecutive groups of cases whose :func:`_case_bytes` sum stays within ``budget`` (a case
-    larger than the budget is a group of its own): the cases of one group are set up together
-    and sampled in turns."""
-    out: list[list[dict]] = []
-    cur: list[dict] = []
-    used = 0
-    for c in cases:
-        nb = _case_bytes(c)
-        if cur and used + nb > budget:
-            out.append(cur)
-            cur, used = [], 0
-        cur.append(c)
-        used += nb
-    if cur:
-        out.append(cur)
-    return out
-
-
-class _CaseRun:
-    """Pass-1 state of one case: its Bench, samples so far, the result record and its laps."""
-
-    def __init__(self, case: dict, out: _Out):
-        self.case, self.out = case, out
-        self.t_start = time.perf_counter()
-        self.rec: dict = {"type": "result", "case": case["id"], "status": "ok", "error": None, "metrics": {},
-                          "notes": []}
-        self.lap = _Laps()
-        self.bench: Bench | None = None
-        self.per_call = 0.0
-        self.wall: list = []
-        self.host: list = []
-        self.inner = {"wall": None, "host": None}
-        self.host_per_call = 0.0
-
-    def start(self) -> None:
-        """Begin a step of this case: a ``start`` record (so the driver blames a crash or hang on the
-        case that was running) and a fresh lap (time spent on other cases is not this case's)."""
-        self.out.write({"type": "start", "case": self.case["id"], "phase": "timing", "t": time.time()})
-        self.lap.t = time.perf_counter()
-
-    def fail(self, e: BaseException) -> None:
-        _error_fields(self.rec, e)
-        self.bench = None
-        if self.rec["error_kind"] == "oom":
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        self.write()
-
-    def write(self) -> None:
-        self.rec["clock_seconds"] = self.lap.d
-        self.rec["seconds"] = round(time.perf_counter() - self.t_start, 3)
-        self.out.write(self.rec)
-
-
-def run_pass1(cases: list[dict], spec: dict, out: _Out) -> list[dict]:
-    """Pass 1: wall, host and graph clocks and the correctness check of every case; writes one
-    ``result`` record per case and returns the cases that are ok. Errors fail their case only.
-
-    Cases are taken in groups (:func:`_groups`: at most GROUP_BYTES of inputs held at once). In a
-    group every case is set up and warmed up, then its wall and host budgets are spent in SLICES
-    turns, round-robin over the group's cases (each turn starts with a few untimed calls, so the
-    switch from another case is not timed), then correctness and the CUDA-graph clock run per case.
-    Why turns: the machine has slow periods of a few hundred ms (the 2-core CI machine: windows
-    13-29 % slow for 100-300 ms; the H200 host: up to +-25 % between 0.25 s windows of one process);
-    timed in one block, a case caught in one shifts that process's median for it, which decides
-    its round; in turns, such a period hits a fraction of every case's samples."""
-    bud = BUDGETS[bool(spec.get("quick"))]
-    budget = GROUP_BYTES
-    if spec["device"] == "cuda":
-        import torch
-
-        budget = min(GROUP_BYTES, torch.cuda.mem_get_info()[0] // 4)
-    ok: list[dict] = []
-    for group in _groups(cases, budget):
-        runs = []
-        for case in group:
-            cr = _CaseRun(case, out)
-            cr.start()
-            try:
-                cr.bench = Bench(case, spec["device"], int(spec.get("seed", 0)))
-                cr.rec["input_sets"] = cr.bench.nsets
-                cr.per_call = cr.bench.warmup(bud["warmup"])
-                cr.lap("setup+warmup")
-                runs.append(cr)
-            except Exception as e:  # noqa: BLE001 - the case fails, the worker goes on
-                cr.fail(e)
-        for k in range(SLICES):
-            for cr in runs:
-                if cr.bench is None:
-                    continue
-                cr.start()
-                try:
-                    if k:
-                        cr.bench.warmup(0.0, min_calls=3)
-                        cr.lap("setup+warmup")
-                    w = cr.bench.wall(cr.per_call, bud["wall"] / SLICES)
-                    cr.wall += w["samples"]
-                    cr.inner["wall"] = w["inner"]
-                    cr.lap("wall")
-                    if not k:  # host's inner loop: calibrated once, on the first turn's wall samples
-                        cr.host_per_call = statistics.median(cr.wall)
-                    h = cr.bench.host(cr.host_per_call, bud["host"] / SLICES)
-                    cr.host += h["samples"]
-                    cr.inner["host"] = h["inner"]
-                    cr.lap("host")
-                except Exception as e:  # noqa: BLE001
-                    cr.fail(e)
-        for cr in runs:
-            if cr.bench is None:
-                continue
-            cr.start()
-            try:
-                cr.rec["metrics"]["wall_us"] = {"samples": cr.wall, "inner": cr.inner["wall"], "slices": SLICES}
-                cr.rec["metrics"]["host_us"] = {"samples": cr.host, "inner": cr.inner["host"], "slices": SLICES}
-                _finish_case(cr, spec)
-                cr.bench = None
-                cr.write()
-                ok.append(cr.case)
-            except Exception as e:  # noqa: BLE001
-                cr.fail(e)
-    return ok
-
-
-def _finish_case(cr: _CaseRun, spec: dict) -> None:
-    """Correctness check and CUDA-graph clock of one case, after its wall and host samples."""
-    import torch
-
-    bench, rec, lap = cr.bench, cr.rec, cr.lap
-    bud = BUDGETS[bool(spec.get("quick"))]
-    per_call = statistics.median(cr.wall)
-    if spec.get("correctness", True):
-        try:
-            rec["correctness"] = bench.correctness()
-        except Exception as e:  # noqa: BLE001
-            rec["notes"].append(f"correctness check failed to run: {type(e).__name__}: {e}")
-        lap("correctness")
-    if bench.cuda:
-        err = None
-        for attempt in range(2):  # the first capture of a backward in a process can fail on lazy init
-            try:
-                rec["metrics"]["graph_us"] = bench.graph(per_call, bud["graph"])
-                if attempt:
-                    rec["notes"].append("graph_us: the first CUDA-graph capture failed, the second succeeded")
-                break
-            except Exception as e:  # noqa: BLE001
-                err = f"graph_us unavailable: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
-                try:
-                    torch.cuda.synchronize()
-                except Exception:  # noqa: BLE001
-                    pass
-        else:
-            rec["notes"].append(err)
-        lap("graph")
-
-
-def run_device_pass(case: dict, spec: dict, out: _Out) -> None:
-    """Pass 2 for one case (CUDA only): kernel time from the profiler. It runs after every case's
-    pass 1, so CUPTI, once started in this process, cannot slow the wall and host clocks."""
-    bud = BUDGETS[bool(spec.get("quick"))]
-    t_start = time.perf_counter()
-    out.write({"type": "start", "case": case["id"], "phase": "device", "t": time.time()})
-    rec: dict = {"type": "device", "case": case["id"], "status": "ok", "metrics": {}, "notes": []}
-    try:
-        bench = Bench(case, spec["device"], int(spec.get("seed", 0)))
-        bench.warmup(bud["warmup"] / 2)
-        d = bench.device(bud["device_calls"])
-        rec["kernels"] = d.pop("kernels")
-        if d.get("note"):
-            rec["notes"].append(d["note"])
-        rec["metrics"]["device_us"] = d
-        del bench
-    except Exception as e:  # noqa: BLE001 - one clock failing keeps the others
-        rec["status"] = "error"
-        rec["notes"].append(f"device_us unavailable: {type(e).__name__}: {str(e).strip()[:300]}")
-    rec["clock_seconds"] = {"device": round(time.perf_counter() - t_start, 3)}
-    out.write(rec)
-
-
 def _die_with_parent() -> None:
     """Linux: get SIGTERM when the driver dies (even by SIGKILL), so no worker is left orphaned."""
     if not sys.platform.startswith("linux"):
@@ -665,39 +402,6 @@ def _die_with_parent() -> None:
             sys.exit(3)
     except (OSError, AttributeError):
         pass
-
-
-def run(spec_path: str, out_path: str) -> int:
-    with open(spec_path, encoding="utf-8") as f:
-        spec = json.load(f)
-    if spec.get("schema") != SPEC_SCHEMA:
-        print(f"worker: spec schema {spec.get('schema')!r} is not {SPEC_SCHEMA!r}: "
-              "the driver and worker versions differ", file=sys.stderr)
-        return 2
-    _die_with_parent()
-    out = _Out(out_path)
-    info = probe()
-    out.write({"type": "hello", "schema": WORKER_SCHEMA, "pid": os.getpid(), "probe": info})
-    if info["error"]:
-        out.write({"type": "fatal", "error": info["error"]})
-        return 3
-    import torch
-
-    if spec["device"] == "cuda" and not torch.cuda.is_available():
-        out.write({"type": "fatal", "error": "CUDA is not available in this env's torch "
-                   f"({torch.__version__}); flash-attn needs an NVIDIA GPU"})
-        return 3
-    torch.manual_seed(int(spec.get("seed", 0)))
-    if spec["device"] == "cpu":
-        # one intra-op thread: tiny CPU calls are dominated by thread wake-ups otherwise (CPU runs
-        # exist to exercise the pipeline, not to benchmark CPU attention)
-        torch.set_num_threads(1)
-    ok = run_pass1(spec["cases"], spec, out)
-    if spec["device"] == "cuda" and spec.get("device_pass", True):
-        for case in ok:
-            run_device_pass(case, spec, out)
-    out.write({"type": "done"})
-    return 0
 
 
 # -- lockstep serving (the current protocol) ----------------------------------------------------
@@ -740,8 +444,7 @@ class Server:
             elif op == "setup":
                 t0 = time.perf_counter()
                 b = Bench(cmd["spec"], self.device, self.seed)
-                bud = BUDGETS[self.quick]
-                self.per_call[cid] = b.warmup(bud["warmup"])
+                self.per_call[cid] = b.warmup(BUDGETS["setup_warmup"])
                 self.benches[cid] = b
                 rec.update(per_call_us=self.per_call[cid], input_sets=b.nsets,
                            seconds=round(time.perf_counter() - t0, 3))
@@ -769,7 +472,7 @@ class Server:
                     err = None
                     for attempt in range(2):  # the first capture of a backward can fail on lazy init
                         try:
-                            rec["graph_us"] = b.graph(self.per_call[cid], BUDGETS[self.quick]["graph"])
+                            rec["graph_us"] = b.graph(self.per_call[cid], BUDGETS["graph"])
                             break
                         except Exception as e:  # noqa: BLE001
                             err = f"graph_us unavailable: {type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
@@ -781,7 +484,7 @@ class Server:
                 self.device_started = True
                 b = self.benches[cid]
                 b.warmup(0.0, min_calls=3)
-                d = b.device(int(cmd.get("calls") or BUDGETS[self.quick]["device_calls"]))
+                d = b.device(int(cmd.get("calls") or BUDGETS["device_calls"]))
                 rec["kernels"] = d.pop("kernels")
                 rec["device_us"] = d
             elif op == "release":
@@ -824,7 +527,7 @@ def serve() -> int:
     the process prints to stdout goes to stderr, the log). First reply, unasked: ``hello`` with the
     probe (or ``fatal``). Commands (``case`` is a case id):
 
-    - ``config {device, seed, quick}``; ``pin {cpu}`` (this thread to one CPU; reply lists the CPUs);
+    - ``config {device, seed, quick}``; ``pin {cpu}`` (every thread of the process to one CPU);
     - ``setup {case, spec}``: inputs, warm-up, calibration -> ``per_call_us``;
     - ``burst {case, clock: wall|host, ms}``: a few untimed calls, then ~``ms`` of timed calls in
       samples of ~ms/8 -> ``us`` (median of the samples, µs per call), ``n``, ``inner``;
@@ -869,16 +572,11 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("probe")
     sub.add_parser("serve")
-    r = sub.add_parser("run")
-    r.add_argument("--spec", required=True)
-    r.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     if a.cmd == "probe":
         print(json.dumps(probe()))
         return 0
-    if a.cmd == "serve":
-        return serve()
-    return run(a.spec, a.out)
+    return serve()
 
 
 if __name__ == "__main__":
