@@ -5,7 +5,7 @@ import tarfile
 import pytest
 
 from matrix_runner import _build_shim as shim
-from matrix_runner import build
+from matrix_runner import build, stubgen
 from matrix_runner.config import parse_config
 
 SWITCH = """
@@ -67,23 +67,122 @@ def test_read_dispatch_from_sdist(tmp_path):
     assert build.read_dispatch(None) == (32, 64, 96, 128, 160, 192, 256)
 
 
+FLASH_H_OLD = """#pragma once
+#include <cuda.h>
+struct Flash_fwd_params {};
+struct Flash_bwd_params {};
+template<typename T, int Headdim, bool Is_causal> void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream);
+template<typename T, int Headdim, bool Is_causal> void run_mha_fwd_splitkv_dispatch(Flash_fwd_params &params, cudaStream_t stream);
+template<typename T, int Headdim, bool Is_causal> void run_mha_bwd_(Flash_bwd_params &params, cudaStream_t stream);
+"""
+NS_CONFIG_H = "#pragma once\n#ifndef FLASH_NAMESPACE\n#define FLASH_NAMESPACE flash\n#endif\n"
+FLASH_H_NS = ('#pragma once\n#include "namespace_config.h"\nnamespace FLASH_NAMESPACE {\n'
+              + FLASH_H_OLD.split("#include <cuda.h>\n", 1)[1] + "}  // namespace FLASH_NAMESPACE\n")
+FWD = ('#include "flash_fwd_launch_template.h"\n\ntemplate<>\nvoid run_mha_fwd_<cutlass::bfloat16_t, 64, true>'
+       '(Flash_fwd_params &params, cudaStream_t stream) {\n    run_mha_fwd_hdim64<cutlass::bfloat16_t, true>(params, stream);\n}\n')
+SPLIT = ('#include "flash_fwd_launch_template.h"\n\ntemplate void run_mha_fwd_splitkv_dispatch<cutlass::half_t, 32, false>'
+         '(Flash_fwd_params &params, cudaStream_t stream);\n')
+SRC = "csrc/flash_attn/src"
+
+
+def tree(root, files: dict, flash_h=FLASH_H_OLD, extra: dict | None = None):
+    """A minimal unpacked flash-attn tree under ``root``: flash.h, namespace_config.h, cutlass's
+    numeric_types.h (empty) and the given kernel files (name -> text) in csrc/flash_attn/src."""
+    (root / SRC).mkdir(parents=True, exist_ok=True)
+    (root / "csrc/cutlass/include/cutlass").mkdir(parents=True, exist_ok=True)
+    (root / "csrc/cutlass/include/cutlass/numeric_types.h").write_text("#pragma once\n")
+    (root / SRC / "flash.h").write_text(flash_h)
+    (root / SRC / "namespace_config.h").write_text(NS_CONFIG_H)
+    for name, text in {**files, **(extra or {})}.items():
+        (root / SRC / name).write_text(text)
+    return [f"{SRC}/{n}" for n in files]
+
+
 def test_stub_file_defines_each_dropped_specialization(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "csrc/flash_attn/src").mkdir(parents=True)
-    fwd = tmp_path / "csrc/flash_attn/src/flash_fwd_hdim64_bf16_causal_sm80.cu"
-    fwd.write_text('#include "flash_fwd_launch_template.h"\n\ntemplate<>\nvoid run_mha_fwd_<cutlass::bfloat16_t, 64, true>'
-                   '(Flash_fwd_params &params, cudaStream_t stream) {\n    run_mha_fwd_hdim64<cutlass::bfloat16_t, true>(params, stream);\n}\n')
-    split = tmp_path / "csrc/flash_attn/src/flash_fwd_split_hdim32_fp16_sm80.cu"
-    split.write_text('#include "flash_fwd_launch_template.h"\n\ntemplate void run_mha_fwd_splitkv_dispatch<cutlass::half_t, 32, false>'
-                     '(Flash_fwd_params &params, cudaStream_t stream);\n')
-    n = shim.write_stubs([str(fwd), str(split)], "2.6.3")
+    dropped = tree(tmp_path, {"flash_fwd_hdim64_bf16_causal_sm80.cu": FWD, "flash_fwd_split_hdim32_fp16_sm80.cu": SPLIT})
+    n = shim.write_stubs(dropped, "2.6.3")
     text = (tmp_path / shim.STUB_NAME).read_text()
     assert n == 2
     assert "template<> void run_mha_fwd_<cutlass::bfloat16_t, 64, true>(Flash_fwd_params &params, cudaStream_t stream) {" in text
+    # the explicit instantiation becomes an explicit specialization of the same template and arguments
     assert "template<> void run_mha_fwd_splitkv_dispatch<cutlass::half_t, 32, false>(Flash_fwd_params &params, cudaStream_t stream) {" in text
+    assert "// flash_fwd_split_hdim32_fp16_sm80.cu:3: explicit instantiation" in text
     assert text.count("throw std::runtime_error(") == 2
     assert "flash_fwd_hdim64_bf16_causal_sm80.cu) was not compiled" in text
     assert '#include "flash.h"' in text and "#include <cutlass/numeric_types.h>" in text
+    assert "namespace " not in text.split("\n#include", 1)[1] and "namespace_config.h" not in text  # the files use none
+
+
+def test_stub_keeps_the_files_namespace_and_its_macro_header(tmp_path):
+    """flash-attn 2.7.4+ (PR #1419): kernels inside `namespace FLASH_NAMESPACE`, a macro of namespace_config.h."""
+    def wrap(t):
+        head, body = t.split("\n\n", 1)
+        return f'#include "namespace_config.h"\n{head}\n\nnamespace FLASH_NAMESPACE {{\n\n{body}\n}} // namespace FLASH_NAMESPACE'
+    dropped = tree(tmp_path, {"flash_fwd_hdim64_bf16_causal_sm80.cu": wrap(FWD), "flash_fwd_split_hdim32_fp16_sm80.cu": wrap(SPLIT)},
+                   flash_h=FLASH_H_NS)
+    stubs = stubgen.generate(stubgen.DirTree(tmp_path), dropped, "2.8.3")
+    assert [s.namespace for s in stubs.specs] == [("FLASH_NAMESPACE",)] * 2
+    assert stubs.includes == ["<stdexcept>", '"namespace_config.h"', "<cutlass/numeric_types.h>", '"flash.h"']
+    body = stubs.text.split("namespace FLASH_NAMESPACE {", 1)[1]
+    assert body.count("template<> void ") == 2 and body.rstrip().endswith("}  // namespace FLASH_NAMESPACE")
+    assert stubs.path == f"{SRC}/matrix_run_stubs.cu"
+
+
+@pytest.mark.parametrize("name,text,flash_h,why", [
+    ("flash_fwd_hdim32_fp16_sm80.cu", "#if 1\n" + FWD + "#endif\n", FLASH_H_OLD, "flash_fwd_hdim32_fp16_sm80.cu:1: preprocessor directive '#if 1' not understood"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", "namespace {\n" + FWD + "}\n", FLASH_H_OLD, "flash_fwd_hdim32_fp16_sm80.cu:1: an anonymous namespace not understood"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", "template<typename T> void f(T x) {}\n", FLASH_H_OLD, "template definition 'template<typename T>' not understood"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", FWD + "void helper();\n", FLASH_H_OLD, "flash_fwd_hdim32_fp16_sm80.cu:7: 'void helper();' not understood"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", '#include "x.h"\n', FLASH_H_OLD, "defines no template specialization"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", "namespace flash {\n" + FWD + "}\n", FLASH_H_OLD,
+     "run_mha_fwd_ is specialized in namespace flash but csrc/flash_attn/src/flash.h declares it in (global)"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", FWD.replace(", 64, true>", ", 64>"), FLASH_H_OLD,
+     "run_mha_fwd_<cutlass::bfloat16_t, 64> has 2 template arguments, csrc/flash_attn/src/flash.h declares 3"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", FWD.replace("run_mha_fwd_<", "run_mha_fwd_v2<"), FLASH_H_OLD,
+     "no header in csrc/flash_attn/src declares template run_mha_fwd_v2"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", FWD.replace("cutlass::bfloat16_t, 64", "cute::tfloat32_t, 64"), FLASH_H_OLD,
+     "template argument 'cute::tfloat32_t' (flash_fwd_hdim32_fp16_sm80.cu): no known header declares it"),
+])
+def test_what_the_generator_does_not_understand_fails_naming_the_file(tmp_path, name, text, flash_h, why):
+    dropped = tree(tmp_path, {name: text}, flash_h=flash_h)
+    with pytest.raises(stubgen.StubError) as e:
+        stubgen.generate(stubgen.DirTree(tmp_path), dropped, "9.9.9")
+    assert why in str(e.value)
+
+
+SETUP = """
+from torch.utils.cpp_extension import CUDAExtension
+ext_modules = []
+if os.environ.get("ROCM"):
+    ext_modules.append(CUDAExtension(name="flash_attn_2_cuda", sources=renamed_sources))
+else:
+    ext_modules.append(CUDAExtension(
+        name="flash_attn_2_cuda",
+        sources=["csrc/flash_attn/flash_api.cpp", @FILES@],
+        extra_compile_args={"nvcc": ["-gencode", "arch=compute_80,code=sm_80"]},
+    ))
+    # cc_flag.append("arch=compute_75,code=sm_75")
+"""
+
+
+def test_kernel_sources_come_from_setup_py_literal_list():
+    files = '"csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.cu", "csrc/flash_attn/src/flash_bwd_hdim32_fp16_sm80.cu"'
+    text = SETUP.replace("@FILES@", files)
+    assert stubgen.kernel_sources(text) == ["csrc/flash_attn/flash_api.cpp", "csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.cu",
+                                            "csrc/flash_attn/src/flash_bwd_hdim32_fp16_sm80.cu"]
+    assert stubgen.arch_handling(text) == {"setup_gencode_archs": ["80"], "reads_FLASH_ATTN_CUDA_ARCHS": False}
+    assert stubgen.kernel_sources("from setuptools import setup\nsetup(name='flash_attn')\n") is None  # nothing to slim
+    with pytest.raises(stubgen.StubError, match="not a literal list of kernel files"):
+        stubgen.kernel_sources(SETUP.replace('["csrc/flash_attn/flash_api.cpp", @FILES@]', "glob('csrc/*.cu')"))
+
+
+def test_resolve_kernels_against_the_versions_list():
+    old = ["fwd_hdim32_fp16", "fwd_split_hdim32_fp16", "bwd_hdim32_fp16"]  # <= 2.5.x: causal is a runtime switch
+    got, notes = stubgen.resolve_kernels(["fwd_hdim32_fp16_causal", "fwd_split_hdim32_fp16_causal"], old, "2.5.9.post1")
+    assert got == ["fwd_hdim32_fp16", "fwd_split_hdim32_fp16"] and len(notes) == 2
+    with pytest.raises(stubgen.StubError, match=r"kernels \['fwd_hdim160_fp16'\] are not in flash-attn 2.8.3's setup.py"):
+        stubgen.resolve_kernels(["fwd_hdim160_fp16"], old + ["fwd_hdim32_fp16_causal"], "2.8.3")
 
 
 def test_stem_and_arch_patch():
