@@ -1,6 +1,13 @@
 """Slim-build pieces: kernel sets, head-dim dispatch, stub generation, arch flags, job sizing."""
 import io
+import json
+import os
+import re
+import shutil
+import subprocess
 import tarfile
+import urllib.error
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +215,179 @@ def test_estimate_slim_vs_full():
     full = build.estimate_seconds("all", 2, 8)
     assert 330 <= slim <= 370  # the fwd_split file (340 s measured) is the critical path
     assert full / slim > 10
+
+
+# ---------------------------------------------------------------------------------------------
+# The generator over the real sdists (PyPI ships flash-attn as an sdist only)
+
+REAL_VERSIONS = ["2.5.9.post1", "2.6.3", "2.7.0.post2", "2.7.4.post1", "2.8.3", "2.8.3.post2"]
+KEPT = ["bwd_hdim32_fp16", "fwd_hdim32_fp16", "fwd_split_hdim32_fp16"]  # the default config's kernels
+SDIST_CACHE = Path(os.environ.get("MATRIX_RUN_TEST_SDISTS", "~/.cache/matrix-run/test-sdists")).expanduser()
+
+
+def real_sdist(version: str) -> Path:
+    """flash-attn ``version``'s sdist from PyPI (sha256-checked), cached under SDIST_CACHE/sdists so
+    reruns are offline. Skips only when PyPI cannot be reached and the sdist is not cached."""
+    from matrix_runner import wheels
+    try:
+        return wheels.fetch_sdist(version, SDIST_CACHE)
+    except (urllib.error.URLError, OSError) as e:  # a version PyPI lacks is a LookupError: a failure
+        pytest.skip(f"PyPI unreachable ({getattr(e, 'reason', e)}) and flash_attn-{version}.tar.gz not in {SDIST_CACHE}")
+
+
+# An independent reading of the kernel files (plain regexes, not stubgen's parser): the set of
+# (namespace, form, template name, template arguments, parameter list) a file defines.
+_SPEC = re.compile(r"template\s*(<\s*>)?\s*void\s+(\w+)\s*<([^<>]*)>\s*\(([^()]*)\)")
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"\s*([,&*<>])\s*", r"\1", " ".join(s.split()))
+
+
+def specs_of_file(text: str) -> set[tuple]:
+    text = re.sub(r"//[^\n]*", "", text)
+    ns = tuple(re.findall(r"\bnamespace\s+(\w+)\s*\{", text))  # the generated files open at most one block
+    return {(ns, "specialization" if m.group(1) else "instantiation", m.group(2), _norm(m.group(3)), _norm(m.group(4)))
+            for m in _SPEC.finditer(text)}
+
+
+def specs_of_stub(text: str) -> dict[str, set[tuple]]:
+    """Stub definitions by the kernel file their comment and message name."""
+    out: dict[str, set[tuple]] = {}
+    ns: list[str] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if m := re.fullmatch(r"namespace (\w+) \{", line):
+            ns.append(m.group(1))
+        elif re.fullmatch(r"\}\s*// namespace \w+", line):
+            ns.pop()
+        elif line.startswith("template"):
+            (fname, form), = re.findall(r"^// (\S+\.cu):\d+: explicit (\w+)$", lines[i - 1])
+            m = re.fullmatch(r"template<> void (\w+)<([^<>]*)>\(([^()]*)\) \{", line)
+            assert m, line
+            assert lines[i + 1].startswith("    throw std::runtime_error(") and f"({fname}) was not compiled" in lines[i + 1]
+            assert lines[i + 2] == "}"
+            out.setdefault(fname, set()).add((tuple(ns), form, m.group(1), _norm(m.group(2)), _norm(m.group(3))))
+    assert not ns
+    return out
+
+
+@pytest.mark.parametrize("version", REAL_VERSIONS)
+def test_stubs_of_real_sdists_define_exactly_what_each_dropped_file_defined(version):
+    sd = real_sdist(version)
+    plan = build.slim_plan(sd, KEPT, version)
+    with tarfile.open(sd) as tf:
+        files = {m.name.split("/", 1)[1]: tf.extractfile(m).read().decode() for m in tf.getmembers()
+                 if m.isfile() and m.name.count("/") >= 1 and (m.name.endswith("/setup.py") or "/csrc/flash_attn/src/flash_" in m.name)}
+    listed = re.findall(r'"(csrc/flash_attn/src/flash_\w+\.cu)"', files["setup.py"])
+    assert sorted(plan.keep + plan.drop) == sorted(listed)
+    assert sorted(shim.stem(p) for p in plan.keep) == KEPT == plan.kernels
+    got = specs_of_stub(plan.stubs.text)
+    assert sorted(got) == sorted(p.rsplit("/", 1)[1] for p in plan.drop)
+    want_total = 0
+    for p in plan.drop:
+        want = specs_of_file(files[p])
+        assert want, p
+        assert got[p.rsplit("/", 1)[1]] == want, p
+        want_total += len(want)
+    assert plan.stubs.text.count("throw std::runtime_error(") == want_total == len(plan.stubs.specs)
+    namespaced = any('"namespace_config.h"' in files[p] for p in plan.drop)
+    assert ('#include "namespace_config.h"' in plan.stubs.text) == namespaced
+    print(f"{version}: {len(plan.keep)} kept, {len(plan.drop)} files stubbed, {want_total} specializations, "
+          f"namespace {'FLASH_NAMESPACE' if namespaced else '(global)'}")
+
+
+def _nvcc_flags(src: Path) -> list[str]:
+    import torch.utils.cpp_extension as ce
+    inc = [src / "csrc/flash_attn", src / "csrc/flash_attn/src", src / "csrc/cutlass/include", *map(Path, ce.include_paths())]
+    return ["-std=c++17", "-w", "-c", *(f"-I{p}" for p in inc)]
+
+
+def _nm(obj: Path, defined: bool) -> set[str]:
+    cp = subprocess.run(["nm", "-C", "--extern-only", "--defined-only" if defined else "--undefined-only", str(obj)],
+                        capture_output=True, text=True, check=True)
+    return {line.split(" ", 2)[-1] if defined else line.split("U ", 1)[1]
+            for line in cp.stdout.splitlines() if "run_mha_" in line}
+
+
+@pytest.mark.skipif(not shutil.which("nvcc") or not shutil.which("nm"), reason="nvcc (CUDA toolkit) or nm not on PATH")
+@pytest.mark.parametrize("version", ["2.6.3", "2.8.3"])
+def test_real_stub_compiles_and_defines_the_symbols_callers_need(version, tmp_path):
+    """nvcc compiles the stub against the version's own headers, and the stub defines exactly the
+    symbols that a caller of the dropped specializations (like flash_api.cpp) links against.
+
+    Before 2.7.4 flash.h includes ATen/cuda/CUDAGraphsUtils.cuh, which needs the CUDA build of
+    torch's c10/cuda headers and cuSPARSE/cuBLAS headers: skipped where they are missing (a CPU torch)."""
+    import torch.utils.cpp_extension as ce
+    sd = real_sdist(version)
+    plan = build.slim_plan(sd, KEPT, version)
+    with tarfile.open(sd) as tf:
+        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tf.extractall(tmp_path, **kw)
+    src = next(p for p in tmp_path.iterdir() if (p / "setup.py").is_file())
+    flash_h = (src / "csrc/flash_attn/src/flash.h").read_text()
+    if "CUDAGraphsUtils.cuh" in flash_h and not any((Path(p) / "c10/cuda/impl/cuda_cmake_macros.h").is_file()
+                                                    for p in ce.include_paths()):
+        pytest.skip(f"flash-attn {version}'s flash.h includes ATen/cuda/CUDAGraphsUtils.cuh, which needs a CUDA torch's "
+                    "c10/cuda headers (this torch has none); the structural test covers this version")
+    stub = src / plan.stubs.path
+    stub.write_text(plan.stubs.text)
+    # a caller written from the dropped files' own text (not from the stub): one call per specialization
+    calls = [f"#include {h}" for h in plan.stubs.includes if h != "<stdexcept>"]
+    for i, p in enumerate(plan.drop):
+        for ns, _form, name, targs, params in specs_of_file((src / p).read_text()):
+            names = [re.findall(r"\w+", x)[-1] for x in params.split(",")]
+            calls += [*(f"namespace {n} {{" for n in ns),
+                      f"void matrix_run_call_{i}_{name}({params.replace(',', ', ')}) {{ {name}<{targs}>({', '.join(names)}); }}",
+                      *("}" for _ in ns)]
+    caller = src / "csrc/flash_attn/src/matrix_run_caller.cu"
+    caller.write_text("\n".join(calls) + "\n")
+    procs = [subprocess.Popen(["nvcc", *_nvcc_flags(src), str(f), "-o", str(f.with_suffix(".o"))],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for f in (stub, caller)]
+    for f, proc in zip((stub, caller), procs):
+        out = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, f"nvcc {f.name} failed:\n{out[-4000:]}"
+    defined, needed = _nm(stub.with_suffix(".o"), True), _nm(caller.with_suffix(".o"), False)
+    assert len(needed) == len(plan.stubs.specs) and defined == needed
+
+
+def _sdist(path: Path, files: dict[str, str]) -> Path:
+    top = path.name.removesuffix(".tar.gz")
+    with tarfile.open(path, "w:gz") as tf:
+        for name, text in files.items():
+            data = text.encode()
+            ti = tarfile.TarInfo(f"{top}/{name}")
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def test_plan_fails_the_env_when_the_generator_cannot_handle_its_sdist(tmp_path):
+    """`matrix-run plan` runs the generator on the sdist: a kernel file it does not understand fails
+    that env with the file and the reason, before anything is built; a real sdist plans its stubs."""
+    from conftest import run_cli
+    kernels = {}
+    for d in (32, 64):
+        kernels[f"flash_fwd_hdim{d}_fp16_sm80.cu"] = FWD.replace("cutlass::bfloat16_t, 64, true", f"cutlass::half_t, {d}, false")
+        kernels[f"flash_fwd_split_hdim{d}_fp16_sm80.cu"] = SPLIT.replace(", 32,", f", {d},")
+    kernels["flash_fwd_hdim64_fp16_sm80.cu"] = "#ifdef FLASHATTENTION_ENABLE_HDIM64\n" + kernels["flash_fwd_hdim64_fp16_sm80.cu"] + "#endif\n"
+    files = {"setup.py": SETUP.replace("@FILES@", ", ".join(f'"{SRC}/{n}"' for n in kernels)),
+             f"{SRC}/flash.h": FLASH_H_OLD, "csrc/cutlass/include/cutlass/numeric_types.h": "",
+             **{f"{SRC}/{n}": t for n, t in kernels.items()}}
+    bad = _sdist(tmp_path / "flash_attn-9.9.9.tar.gz", files)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ops: [fwd]\nshapes: [{batch: 2, seqlen: 50, nheads: 4, head_dim: 32}]\n")
+
+    def plan(sd):
+        cp = run_cli("plan", "--versions", str(sd), "--config", str(cfg), "--json", "--envs-dir", str(tmp_path / "envs"),
+                     "--wheel-cache", str(tmp_path / "cache"), "--offline", "--build", "slim", "--archs", "90")
+        return cp, json.loads(cp.stdout)[0]
+
+    cp, item = plan(bad)
+    assert cp.returncode == 3 and item["method"] == "failed", cp.stdout + cp.stderr
+    assert item["error"].startswith("the slim build cannot be generated from flash_attn-9.9.9.tar.gz: flash_fwd_hdim64_fp16_sm80.cu:1: "
+                                    "preprocessor directive '#ifdef FLASHATTENTION_ENABLE_HDIM64' not understood")
+    cp, item = plan(real_sdist("2.8.3"))
+    assert cp.returncode == 0 and item["method"] == "source-slim", cp.stdout + cp.stderr
+    assert item["kernels"] == ["fwd_hdim32_fp16", "fwd_split_hdim32_fp16"]
+    assert any(n.startswith("slim: 2 kernel files kept, 70 stubbed (70 specializations)") for n in item["notes"]), item["notes"]
