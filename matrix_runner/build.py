@@ -18,8 +18,10 @@ import tarfile
 import time
 from pathlib import Path
 
+from . import stubgen
 from .config import KERNEL_HEAD_DIMS, Case, kernel_head_dim
 from .proc import run_logged
+from .stubgen import StubError  # noqa: F401 - raised by slim_plan, caught by envs.py
 
 #: Seconds of one nvcc job per kernel file and arch, used for estimates only. Measured from ninja's
 #: log of matrix-run's slim builds on the H200 host (nvcc 13.0, sm_90, 5 jobs, hdim32 fp16):
@@ -73,6 +75,14 @@ def kernel_set(cases: list[Case], dispatch: tuple[int, ...] = KERNEL_HEAD_DIMS) 
         if c.op == "bwd":
             need.add(f"bwd_{tail}")
     return sorted(need)
+
+
+def slim_plan(sdist: Path, kernels: list[str], version: str) -> stubgen.SlimPlan:
+    """Run the slim build's stub generator on ``sdist`` (``.tar.gz``) without building anything:
+    ``kernels`` resolved against its setup.py's kernel list, the files to drop and the stub file
+    for them (see :mod:`stubgen`). ``plan`` calls this so that what the generator cannot handle
+    fails that env, with the reason, before anything is compiled. Raises StubError."""
+    return stubgen.plan_sdist(sdist, kernels, version)
 
 
 def mem_available_gb() -> float:

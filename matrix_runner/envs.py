@@ -377,8 +377,15 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
     refuse_full = opts.build == "auto" and mode == "full" and (tid.get("cuda") or tid["mode"] == "pinned")
     if not tid.get("cuda") and tid["mode"] == "inherit" and opts.build == "auto":
         mode = "nocuda"  # a CPU-only torch: no CUDA extension can be built against it
+    slim, slim_error = None, None
     if mode == "slim":
         kernels = buildmod.kernel_set(cases, buildmod.read_dispatch(sdist))
+        if sdist is not None:  # the stub generator on the version's own sources, before anything is built
+            try:
+                slim = buildmod.slim_plan(sdist, kernels, version)
+                kernels = slim.kernels if slim.kernels is not None else kernels
+            except buildmod.StubError as e:
+                slim_error = f"the slim build cannot be generated from {Path(sdist).name}: {e}"
     else:
         kernels = [] if mode == "nocuda" else "all"
     if mode == "nocuda":
@@ -447,6 +454,18 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
                       f"({', '.join(map(str, opts.find_links)) or 'none given'}) while --offline; "
                       "collect one with `matrix-run wheelhouse` on a connected machine")
         return item
+    if slim_error:
+        item.method, item.error = "failed", slim_error + " (--build full compiles every kernel file unchanged)"
+        return item
+    if slim is not None:
+        item.notes.extend(slim.notes)
+        if slim.kernels is not None:
+            s = slim.summary()
+            item.notes.append(f"slim: {s['kept_files']} kernel files kept, {s['stubbed_files']} stubbed "
+                              f"({s['stub_specializations']} specializations); setup.py's -gencode archs "
+                              f"{','.join(s['setup_gencode_archs']) or 'none'} replaced by {','.join(arch_field)}")
+    elif mode == "slim":
+        item.notes.append("the stub generator runs on the sdist once it is downloaded, before compiling")
     item.method = f"source-{mode}"
     n_units = (len(kernels) + 2) if kernels != "all" else buildmod.FULL_KERNEL_COUNT + 1
     item.jobs = buildmod.choose_jobs(n_builds_hint, n_units)

@@ -1,11 +1,18 @@
 """Slim-build pieces: kernel sets, head-dim dispatch, stub generation, arch flags, job sizing."""
 import io
+import json
+import os
+import re
+import shutil
+import subprocess
 import tarfile
+import urllib.error
+from pathlib import Path
 
 import pytest
 
 from matrix_runner import _build_shim as shim
-from matrix_runner import build
+from matrix_runner import build, stubgen
 from matrix_runner.config import parse_config
 
 SWITCH = """
@@ -67,23 +74,122 @@ def test_read_dispatch_from_sdist(tmp_path):
     assert build.read_dispatch(None) == (32, 64, 96, 128, 160, 192, 256)
 
 
+FLASH_H_OLD = """#pragma once
+#include <cuda.h>
+struct Flash_fwd_params {};
+struct Flash_bwd_params {};
+template<typename T, int Headdim, bool Is_causal> void run_mha_fwd_(Flash_fwd_params &params, cudaStream_t stream);
+template<typename T, int Headdim, bool Is_causal> void run_mha_fwd_splitkv_dispatch(Flash_fwd_params &params, cudaStream_t stream);
+template<typename T, int Headdim, bool Is_causal> void run_mha_bwd_(Flash_bwd_params &params, cudaStream_t stream);
+"""
+NS_CONFIG_H = "#pragma once\n#ifndef FLASH_NAMESPACE\n#define FLASH_NAMESPACE flash\n#endif\n"
+FLASH_H_NS = ('#pragma once\n#include "namespace_config.h"\nnamespace FLASH_NAMESPACE {\n'
+              + FLASH_H_OLD.split("#include <cuda.h>\n", 1)[1] + "}  // namespace FLASH_NAMESPACE\n")
+FWD = ('#include "flash_fwd_launch_template.h"\n\ntemplate<>\nvoid run_mha_fwd_<cutlass::bfloat16_t, 64, true>'
+       '(Flash_fwd_params &params, cudaStream_t stream) {\n    run_mha_fwd_hdim64<cutlass::bfloat16_t, true>(params, stream);\n}\n')
+SPLIT = ('#include "flash_fwd_launch_template.h"\n\ntemplate void run_mha_fwd_splitkv_dispatch<cutlass::half_t, 32, false>'
+         '(Flash_fwd_params &params, cudaStream_t stream);\n')
+SRC = "csrc/flash_attn/src"
+
+
+def tree(root, files: dict, flash_h=FLASH_H_OLD, extra: dict | None = None):
+    """A minimal unpacked flash-attn tree under ``root``: flash.h, namespace_config.h, cutlass's
+    numeric_types.h (empty) and the given kernel files (name -> text) in csrc/flash_attn/src."""
+    (root / SRC).mkdir(parents=True, exist_ok=True)
+    (root / "csrc/cutlass/include/cutlass").mkdir(parents=True, exist_ok=True)
+    (root / "csrc/cutlass/include/cutlass/numeric_types.h").write_text("#pragma once\n")
+    (root / SRC / "flash.h").write_text(flash_h)
+    (root / SRC / "namespace_config.h").write_text(NS_CONFIG_H)
+    for name, text in {**files, **(extra or {})}.items():
+        (root / SRC / name).write_text(text)
+    return [f"{SRC}/{n}" for n in files]
+
+
 def test_stub_file_defines_each_dropped_specialization(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "csrc/flash_attn/src").mkdir(parents=True)
-    fwd = tmp_path / "csrc/flash_attn/src/flash_fwd_hdim64_bf16_causal_sm80.cu"
-    fwd.write_text('#include "flash_fwd_launch_template.h"\n\ntemplate<>\nvoid run_mha_fwd_<cutlass::bfloat16_t, 64, true>'
-                   '(Flash_fwd_params &params, cudaStream_t stream) {\n    run_mha_fwd_hdim64<cutlass::bfloat16_t, true>(params, stream);\n}\n')
-    split = tmp_path / "csrc/flash_attn/src/flash_fwd_split_hdim32_fp16_sm80.cu"
-    split.write_text('#include "flash_fwd_launch_template.h"\n\ntemplate void run_mha_fwd_splitkv_dispatch<cutlass::half_t, 32, false>'
-                     '(Flash_fwd_params &params, cudaStream_t stream);\n')
-    n = shim.write_stubs([str(fwd), str(split)], "2.6.3")
+    dropped = tree(tmp_path, {"flash_fwd_hdim64_bf16_causal_sm80.cu": FWD, "flash_fwd_split_hdim32_fp16_sm80.cu": SPLIT})
+    n = shim.write_stubs(dropped, "2.6.3")
     text = (tmp_path / shim.STUB_NAME).read_text()
     assert n == 2
     assert "template<> void run_mha_fwd_<cutlass::bfloat16_t, 64, true>(Flash_fwd_params &params, cudaStream_t stream) {" in text
+    # the explicit instantiation becomes an explicit specialization of the same template and arguments
     assert "template<> void run_mha_fwd_splitkv_dispatch<cutlass::half_t, 32, false>(Flash_fwd_params &params, cudaStream_t stream) {" in text
+    assert "// flash_fwd_split_hdim32_fp16_sm80.cu:3: explicit instantiation" in text
     assert text.count("throw std::runtime_error(") == 2
     assert "flash_fwd_hdim64_bf16_causal_sm80.cu) was not compiled" in text
     assert '#include "flash.h"' in text and "#include <cutlass/numeric_types.h>" in text
+    assert "namespace " not in text.split("\n#include", 1)[1] and "namespace_config.h" not in text  # the files use none
+
+
+def test_stub_keeps_the_files_namespace_and_its_macro_header(tmp_path):
+    """flash-attn 2.7.4+ (PR #1419): kernels inside `namespace FLASH_NAMESPACE`, a macro of namespace_config.h."""
+    def wrap(t):
+        head, body = t.split("\n\n", 1)
+        return f'#include "namespace_config.h"\n{head}\n\nnamespace FLASH_NAMESPACE {{\n\n{body}\n}} // namespace FLASH_NAMESPACE'
+    dropped = tree(tmp_path, {"flash_fwd_hdim64_bf16_causal_sm80.cu": wrap(FWD), "flash_fwd_split_hdim32_fp16_sm80.cu": wrap(SPLIT)},
+                   flash_h=FLASH_H_NS)
+    stubs = stubgen.generate(stubgen.DirTree(tmp_path), dropped, "2.8.3")
+    assert [s.namespace for s in stubs.specs] == [("FLASH_NAMESPACE",)] * 2
+    assert stubs.includes == ["<stdexcept>", '"namespace_config.h"', "<cutlass/numeric_types.h>", '"flash.h"']
+    body = stubs.text.split("namespace FLASH_NAMESPACE {", 1)[1]
+    assert body.count("template<> void ") == 2 and body.rstrip().endswith("}  // namespace FLASH_NAMESPACE")
+    assert stubs.path == f"{SRC}/matrix_run_stubs.cu"
+
+
+@pytest.mark.parametrize("name,text,flash_h,why", [
+    ("flash_fwd_hdim32_fp16_sm80.cu", "#if 1\n" + FWD + "#endif\n", FLASH_H_OLD, "flash_fwd_hdim32_fp16_sm80.cu:1: preprocessor directive '#if 1' not understood"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", "namespace {\n" + FWD + "}\n", FLASH_H_OLD, "flash_fwd_hdim32_fp16_sm80.cu:1: an anonymous namespace not understood"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", "template<typename T> void f(T x) {}\n", FLASH_H_OLD, "template definition 'template<typename T>' not understood"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", FWD + "void helper();\n", FLASH_H_OLD, "flash_fwd_hdim32_fp16_sm80.cu:7: 'void helper();' not understood"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", '#include "x.h"\n', FLASH_H_OLD, "defines no template specialization"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", "namespace flash {\n" + FWD + "}\n", FLASH_H_OLD,
+     "run_mha_fwd_ is specialized in namespace flash but csrc/flash_attn/src/flash.h declares it in (global)"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", FWD.replace(", 64, true>", ", 64>"), FLASH_H_OLD,
+     "run_mha_fwd_<cutlass::bfloat16_t, 64> has 2 template arguments, csrc/flash_attn/src/flash.h declares 3"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", FWD.replace("run_mha_fwd_<", "run_mha_fwd_v2<"), FLASH_H_OLD,
+     "no header in csrc/flash_attn/src declares template run_mha_fwd_v2"),
+    ("flash_fwd_hdim32_fp16_sm80.cu", FWD.replace("cutlass::bfloat16_t, 64", "cute::tfloat32_t, 64"), FLASH_H_OLD,
+     "template argument 'cute::tfloat32_t' (flash_fwd_hdim32_fp16_sm80.cu): no known header declares it"),
+])
+def test_what_the_generator_does_not_understand_fails_naming_the_file(tmp_path, name, text, flash_h, why):
+    dropped = tree(tmp_path, {name: text}, flash_h=flash_h)
+    with pytest.raises(stubgen.StubError) as e:
+        stubgen.generate(stubgen.DirTree(tmp_path), dropped, "9.9.9")
+    assert why in str(e.value)
+
+
+SETUP = """
+from torch.utils.cpp_extension import CUDAExtension
+ext_modules = []
+if os.environ.get("ROCM"):
+    ext_modules.append(CUDAExtension(name="flash_attn_2_cuda", sources=renamed_sources))
+else:
+    ext_modules.append(CUDAExtension(
+        name="flash_attn_2_cuda",
+        sources=["csrc/flash_attn/flash_api.cpp", @FILES@],
+        extra_compile_args={"nvcc": ["-gencode", "arch=compute_80,code=sm_80"]},
+    ))
+    # cc_flag.append("arch=compute_75,code=sm_75")
+"""
+
+
+def test_kernel_sources_come_from_setup_py_literal_list():
+    files = '"csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.cu", "csrc/flash_attn/src/flash_bwd_hdim32_fp16_sm80.cu"'
+    text = SETUP.replace("@FILES@", files)
+    assert stubgen.kernel_sources(text) == ["csrc/flash_attn/flash_api.cpp", "csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.cu",
+                                            "csrc/flash_attn/src/flash_bwd_hdim32_fp16_sm80.cu"]
+    assert stubgen.arch_handling(text) == {"setup_gencode_archs": ["80"], "reads_FLASH_ATTN_CUDA_ARCHS": False}
+    assert stubgen.kernel_sources("from setuptools import setup\nsetup(name='flash_attn')\n") is None  # nothing to slim
+    with pytest.raises(stubgen.StubError, match="not a literal list of kernel files"):
+        stubgen.kernel_sources(SETUP.replace('["csrc/flash_attn/flash_api.cpp", @FILES@]', "glob('csrc/*.cu')"))
+
+
+def test_resolve_kernels_against_the_versions_list():
+    old = ["fwd_hdim32_fp16", "fwd_split_hdim32_fp16", "bwd_hdim32_fp16"]  # <= 2.5.x: causal is a runtime switch
+    got, notes = stubgen.resolve_kernels(["fwd_hdim32_fp16_causal", "fwd_split_hdim32_fp16_causal"], old, "2.5.9.post1")
+    assert got == ["fwd_hdim32_fp16", "fwd_split_hdim32_fp16"] and len(notes) == 2
+    with pytest.raises(stubgen.StubError, match=r"kernels \['fwd_hdim160_fp16'\] are not in flash-attn 2.8.3's setup.py"):
+        stubgen.resolve_kernels(["fwd_hdim160_fp16"], old + ["fwd_hdim32_fp16_causal"], "2.8.3")
 
 
 def test_stem_and_arch_patch():
@@ -109,3 +215,179 @@ def test_estimate_slim_vs_full():
     full = build.estimate_seconds("all", 2, 8)
     assert 330 <= slim <= 370  # the fwd_split file (340 s measured) is the critical path
     assert full / slim > 10
+
+
+# ---------------------------------------------------------------------------------------------
+# The generator over the real sdists (PyPI ships flash-attn as an sdist only)
+
+REAL_VERSIONS = ["2.5.9.post1", "2.6.3", "2.7.0.post2", "2.7.4.post1", "2.8.3", "2.8.3.post2"]
+KEPT = ["bwd_hdim32_fp16", "fwd_hdim32_fp16", "fwd_split_hdim32_fp16"]  # the default config's kernels
+SDIST_CACHE = Path(os.environ.get("MATRIX_RUN_TEST_SDISTS", "~/.cache/matrix-run/test-sdists")).expanduser()
+
+
+def real_sdist(version: str) -> Path:
+    """flash-attn ``version``'s sdist from PyPI (sha256-checked), cached under SDIST_CACHE/sdists so
+    reruns are offline. Skips only when PyPI cannot be reached and the sdist is not cached."""
+    from matrix_runner import wheels
+    try:
+        return wheels.fetch_sdist(version, SDIST_CACHE)
+    except (urllib.error.URLError, OSError) as e:  # a version PyPI lacks is a LookupError: a failure
+        pytest.skip(f"PyPI unreachable ({getattr(e, 'reason', e)}) and flash_attn-{version}.tar.gz not in {SDIST_CACHE}")
+
+
+# An independent reading of the kernel files (plain regexes, not stubgen's parser): the set of
+# (namespace, form, template name, template arguments, parameter list) a file defines.
+_SPEC = re.compile(r"template\s*(<\s*>)?\s*void\s+(\w+)\s*<([^<>]*)>\s*\(([^()]*)\)")
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"\s*([,&*<>])\s*", r"\1", " ".join(s.split()))
+
+
+def specs_of_file(text: str) -> set[tuple]:
+    text = re.sub(r"//[^\n]*", "", text)
+    ns = tuple(re.findall(r"\bnamespace\s+(\w+)\s*\{", text))  # the generated files open at most one block
+    return {(ns, "specialization" if m.group(1) else "instantiation", m.group(2), _norm(m.group(3)), _norm(m.group(4)))
+            for m in _SPEC.finditer(text)}
+
+
+def specs_of_stub(text: str) -> dict[str, set[tuple]]:
+    """Stub definitions by the kernel file their comment and message name."""
+    out: dict[str, set[tuple]] = {}
+    ns: list[str] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if m := re.fullmatch(r"namespace (\w+) \{", line):
+            ns.append(m.group(1))
+        elif re.fullmatch(r"\}\s*// namespace \w+", line):
+            ns.pop()
+        elif line.startswith("template"):
+            (fname, form), = re.findall(r"^// (\S+\.cu):\d+: explicit (\w+)$", lines[i - 1])
+            m = re.fullmatch(r"template<> void (\w+)<([^<>]*)>\(([^()]*)\) \{", line)
+            assert m, line
+            assert lines[i + 1].startswith("    throw std::runtime_error(") and f"({fname}) was not compiled" in lines[i + 1]
+            assert lines[i + 2] == "}"
+            out.setdefault(fname, set()).add((tuple(ns), form, m.group(1), _norm(m.group(2)), _norm(m.group(3))))
+    assert not ns
+    return out
+
+
+@pytest.mark.parametrize("version", REAL_VERSIONS)
+def test_stubs_of_real_sdists_define_exactly_what_each_dropped_file_defined(version):
+    sd = real_sdist(version)
+    plan = build.slim_plan(sd, KEPT, version)
+    with tarfile.open(sd) as tf:
+        files = {m.name.split("/", 1)[1]: tf.extractfile(m).read().decode() for m in tf.getmembers()
+                 if m.isfile() and m.name.count("/") >= 1 and (m.name.endswith("/setup.py") or "/csrc/flash_attn/src/flash_" in m.name)}
+    listed = re.findall(r'"(csrc/flash_attn/src/flash_\w+\.cu)"', files["setup.py"])
+    assert sorted(plan.keep + plan.drop) == sorted(listed)
+    assert sorted(shim.stem(p) for p in plan.keep) == KEPT == plan.kernels
+    got = specs_of_stub(plan.stubs.text)
+    assert sorted(got) == sorted(p.rsplit("/", 1)[1] for p in plan.drop)
+    want_total = 0
+    for p in plan.drop:
+        want = specs_of_file(files[p])
+        assert want, p
+        assert got[p.rsplit("/", 1)[1]] == want, p
+        want_total += len(want)
+    assert plan.stubs.text.count("throw std::runtime_error(") == want_total == len(plan.stubs.specs)
+    namespaced = any('"namespace_config.h"' in files[p] for p in plan.drop)
+    assert ('#include "namespace_config.h"' in plan.stubs.text) == namespaced
+    print(f"{version}: {len(plan.keep)} kept, {len(plan.drop)} files stubbed, {want_total} specializations, "
+          f"namespace {'FLASH_NAMESPACE' if namespaced else '(global)'}")
+
+
+def _nvcc_flags(src: Path) -> list[str]:
+    import torch.utils.cpp_extension as ce
+    inc = [src / "csrc/flash_attn", src / "csrc/flash_attn/src", src / "csrc/cutlass/include", *map(Path, ce.include_paths())]
+    return ["-std=c++17", "-w", "-c", *(f"-I{p}" for p in inc)]
+
+
+def _nm(obj: Path, defined: bool) -> set[str]:
+    cp = subprocess.run(["nm", "-C", "--extern-only", "--defined-only" if defined else "--undefined-only", str(obj)],
+                        capture_output=True, text=True, check=True)
+    return {line.split(" ", 2)[-1] if defined else line.split("U ", 1)[1]
+            for line in cp.stdout.splitlines() if "run_mha_" in line}
+
+
+@pytest.mark.skipif(not shutil.which("nvcc") or not shutil.which("nm"), reason="nvcc (CUDA toolkit) or nm not on PATH")
+@pytest.mark.parametrize("version", ["2.6.3", "2.8.3"])
+def test_real_stub_compiles_and_defines_the_symbols_callers_need(version, tmp_path):
+    """nvcc compiles the stub against the version's own headers, and the stub defines exactly the
+    symbols that a caller of the dropped specializations (like flash_api.cpp) links against.
+
+    Before 2.7.4 flash.h includes ATen/cuda/CUDAGraphsUtils.cuh, which needs the CUDA build of
+    torch's c10/cuda headers and cuSPARSE/cuBLAS headers: skipped where they are missing (a CPU torch)."""
+    import torch.utils.cpp_extension as ce
+    sd = real_sdist(version)
+    plan = build.slim_plan(sd, KEPT, version)
+    with tarfile.open(sd) as tf:
+        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tf.extractall(tmp_path, **kw)
+    src = next(p for p in tmp_path.iterdir() if (p / "setup.py").is_file())
+    flash_h = (src / "csrc/flash_attn/src/flash.h").read_text()
+    if "CUDAGraphsUtils.cuh" in flash_h and not any((Path(p) / "c10/cuda/impl/cuda_cmake_macros.h").is_file()
+                                                    for p in ce.include_paths()):
+        pytest.skip(f"flash-attn {version}'s flash.h includes ATen/cuda/CUDAGraphsUtils.cuh, which needs a CUDA torch's "
+                    "c10/cuda headers (this torch has none); the structural test covers this version")
+    stub = src / plan.stubs.path
+    stub.write_text(plan.stubs.text)
+    # a caller written from the dropped files' own text (not from the stub): one call per specialization
+    calls = [f"#include {h}" for h in plan.stubs.includes if h != "<stdexcept>"]
+    for i, p in enumerate(plan.drop):
+        for ns, _form, name, targs, params in specs_of_file((src / p).read_text()):
+            names = [re.findall(r"\w+", x)[-1] for x in params.split(",")]
+            calls += [*(f"namespace {n} {{" for n in ns),
+                      f"void matrix_run_call_{i}_{name}({params.replace(',', ', ')}) {{ {name}<{targs}>({', '.join(names)}); }}",
+                      *("}" for _ in ns)]
+    caller = src / "csrc/flash_attn/src/matrix_run_caller.cu"
+    caller.write_text("\n".join(calls) + "\n")
+    procs = [subprocess.Popen(["nvcc", *_nvcc_flags(src), str(f), "-o", str(f.with_suffix(".o"))],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for f in (stub, caller)]
+    for f, proc in zip((stub, caller), procs):
+        out = proc.communicate(timeout=600)[0]
+        assert proc.returncode == 0, f"nvcc {f.name} failed:\n{out[-4000:]}"
+    defined, needed = _nm(stub.with_suffix(".o"), True), _nm(caller.with_suffix(".o"), False)
+    assert len(needed) == len(plan.stubs.specs) and defined == needed
+
+
+def _sdist(path: Path, files: dict[str, str]) -> Path:
+    top = path.name.removesuffix(".tar.gz")
+    with tarfile.open(path, "w:gz") as tf:
+        for name, text in files.items():
+            data = text.encode()
+            ti = tarfile.TarInfo(f"{top}/{name}")
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return path
+
+
+def test_plan_fails_the_env_when_the_generator_cannot_handle_its_sdist(tmp_path):
+    """`matrix-run plan` runs the generator on the sdist: a kernel file it does not understand fails
+    that env with the file and the reason, before anything is built; a real sdist plans its stubs."""
+    from conftest import run_cli
+    kernels = {}
+    for d in (32, 64):
+        kernels[f"flash_fwd_hdim{d}_fp16_sm80.cu"] = FWD.replace("cutlass::bfloat16_t, 64, true", f"cutlass::half_t, {d}, false")
+        kernels[f"flash_fwd_split_hdim{d}_fp16_sm80.cu"] = SPLIT.replace(", 32,", f", {d},")
+    kernels["flash_fwd_hdim64_fp16_sm80.cu"] = "#ifdef FLASHATTENTION_ENABLE_HDIM64\n" + kernels["flash_fwd_hdim64_fp16_sm80.cu"] + "#endif\n"
+    files = {"setup.py": SETUP.replace("@FILES@", ", ".join(f'"{SRC}/{n}"' for n in kernels)),
+             f"{SRC}/flash.h": FLASH_H_OLD, "csrc/cutlass/include/cutlass/numeric_types.h": "",
+             **{f"{SRC}/{n}": t for n, t in kernels.items()}}
+    bad = _sdist(tmp_path / "flash_attn-9.9.9.tar.gz", files)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("ops: [fwd]\nshapes: [{batch: 2, seqlen: 50, nheads: 4, head_dim: 32}]\n")
+
+    def plan(sd):
+        cp = run_cli("plan", "--versions", str(sd), "--config", str(cfg), "--json", "--envs-dir", str(tmp_path / "envs"),
+                     "--wheel-cache", str(tmp_path / "cache"), "--offline", "--build", "slim", "--archs", "90")
+        return cp, json.loads(cp.stdout)[0]
+
+    cp, item = plan(bad)
+    assert cp.returncode == 3 and item["method"] == "failed", cp.stdout + cp.stderr
+    assert item["error"].startswith("the slim build cannot be generated from flash_attn-9.9.9.tar.gz: flash_fwd_hdim64_fp16_sm80.cu:1: "
+                                    "preprocessor directive '#ifdef FLASHATTENTION_ENABLE_HDIM64' not understood")
+    cp, item = plan(real_sdist("2.8.3"))
+    assert cp.returncode == 0 and item["method"] == "source-slim", cp.stdout + cp.stderr
+    assert item["kernels"] == ["fwd_hdim32_fp16", "fwd_split_hdim32_fp16"]
+    assert any(n.startswith("slim: 2 kernel files kept, 70 stubbed (70 specializations)") for n in item["notes"]), item["notes"]
