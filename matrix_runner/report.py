@@ -460,7 +460,8 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
                 sa = ((x.get("metrics") or {}).get(m) or {}).get("samples")
                 sb = ((y.get("metrics") or {}).get(m) or {}).get("samples")
                 if sa and sb:
-                    per[m] = stats.compare(sa, sb, eff, seed=zlib.crc32(f"{la}/{cid}/{m}".encode()))
+                    # two separate runs: their rounds did not run back to back, so never paired by round
+                    per[m] = stats.compare(sa, sb, eff, seed=zlib.crc32(f"{la}/{cid}/{m}".encode()), paired=False)
             if not per.get("wall_us"):
                 skipped.append({"env": la, "case": cid, "why": "no wall samples"})
                 continue

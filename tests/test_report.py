@@ -496,3 +496,24 @@ def test_headline_of_an_interrupted_run_is_not_called_quick():
     assert "Quick run" not in s
     q = report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a", quick=True)["text"]
     assert "Quick run" in q and "interrupted" not in q
+
+
+def test_compare_runs_is_unpaired_so_round_order_does_not_matter(h200):
+    """Two separate runs are independent groups (issue #14): pairing them round by round made A vs A
+    come out 24/24 "same" with zero-width CIs and A vs A-with-rounds-reversed 19/24 "ambiguous"."""
+    rev = copy.deepcopy(h200)
+    for c in rev["cases"]:
+        for m in c["metrics"].values():
+            m["samples"] = m["samples"][::-1]
+    same, flipped = report.compare_runs(h200, h200), report.compare_runs(h200, rev)
+    assert len(same["rows"]) == len(flipped["rows"]) == 24
+    for x, y in zip(same["rows"], flipped["rows"]):
+        for k in ("wall", "host", "device"):
+            if x[k] is None:
+                continue
+            assert x[k]["ci_method"] == y[k]["ci_method"] == "independent bootstrap+Welch"
+            assert not x[k]["paired"] and not y[k]["paired"]
+            assert x[k]["ratio"] == y[k]["ratio"] and x[k]["verdict"] == y[k]["verdict"]
+            # the bootstrap resamples rounds in list order, so the CI ends move by Monte Carlo noise only
+            assert (x[k]["ci_low"], x[k]["ci_high"]) == pytest.approx((y[k]["ci_low"], y[k]["ci_high"]), rel=1e-2)
+        assert x["wall"]["ci_low"] < 1 < x["wall"]["ci_high"]  # an honest, non-zero-width interval
