@@ -78,8 +78,9 @@ def _worst_correctness(checks: list[dict], dtype: str) -> dict | None:
     return {"tensors": worst, "tolerance": tol, "ok": ok}
 
 
-def comparisons(cases: list[dict], labels: list[str], min_effect: float) -> list[dict]:
-    """Every candidate vs the baseline (first label), per case and metric, with attribution on wall."""
+def comparisons(cases: list[dict], labels: list[str], min_effect: float, paired: bool | None = None) -> list[dict]:
+    """Every candidate vs the baseline (first label), per case and metric, with attribution on wall.
+    ``paired``: passed to stats.compare (None pairs by round where possible; False for envs of different runs)."""
     by = {(c["env"], c["id"]): c for c in cases}
     ids = list(dict.fromkeys(c["id"] for c in cases))
     out = []
@@ -95,7 +96,7 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float) -> list
             for m in ("wall_us", "host_us", "device_us", "graph_us"):
                 if m in b["metrics"] and m in k["metrics"]:
                     per[m] = stats.compare(b["metrics"][m]["samples"], k["metrics"][m]["samples"], min_effect,
-                                           seed=zlib.crc32(f"{cid}/{m}".encode()))
+                                           seed=zlib.crc32(f"{cid}/{m}".encode()), paired=paired)
             attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
             for m, cmp in per.items():
                 if cmp is None:
@@ -164,12 +165,14 @@ def load(path: str | Path) -> dict:
 
 def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     """Merge several results (e.g. one per tox env) into one: envs and cases concatenated (labels
-    made unique), comparisons recomputed against the first env."""
+    made unique), comparisons recomputed against the first env: paired by round only for an env of the
+    baseline's own run, unpaired (independent groups) for an env from another run."""
     if len(runs) == 1 and min_effect is None:
         return runs[0]
     out = json.loads(json.dumps(runs[0], default=_default))
     seen = {e["label"] for e in out["envs"]}
-    for r in runs[1:]:
+    run_of = {lab: 0 for lab in seen}  # env label -> index of its run: only one run's rounds interleave
+    for i, r in enumerate(runs[1:], 1):
         rename = {}
         for e in r["envs"]:
             lab = e["label"]
@@ -177,6 +180,7 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
                 lab += "'"
             rename[e["label"]] = lab
             seen.add(lab)
+            run_of[lab] = i
             out["envs"].append({**e, "label": lab})
         for c in r["cases"]:
             out["cases"].append({**c, "env": rename.get(c["env"], c["env"])})
@@ -184,6 +188,8 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     eff = min_effect if min_effect is not None else (out.get("settings") or {}).get("min_effect", 0.05)
     out.setdefault("settings", {})["min_effect"] = eff  # the report's text follows the verdicts
     labels = [e["label"] for e in out["envs"] if e["status"] == "ok"]
-    out["comparisons"] = comparisons(out["cases"], labels, eff)
+    out["comparisons"] = [c for cand in labels[1:]
+                          for c in comparisons(out["cases"], [labels[0], cand], eff,
+                                               paired=None if run_of[cand] == run_of[labels[0]] else False)]
     out["merged_from"] = [r.get("run_id") for r in runs]
     return out

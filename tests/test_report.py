@@ -517,3 +517,27 @@ def test_compare_runs_is_unpaired_so_round_order_does_not_matter(h200):
             # the bootstrap resamples rounds in list order, so the CI ends move by Monte Carlo noise only
             assert (x[k]["ci_low"], x[k]["ci_high"]) == pytest.approx((y[k]["ci_low"], y[k]["ci_high"]), rel=1e-2)
         assert x["wall"]["ci_low"] < 1 < x["wall"]["ci_high"]  # an honest, non-zero-width interval
+
+
+def test_merge_compares_envs_of_different_runs_unpaired(h200):
+    """`matrix-run report DIR` / `tox -e report` merge separately run envs (issue #14): their rounds
+    never ran back to back, so they are independent groups; envs of one run stay paired by round."""
+    def only(label: str) -> dict:
+        r = copy.deepcopy(h200)
+        r["envs"] = [e for e in r["envs"] if e["label"] == label]
+        r["cases"] = [c for c in r["cases"] if c["env"] == label]
+        r["run_id"] += "-" + label
+        return r
+
+    merged = results.merge([only("2.6.3"), only("2.7.0.post2")])
+    wall = [c for c in merged["comparisons"] if c["metric"] == "wall_us"]
+    assert len(wall) == 12
+    assert {c["ci_method"] for c in merged["comparisons"]} == {"independent bootstrap+Welch"}
+    assert not any(c["paired"] for c in merged["comparisons"])
+    # one run's envs merged with another run: the baseline's own run stays paired, the other does not
+    extra = copy.deepcopy(h200)
+    extra["run_id"] += "-other"
+    again = results.merge([h200, extra])
+    method = {c["candidate"]: c["ci_method"] for c in again["comparisons"] if c["metric"] == "wall_us"}
+    assert method == {"2.7.0.post2": "paired trimmed t", "2.6.3'": "independent bootstrap+Welch",
+                      "2.7.0.post2'": "independent bootstrap+Welch"}
