@@ -746,9 +746,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
 
 def regressions(doc: dict, pct: float) -> list[dict]:
     """The wall-time comparisons of ``doc`` that ``--fail-on-regression PCT`` fails on: slower by more than
-    ``pct`` percent, the SDPA control left out."""
+    ``pct`` percent, the SDPA control (a case record's ``impl``, not its id) left out."""
+    impl = {(c["env"], c["id"]): c.get("impl", "flash_attn") for c in doc["cases"]}  # records before impl: flash_attn
     return [c for c in doc["comparisons"] if c["metric"] == "wall_us" and c["verdict"] == "slower"
-            and not c["case"].endswith("-sdpa")  # the SDPA control times torch, not flash-attn
+            and impl.get((c["candidate"], c["case"]), "flash_attn") != "sdpa"  # it times torch, not flash-attn
             and (c["ratio"] - 1) * 100 > pct]
 
 
