@@ -89,7 +89,7 @@ def short_labels(cases: list[dict]) -> tuple[dict, str]:
 
 def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
               device: list[dict] | None = None, host: list[dict] | None = None,
-              min_effect: float = 0.05, prefix: str = "", quick: bool = True, interrupted: bool = False) -> dict:
+              min_effect: float = 0.05, prefix: str = "", quick: bool = False, interrupted: bool = False) -> dict:
     """The one-line verdict for a candidate: ``{cls, text, detail}``. ``quick``: the run was a
     ``--quick`` one (else one process per version means it stopped early); ``interrupted``: it was.
 
@@ -480,7 +480,8 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
         name = {r["id"]: f"{r['short']} {r['op']}" for r in rs}
         env_name = la if la == lb else f"{la} (A) / {lb} (B)"
         s = summarize([r["wall"] for r in rs], n, name, "B", "A", [r["device"] for r in rs if r["device"]],
-                      [r["host"] for r in rs if r["host"]], eff, prefix=f"{env_name} — ")
+                      [r["host"] for r in rs if r["host"]], eff, prefix=f"{env_name} — ",
+                      quick=any((x.get("settings") or {}).get("quick") for x in (a, b)))
         s["env"] = la
         summaries.append(s)
     unpaired = ([f"A {e['label']}" for e in a.get("envs", []) if e["label"] not in {p[0] for p in pairs}] +

@@ -541,3 +541,21 @@ def test_merge_compares_envs_of_different_runs_unpaired(h200):
     method = {c["candidate"]: c["ci_method"] for c in again["comparisons"] if c["metric"] == "wall_us"}
     assert method == {"2.7.0.post2": "paired trimmed t", "2.6.3'": "independent bootstrap+Welch",
                       "2.7.0.post2'": "independent bootstrap+Welch"}
+
+
+def test_a_full_run_is_never_called_quick(h200):
+    """Issue #14: summarize defaulted to quick=True, so compare summaries of full runs that were timed in
+    one worker process per version (e.g. stopped after round 1) said "Quick run ... rerun without --quick"."""
+    w = [{"case": "c1", "verdict": "slower", "ratio": 1.9, "attribution": None, "within_process_only": True,
+          "attribution_why": "no device clock (CPU run)"}]
+    assert "Quick run" not in report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a")["text"]
+    one = copy.deepcopy(h200)  # a full run (settings.quick false) that got one round only
+    assert one["settings"]["quick"] is False
+    for c in one["cases"]:
+        for m in c["metrics"].values():
+            m["samples"] = m["samples"][:1]
+    texts = [s["text"] for s in report.compare_runs(h200, one)["summaries"]]
+    assert texts and all("Only one worker process per version" in t and "Quick run" not in t for t in texts)
+    quick = copy.deepcopy(one)
+    quick["settings"]["quick"] = True
+    assert all("Quick run" in s["text"] for s in report.compare_runs(h200, quick)["summaries"])
