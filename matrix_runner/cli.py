@@ -760,14 +760,21 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             kinds = sorted({c.get("error_kind") or "error" for c in failed_cases})
             console.print(f"[yellow]{len(failed_cases)} case(s) failed ({', '.join(kinds)}); see the report[/]")
     if args.fail_on_regression is not None:
-        bad = [c for c in doc["comparisons"] if c["metric"] == "wall_us" and c["verdict"] == "slower"
-               and c.get("impl", "flash_attn") != "sdpa"  # the SDPA control times torch, not flash-attn
-               and (c["ratio"] - 1) * 100 > args.fail_on_regression]
+        bad = regressions(doc, args.fail_on_regression)
         if bad:
             console.print(f"[red]{len(bad)} regression(s) over {args.fail_on_regression:g}%[/]: " +
                           ", ".join(f"{c['candidate']} {c['label']} {c['op']} {c['ratio']:.2f}x" for c in bad))
             code = EXIT_REGRESSION
     return code
+
+
+def regressions(doc: dict, pct: float) -> list[dict]:
+    """The wall-time comparisons of ``doc`` that ``--fail-on-regression PCT`` fails on: slower by more than
+    ``pct`` percent, the SDPA control (a case record's ``impl``, not its id) left out."""
+    impl = {(c["env"], c["id"]): c.get("impl", "flash_attn") for c in doc["cases"]}  # records before impl: flash_attn
+    return [c for c in doc["comparisons"] if c["metric"] == "wall_us" and c["verdict"] == "slower"
+            and impl.get((c["candidate"], c["case"]), "flash_attn") != "sdpa"  # it times torch, not flash-attn
+            and (c["ratio"] - 1) * 100 > pct]
 
 
 def _prepare_envs(reqs, items, opts, dprobe, cases) -> list[envmod.EnvResult]:

@@ -101,7 +101,7 @@ def short_labels(cases: list[dict]) -> tuple[dict, str]:
 
 def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
               device: list[dict] | None = None, host: list[dict] | None = None,
-              min_effect: float = 0.05, prefix: str = "", quick: bool = True, interrupted: bool = False) -> dict:
+              min_effect: float = 0.05, prefix: str = "", quick: bool = False, interrupted: bool = False) -> dict:
     """The one-line verdict for a candidate: ``{cls, text, detail}``. ``quick``: the run was a
     ``--quick`` one (else one process per version means it stopped early); ``interrupted``: it was.
 
@@ -481,7 +481,8 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
                 sa = ((x.get("metrics") or {}).get(m) or {}).get("samples")
                 sb = ((y.get("metrics") or {}).get(m) or {}).get("samples")
                 if sa and sb:
-                    per[m] = stats.compare(sa, sb, eff, seed=zlib.crc32(f"{la}/{cid}/{m}".encode()))
+                    # two separate runs: their rounds did not run back to back, so never paired by round
+                    per[m] = stats.compare(sa, sb, eff, seed=zlib.crc32(f"{la}/{cid}/{m}".encode()), paired=False)
             if not per.get("wall_us"):
                 skipped.append({"env": la, "case": cid, "why": "no wall samples"})
                 continue
@@ -500,7 +501,8 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
         name = {r["id"]: f"{r['short']} {r['op']}" for r in rs}
         env_name = la if la == lb else f"{la} (A) / {lb} (B)"
         s = summarize([r["wall"] for r in rs], n, name, "B", "A", [r["device"] for r in rs if r["device"]],
-                      [r["host"] for r in rs if r["host"]], eff, prefix=f"{env_name} — ")
+                      [r["host"] for r in rs if r["host"]], eff, prefix=f"{env_name} — ",
+                      quick=any((x.get("settings") or {}).get("quick") for x in (a, b)))
         s["env"] = la
         summaries.append(s)
     unpaired = ([f"A {e['label']}" for e in a.get("envs", []) if e["label"] not in {p[0] for p in pairs}] +

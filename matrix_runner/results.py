@@ -206,12 +206,15 @@ def load(path: str | Path) -> dict:
 
 def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     """Merge several results (e.g. one per tox env) into one: envs and cases concatenated (labels
-    made unique), comparisons recomputed against the first env."""
+    made unique), comparisons recomputed against the first env: paired (by process set, or by round for
+    results/1) only for an env of the baseline's own run, unpaired (independent groups) for an env
+    from another run."""
     if len(runs) == 1 and min_effect is None:
         return runs[0]
     out = json.loads(json.dumps(runs[0], default=_default))
     seen = {e["label"] for e in out["envs"]}
-    for r in runs[1:]:
+    run_of = {lab: 0 for lab in seen}  # env label -> index of its run: only one run's rounds interleave
+    for i, r in enumerate(runs[1:], 1):
         rename = {}
         for e in r["envs"]:
             lab = e["label"]
@@ -219,13 +222,18 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
                 lab += "'"
             rename[e["label"]] = lab
             seen.add(lab)
+            run_of[lab] = i
             out["envs"].append({**e, "label": lab})
         for c in r["cases"]:
             out["cases"].append({**c, "env": rename.get(c["env"], c["env"])})
-        out.setdefault("rounds", []).extend(r.get("rounds", []))
+        for key in ("sets", "rounds"):  # results/2 process sets, results/1 rounds
+            if r.get(key):
+                out.setdefault(key, []).extend(r[key])
     eff = min_effect if min_effect is not None else (out.get("settings") or {}).get("min_effect", 0.05)
     out.setdefault("settings", {})["min_effect"] = eff  # the report's text follows the verdicts
     labels = [e["label"] for e in out["envs"] if e["status"] == "ok"]
-    out["comparisons"] = comparisons(out["cases"], labels, eff)
+    out["comparisons"] = [c for cand in labels[1:]
+                          for c in comparisons(out["cases"], [labels[0], cand], eff, settings=out["settings"],
+                                               paired=run_of[cand] == run_of[labels[0]])]
     out["merged_from"] = [r.get("run_id") for r in runs]
     return out

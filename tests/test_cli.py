@@ -132,3 +132,20 @@ def test_resume_of_a_run_that_measured_nothing_says_so(tmp_path):
     (tmp_path / "run").mkdir()
     cp = run_cli("--resume", str(tmp_path / "run"))
     assert cp.returncode == 2 and "that run stopped before it measured anything" in " ".join(cp.stderr.split())
+
+
+def test_fail_on_regression_leaves_out_the_sdpa_control_by_impl_not_by_name():
+    """Issue #14: the SDPA control was dropped by its id's "-sdpa" suffix."""
+    from matrix_runner import cli
+    from matrix_runner.config import Case
+
+    fa = Case(op="fwd", batch=2, seqlen_q=64, seqlen_k=64, nheads=4, nheads_k=4, head_dim=32).to_dict()
+    sd = Case(op="fwd", batch=2, seqlen_q=64, seqlen_k=64, nheads=4, nheads_k=4, head_dim=32, impl="sdpa").to_dict()
+    fa["id"] = fa["label"] = "my-flash-attn-case-vs-sdpa"  # a flash-attn case whose name ends in -sdpa
+    sd["id"] = sd["label"] = "control"  # an SDPA control whose name does not say so
+    cases = [dict(c, env=env) for c in (fa, sd) for env in ("a", "b")]
+    comps = [{"baseline": "a", "candidate": "b", "case": c["id"], "label": c["label"], "op": "fwd",
+              "metric": m, "verdict": "slower", "ratio": 1.5} for c in (fa, sd) for m in ("wall_us", "host_us")]
+    doc = {"cases": cases, "comparisons": comps}
+    assert [c["case"] for c in cli.regressions(doc, 10)] == ["my-flash-attn-case-vs-sdpa"]
+    assert cli.regressions(doc, 60) == []  # 50 % slower is under a 60 % threshold

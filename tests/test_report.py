@@ -496,3 +496,66 @@ def test_headline_of_an_interrupted_run_is_not_called_quick():
     assert "Quick run" not in s
     q = report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a", quick=True)["text"]
     assert "Quick run" in q and "interrupted" not in q
+
+
+def test_compare_runs_is_unpaired_so_round_order_does_not_matter(h200):
+    """Two separate runs are independent groups (issue #14): pairing them round by round made A vs A
+    come out 24/24 "same" with zero-width CIs and A vs A-with-rounds-reversed 19/24 "ambiguous"."""
+    rev = copy.deepcopy(h200)
+    for c in rev["cases"]:
+        for m in c["metrics"].values():
+            m["samples"] = m["samples"][::-1]
+    same, flipped = report.compare_runs(h200, h200), report.compare_runs(h200, rev)
+    assert len(same["rows"]) == len(flipped["rows"]) == 24
+    for x, y in zip(same["rows"], flipped["rows"]):
+        for k in ("wall", "host", "device"):
+            if x[k] is None:
+                continue
+            assert x[k]["ci_method"] == y[k]["ci_method"] == "independent bootstrap+Welch"
+            assert not x[k]["paired"] and not y[k]["paired"]
+            assert x[k]["ratio"] == y[k]["ratio"] and x[k]["verdict"] == y[k]["verdict"]
+            # the bootstrap resamples rounds in list order, so the CI ends move by Monte Carlo noise only
+            assert (x[k]["ci_low"], x[k]["ci_high"]) == pytest.approx((y[k]["ci_low"], y[k]["ci_high"]), rel=1e-2)
+        assert x["wall"]["ci_low"] < 1 < x["wall"]["ci_high"]  # an honest, non-zero-width interval
+
+
+def test_merge_compares_envs_of_different_runs_unpaired(h200):
+    """`matrix-run report DIR` / `tox -e report` merge separately run envs (issue #14): their rounds
+    never ran back to back, so they are independent groups; envs of one run stay paired by round."""
+    def only(label: str) -> dict:
+        r = copy.deepcopy(h200)
+        r["envs"] = [e for e in r["envs"] if e["label"] == label]
+        r["cases"] = [c for c in r["cases"] if c["env"] == label]
+        r["run_id"] += "-" + label
+        return r
+
+    merged = results.merge([only("2.6.3"), only("2.7.0.post2")])
+    wall = [c for c in merged["comparisons"] if c["metric"] == "wall_us"]
+    assert len(wall) == 12
+    assert {c["ci_method"] for c in merged["comparisons"]} == {"independent bootstrap+Welch"}
+    assert not any(c["paired"] for c in merged["comparisons"])
+    # one run's envs merged with another run: the baseline's own run stays paired, the other does not
+    extra = copy.deepcopy(h200)
+    extra["run_id"] += "-other"
+    again = results.merge([h200, extra])
+    method = {c["candidate"]: c["ci_method"] for c in again["comparisons"] if c["metric"] == "wall_us"}
+    assert method == {"2.7.0.post2": "paired trimmed t", "2.6.3'": "independent bootstrap+Welch",
+                      "2.7.0.post2'": "independent bootstrap+Welch"}
+
+
+def test_a_full_run_is_never_called_quick(h200):
+    """Issue #14: summarize defaulted to quick=True, so compare summaries of full runs that were timed in
+    one worker process per version (e.g. stopped after round 1) said "Quick run ... rerun without --quick"."""
+    w = [{"case": "c1", "verdict": "slower", "ratio": 1.9, "attribution": None, "within_process_only": True,
+          "attribution_why": "no device clock (CPU run)"}]
+    assert "Quick run" not in report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a")["text"]
+    one = copy.deepcopy(h200)  # a full run (settings.quick false) that got one round only
+    assert one["settings"]["quick"] is False
+    for c in one["cases"]:
+        for m in c["metrics"].values():
+            m["samples"] = m["samples"][:1]
+    texts = [s["text"] for s in report.compare_runs(h200, one)["summaries"]]
+    assert texts and all("Only one worker process per version" in t and "Quick run" not in t for t in texts)
+    quick = copy.deepcopy(one)
+    quick["settings"]["quick"] = True
+    assert all("Quick run" in s["text"] for s in report.compare_runs(h200, quick)["summaries"])
