@@ -271,6 +271,10 @@ def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> Non
 
 def cmd_plan(args) -> int:
     cfg = load_config(args.config)
+    try:
+        lockstep.parse_cpus(args.cpus)
+    except ValueError as ex:
+        raise envmod.UsageError(str(ex)) from None
     reqs = envmod.parse_versions(args.versions)
     opts = _options(args)
     if args.backend == "uv":
@@ -552,7 +556,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         if v is not None:
             setattr(samp, attr, v)
     for name, v in (("--max-sets", samp.max_sets), ("--set-seconds", samp.set_seconds), ("--burst-ms", samp.burst_ms),
-                    ("--workers-per-env", samp.workers_per_env or 1),
+                    ("--workers-per-env", 1 if samp.workers_per_env is None else samp.workers_per_env),
                     ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
         if not v > 0:
             raise envmod.UsageError(f"{name} {v:g}: give a positive number")

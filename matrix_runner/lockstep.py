@@ -204,6 +204,23 @@ def _noise(cpu: int, seconds: float = 0.03) -> float:
     return (ts[int(0.9 * (n - 1))] - ts[int(0.1 * (n - 1))]) / med if med else float("inf")
 
 
+def parse_cpus(request: str | None) -> list[int] | None:
+    """The CPU ids of a ``--cpus`` list (None for auto/unpinned); ValueError naming what is wrong:
+    not a list of integers, or CPUs this process may not run on."""
+    if request in (None, "auto", "unpinned"):
+        return None
+    try:
+        want = [int(x) for x in request.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--cpus {request!r}: give auto, unpinned or a comma list of CPU ids") from None
+    allowed = allowed_cpus()
+    bad = [c for c in want if c not in allowed]
+    if bad or not want:
+        raise ValueError(f"--cpus {request!r}: CPU(s) {bad or want} not allowed to this process "
+                         f"(allowed: {allowed})")
+    return want
+
+
 def plan_cpus(request: str | None, n_sets: int = 4) -> dict:
     """Which CPU the driver runs on and which cores the process sets are pinned to.
 
@@ -224,14 +241,7 @@ def plan_cpus(request: str | None, n_sets: int = 4) -> dict:
         return out
     driver = allowed[0]
     if request and request != "auto":
-        try:
-            want = [int(x) for x in request.split(",") if x.strip()]
-        except ValueError:
-            raise ValueError(f"--cpus {request!r}: give auto, unpinned or a comma list of CPU ids") from None
-        bad = [c for c in want if c not in allowed]
-        if bad or not want:
-            raise ValueError(f"--cpus {request!r}: CPU(s) {bad or want} not allowed to this process "
-                             f"(allowed: {allowed})")
+        want = parse_cpus(request) or []
         if driver in want:
             rest = [c for c in allowed if c not in want]
             driver = rest[0] if rest else driver

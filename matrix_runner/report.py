@@ -191,10 +191,20 @@ def ci_bands(cases: list[dict], metric: str = "wall_us", n_boot: int = 1000) -> 
 
 
 def ratio_definition(comparisons: list[dict]) -> str:
-    """How the run's ratios were computed: paired by round with a trimmed mean (current method), paired
+    """How the run's ratios were computed: lockstep process sets with an anytime-valid interval (current
+    method); for results/1 runs, paired by round with a trimmed mean, paired
     with a median (results written before trimming) or, for results written before pairing existed or
     with unequal rounds, as the ratio of medians of per-process medians."""
     wall = [c for c in comparisons if c.get("metric") == "wall_us"]
+    if wall and all(c.get("ci_method") == "lockstep sets, anytime t-CS" for c in wall):
+        c = wall[0]
+        return (f"each process set (one fresh worker per version, all pinned to one CPU core) timed every case in "
+                f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
+                f"other; per set, the trimmed mean of those paired ratios; the interval is an anytime-valid "
+                f"confidence sequence over the sets (Lai's t-mixture) at {1 - c.get('alpha', 0.05):.2%} per "
+                f"comparison, so all {c.get('family_size', len(wall))} wall-time verdicts of the run hold together "
+                f"with {1 - c.get('family_alpha', 0.05):.0%} confidence however early sampling stopped "
+                f"(the same interval decided when to stop)")
     if wall and all(c.get("ci_method") == "paired trimmed t" for c in wall):
         return ("trimmed mean over rounds of the per-round ratio (each round's two processes ran back to back; "
                 "20% trimmed, none with fewer than 7 rounds); 95% CI: Tukey-McLaughlin trimmed t interval over rounds")

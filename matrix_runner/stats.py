@@ -41,13 +41,6 @@ from scipy import stats as sps
 
 N_BOOT = 2000
 CI_LEVEL = 0.95
-#: Confidence level at which the runner's early stop ("every comparison decided") is tested. The
-#: runner looks after every round; testing at 95 % each time let a single A/A comparison end
-#: "faster"/"slower" in 16-29 % of simulated runs with a 15 % per-round spread (H200 batch-2
-#: process modes); stopping only when decided at 99.5 %, with the verdict reported at 95 % at that
-#: point, 8-9 %; 12 comparisons stopping together: 4-6 % each (benchmarks/sequential_aa.py,
-#: benchmarks/results/sim-sequential-aa.txt). A verdict decided at 99.5 % is the same at 95 %.
-STOP_LEVEL = 0.995
 
 
 def _median(x) -> float:

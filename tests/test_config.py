@@ -54,8 +54,16 @@ def test_top_level_rules():
         parse_config({"dropout_p": 1.5})
     with pytest.raises(ConfigError, match="ops = .*must be a non-empty list of fwd, bwd"):
         parse_config({"ops": ["fwd", "sideways"]})
-    with pytest.raises(ConfigError, match="sampling.max_rounds = 1: must be >= min_rounds"):
-        parse_config({"sampling": {"min_rounds": 3, "max_rounds": 1}})
+    with pytest.raises(ConfigError, match="sampling.min_rounds = 3: is no longer used"):
+        parse_config({"sampling": {"min_rounds": 3}})
+    with pytest.raises(ConfigError, match="sampling.max_rounds = 9: is no longer used: use max_sets"):
+        parse_config({"sampling": {"max_rounds": 9}})
+    with pytest.raises(ConfigError, match="sampling.alpha = 0.7: must be between 0 and 0.5"):
+        parse_config({"sampling": {"alpha": 0.7}})
+    with pytest.raises(ConfigError, match="sampling.burst_ms = 0: must be a positive number"):
+        parse_config({"sampling": {"burst_ms": 0}})
+    assert parse_config({"sampling": {"workers_per_env": "auto"}}).sampling.workers_per_env is None
+    assert parse_config({"sampling": {"workers_per_env": 3}}).sampling.workers_per_env == 3
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         parse_config(["a"])
 

@@ -431,7 +431,7 @@ def test_compare_cli_help_and_errors(tmp_path):
     assert cp.returncode == 2 and "no env timed in both runs" in " ".join(cp.stderr.split())
     (tmp_path / "bad.json").write_text('{"schema": "other/1"}')
     cp = run_cli("compare", str(H200), str(tmp_path / "bad.json"))
-    assert cp.returncode == 2 and "is not 'matrix-runner/results/1'" in cp.stderr and "Traceback" not in cp.stderr
+    assert cp.returncode == 2 and "is not one of matrix-runner/results/1, matrix-runner/results/2" in cp.stderr and "Traceback" not in cp.stderr
 
 
 # --------------------------------------------------------------------------------------------

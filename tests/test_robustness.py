@@ -65,9 +65,12 @@ def test_bad_versions_exit_2(capsys, tmp_path, versions, needle):
 @pytest.mark.parametrize("args,needle", [
     (["--case-timeout", "0"], "--case-timeout 0: give a positive number"),
     (["--case-timeout", "-5"], "--case-timeout -5: give a positive number"),
-    (["--min-rounds", "0"], "--min-rounds 0: give a positive number"),
+    (["--max-sets", "0"], "--max-sets 0: give a positive number"),
     (["--time-budget", "-1"], "--time-budget -1: give a positive number"),
-    (["--min-rounds", "3", "--max-rounds", "2"], "--max-rounds 2 is below --min-rounds 3"),
+    (["--burst-ms", "0"], "--burst-ms 0: give a positive number"),
+    (["--workers-per-env", "0"], "--workers-per-env 0: give a positive number"),
+    (["--cpus", "fast"], "--cpus 'fast': give auto, unpinned or a comma list of CPU ids"),
+    (["--cpus", "99999"], "--cpus '99999': CPU(s) [99999] not allowed to this process"),
     (["--min-effect", "2"], "--min-effect 2.0: give a fraction"),
     (["--find-links", "/nonexistent-dir"], "--find-links /nonexistent-dir: not a directory"),
     (["--torch", "latest"], "--torch 'latest'"),
@@ -125,7 +128,7 @@ def test_yaml_python_tags_are_refused_and_never_run(capsys, tmp_path):
     code, err = main(capsys, "run", "--versions", "2.6.3", "--config", str(cfg), "--envs-dir", str(tmp_path / "envs"),
                      "--output", str(tmp_path / "o"))
     assert code == 2 and "python/object/apply:os.system" in err and f"{cfg}:1:" in err, err
-    cfg.write_text("title: !!python/object:matrix_runner.config.Sampling {min_rounds: 1}\n")
+    cfg.write_text("title: !!python/object:matrix_runner.config.Sampling {max_sets: 1}\n")
     code, err = main(capsys, "plan", "--versions", "2.6.3", "--config", str(cfg), "--envs-dir", str(tmp_path / "envs"))
     assert code == 2 and "python/object:matrix_runner.config.Sampling" in err, err
     assert not marker.exists()

@@ -64,7 +64,7 @@ def test_resume_refuses_to_pool_two_builds_under_one_label(standins, tiny_config
     assert cp.returncode == 0, cp.stderr[-2000:]
     res = json.loads((out / "results.json").read_text())
     res["timing"]["stop_reason"] = "interrupted"  # as if Ctrl-C had stopped it after the first round
-    res["rounds"] = res["rounds"][:1]
+    res["sets"] = res["sets"][:1]
     (out / "results.json").write_text(json.dumps(res))
     for w in wheels.glob("flash_attn-2.7.0.post2-*"):
         w.unlink()

@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 
+from scipy import stats as sps
+
 from matrix_runner import stats
 
 
@@ -135,39 +137,96 @@ def test_five_rounds_are_not_trimmed_so_a_consistent_slowdown_is_decided():
     assert c["verdict"] == "slower" and c["ci_low"] > 1.15, c
 
 
-def test_device_pass_runs_until_kernel_time_is_decided():
-    from matrix_runner.config import Case
-    from matrix_runner.runner import CaseData, device_pass_needed
+def test_t_cs_covers_uniformly_over_time():
+    # the anytime-valid interval may be looked at after every set: the chance that it EVER misses
+    # the true mean over 30 looks stays <= alpha (Gaussian data, any mean and scale)
+    rng = np.random.default_rng(7)
+    for alpha, nt in ((0.05, 8), (0.05 / 12, 8)):
+        c = stats.lai_mixing(nt, alpha)
+        miss = 0
+        for _ in range(2000):
+            x = rng.standard_normal(30) * 0.07 + 0.3
+            for n in range(2, 31):
+                m, lo, hi = stats.t_cs(x[:n], alpha, c)
+                if not lo <= 0.3 <= hi:
+                    miss += 1
+                    break
+        assert miss / 2000 <= alpha * 1.2 + 0.004, (alpha, miss)
+    # a fixed-n 95 % t interval looked at after every set misses far more often: the reason for the CS
+    miss = 0
+    for _ in range(2000):
+        x = rng.standard_normal(30)
+        for n in range(3, 31):
+            h = sps.t.ppf(0.975, n - 1) * x[:n].std(ddof=1) / np.sqrt(n)
+            if abs(x[:n].mean()) > h:
+                miss += 1
+                break
+    assert miss / 2000 > 0.2
 
-    case = Case(op="fwd", batch=2, seqlen_q=50, seqlen_k=50, nheads=16, nheads_k=16, head_dim=16)
-    rng = np.random.default_rng(0)
-    data = {(lab, case.id): CaseData(lab, case, status="ok") for lab in ("a", "b")}
-    args = (["a", "b"], [case])
-    assert device_pass_needed(data, *args, 0, 3, 0.05)  # first min_rounds rounds: always
-    assert device_pass_needed(data, *args, 3, 3, 0.05)  # no device sample yet
-    for lab in ("a", "b"):  # kernel time equal to 0.1 %: "same" -> no more profiler passes
-        data[(lab, case.id)].rounds["device_us"] = [list(rng.normal(4.93, 0.005, 16)) for _ in range(3)]
-    assert not device_pass_needed(data, *args, 3, 3, 0.05)
-    # a device difference near the minimum effect stays ambiguous -> keep profiling
-    data[("b", case.id)].rounds["device_us"] = [list(rng.normal(4.93 * f, 0.005, 16)) for f in (1.0, 1.1, 1.05)]
-    assert device_pass_needed(data, *args, 3, 3, 0.05)
+
+def test_t_cs_is_unbounded_with_too_few_sets_and_narrows_with_more():
+    c = stats.lai_mixing(8, 0.05 / 12)
+    assert stats.t_cs([0.01, 0.02, 0.0], 0.05 / 12, c)[2] == float("inf")
+    widths = [stats._t_cs_halfwidth(n, n - 1, 0.05 / 12, c) for n in range(5, 20)]
+    assert all(a > b for a, b in zip(widths, widths[1:]))
+    # NaN and inf observations are dropped, not propagated
+    m, lo, hi = stats.t_cs([0.1, float("nan"), 0.1, 0.12, 0.09, 0.11, 0.1, float("inf"), 0.1], 0.05, 1.0)
+    assert abs(m - 0.1029) < 1e-3 and lo < m < hi < 0.2
 
 
-def test_early_stop_needs_the_stricter_level_but_reports_at_95():
-    # 6 rounds of a noisy ~6 % slowdown: "slower" at 95 % but not yet at the 99.5 % stop level, so
-    # the runner keeps sampling (it re-tests after every round; see stats.STOP_LEVEL)
-    from matrix_runner.config import Case
-    from matrix_runner.runner import CaseData, decided
+def _sets(values: dict) -> dict:
+    """{set: [cycle values]} -> {set: {cycle id: value}} (cycle ids as the runner numbers them)."""
+    out, cy = {}, 0
+    for s, vals in values.items():
+        out[s] = {}
+        for v in vals:
+            out[s][cy] = v
+            cy += 1
+    return out
 
-    case = Case(op="fwd", batch=2, seqlen_q=50, seqlen_k=50, nheads=16, nheads_k=16, head_dim=16)
-    a = [100.0, 101.0, 99.0, 100.5, 99.5, 100.0]
-    f = [1.02, 1.10, 1.00, 1.12, 1.05, 1.09]
-    data = {("a", case.id): CaseData("a", case, status="ok"), ("b", case.id): CaseData("b", case, status="ok")}
-    data[("a", case.id)].rounds["wall_us"] = [[x] * 30 for x in a]
-    data[("b", case.id)].rounds["wall_us"] = [[x * k] * 30 for x, k in zip(a, f)]
-    c95 = stats.compare(data[("a", case.id)].rounds["wall_us"], data[("b", case.id)].rounds["wall_us"], 0.05)
-    assert c95["verdict"] == "slower", c95
-    c_stop = stats.compare(data[("a", case.id)].rounds["wall_us"], data[("b", case.id)].rounds["wall_us"], 0.05,
-                           level=stats.STOP_LEVEL)
-    assert c_stop["verdict"] == "ambiguous" and c_stop["ci_low"] < c95["ci_low"]
-    assert decided(data, "a", ["a", "b"], [case], 0.05) == (1, 1)
+
+def test_set_compare_pairs_by_set_and_cycle_id_never_by_position():
+    rng = np.random.default_rng(3)
+    base, cand = {}, {}
+    for s in range(8):  # each set has its own speed; cycles drift; the candidate is 2x
+        speed = 40 * (1 + 0.3 * rng.random())
+        base[s] = {}
+        cand[s] = {}
+        for cy in range(20):
+            drift = 1 + 0.5 * rng.random()
+            base[s][100 * s + cy] = speed * drift * (1 + 0.01 * rng.standard_normal())
+            cand[s][100 * s + cy] = 2 * speed * drift * (1 + 0.01 * rng.standard_normal())
+    c = stats.set_compare(base, cand, family_size=12)
+    assert c["verdict"] == "slower" and abs(c["ratio"] - 2) < 0.02 and c["ci_high"] / c["ci_low"] < 1.03, c
+    # the same data with the candidate's sets and cycles listed in another order: the same answer
+    shuffled = {s: dict(reversed(list(cand[s].items()))) for s in reversed(list(cand))}
+    c2 = stats.set_compare(base, shuffled, family_size=12)
+    assert c2["ratio"] == pytest.approx(c["ratio"]) and c2["ci_low"] == pytest.approx(c["ci_low"])
+    # a cycle or a set missing on one side is left out, not paired with a neighbour
+    del cand[3]
+    del cand[5][500]
+    c3 = stats.set_compare(base, cand, family_size=12)
+    assert c3["n_sets"] == 7 and 3 not in c3["sets"] and abs(c3["ratio"] - 2) < 0.02
+    # NaN/inf/zero burst values never reach the interval
+    cand[0][1] = float("nan")
+    cand[1][101] = 0.0
+    assert stats.set_compare(base, cand, family_size=12)["verdict"] == "slower"
+
+
+def test_family_size_widens_and_quick_runs_are_provisional():
+    rng = np.random.default_rng(5)
+    base = _sets({s: list(40 + rng.standard_normal(12)) for s in range(8)})
+    cand = {s: {cy: v * (1.0 + 0.02 * rng.standard_normal()) for cy, v in d.items()} for s, d in base.items()}
+    one = stats.set_compare(base, cand, family_size=1)
+    twelve = stats.set_compare(base, cand, family_size=12)
+    assert twelve["ci_low"] < one["ci_low"] and twelve["ci_high"] > one["ci_high"]
+    assert twelve["alpha"] == pytest.approx(0.05 / 12)
+    assert stats.set_compare(base, cand, family_size=1, provisional=True)["verdict"] == "provisional"
+    single = stats.set_compare({0: base[0]}, {0: cand[0]})
+    assert single["verdict"] == "provisional" and single["n_sets"] == 1
+    # device/graph clocks: per set a list of samples, the set's value the log ratio of medians
+    d = stats.set_compare({s: [4.93, 4.94, 4.92] for s in range(6)}, {s: [4.93, 4.93, 4.94] for s in range(6)},
+                          cycles=False, family_size=12)
+    assert d["verdict"] == "same" and d["ci_high"] < 1.01
+
+

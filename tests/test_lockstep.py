@@ -1,0 +1,117 @@
+"""The lockstep measurement's own pieces: the worker's imports, CPU planning, thread pinning, and the
+worker's burst loops (no torch needed for these)."""
+import ast
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from matrix_runner import lockstep, worker
+
+WORKER_SRC = lockstep.WORKER
+
+
+def test_worker_imports_only_stdlib_torch_and_the_subject():
+    # the worker runs inside each env by path: it may import nothing of matrix_runner or its deps
+    tree = ast.parse(WORKER_SRC.read_text())
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"relative import in worker.py line {node.lineno}"
+            roots.add(node.module.split(".")[0])
+    allowed = set(sys.stdlib_module_names) | {"torch", "flash_attn", "flash_attn_2_cuda", "__future__"}
+    assert roots - allowed == set(), roots - allowed
+    assert {"torch", "flash_attn"} <= roots  # and it does use them
+
+
+def test_plan_cpus_keeps_the_driver_off_the_set_cores(monkeypatch):
+    monkeypatch.setattr(lockstep, "allowed_cpus", lambda: list(range(8)))
+    monkeypatch.setattr(lockstep, "siblings", lambda c: {c, c ^ 1})  # SMT pairs (0,1), (2,3), ...
+    monkeypatch.setattr(lockstep, "set_affinity", lambda pid, cpus: True)
+    noise = {2: 0.5, 3: 0.1, 4: 0.2, 5: 0.9, 6: 0.05, 7: 0.3}
+    monkeypatch.setattr(lockstep, "_noise", lambda c, seconds=0.03: noise[c])
+    p = lockstep.plan_cpus("auto", n_sets=2)
+    assert p["pinned"] and p["driver_cpu"] == 0
+    assert p["set_cpus"] == [6, 3]  # the quietest, never the driver's SMT sibling 1
+    assert p["spare_cpus"] == [0, 1, 4, 5]  # the next set starts off the sets' physical cores
+    assert lockstep.plan_cpus("unpinned")["pinned"] is False
+    q = lockstep.plan_cpus("0,2")
+    assert q["set_cpus"] == [0, 2] and q["driver_cpu"] == 1
+    with pytest.raises(ValueError, match="CPU\\(s\\) \\[42\\] not allowed"):
+        lockstep.plan_cpus("42")
+    with pytest.raises(ValueError, match="give auto, unpinned or a comma list"):
+        lockstep.parse_cpus("some")
+
+
+def test_one_cpu_runs_unpinned_and_says_why(monkeypatch):
+    monkeypatch.setattr(lockstep, "allowed_cpus", lambda: [0])
+    p = lockstep.plan_cpus("auto")
+    assert not p["pinned"] and "only 1 CPU" in p["why"]
+    monkeypatch.setattr(lockstep, "allowed_cpus", lambda: [0, 1, 2])
+    monkeypatch.setattr(lockstep, "_noise", lambda c, seconds=0.03: float("inf"))  # affinity refused
+    monkeypatch.setattr(lockstep, "set_affinity", lambda pid, cpus: False)
+    p = lockstep.plan_cpus("auto")
+    assert not p["pinned"] and "may not change CPU affinity" in p["why"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux CPU affinity and two CPUs")
+def test_pin_threads_pins_every_thread_of_the_process():
+    import threading
+
+    before = os.sched_getaffinity(0)
+    ev = threading.Event()
+    t = threading.Thread(target=ev.wait, daemon=True)  # a thread started before pinning, like autograd's
+    t.start()
+    try:
+        cpu = sorted(before)[-1]
+        n = worker._pin_threads({cpu})
+        assert n >= 2
+        for tid in os.listdir("/proc/self/task"):
+            assert os.sched_getaffinity(int(tid)) == {cpu}
+    finally:
+        ev.set()
+        t.join()
+        worker._pin_threads(before)
+
+
+def _fake_bench(per_call_s: float):
+    def call():
+        end = time.perf_counter() + per_call_s
+        while time.perf_counter() < end:
+            pass
+    return SimpleNamespace(call=call, sync=lambda: None)
+
+
+def test_burst_loops_are_bounded_by_their_budget_and_measure_the_call():
+    b = _fake_bench(0.0003)  # 300 µs per call
+    per_call = worker.Bench.warmup(b, 0.02)
+    assert 250 < per_call < 600
+    t0 = time.perf_counter()
+    s = worker.Bench.wall_samples(b, 2, 0.01)  # samples of 2 calls for ~10 ms
+    took = time.perf_counter() - t0
+    assert 8 <= len(s) <= 20 and took < 0.05
+    assert all(250 < x < 900 for x in s)
+    h = worker.Bench.host_samples(b, 1, 0.005)
+    assert len(h) >= 5 and all(250 < x < 900 for x in h)
+    # at least one sample even when one sample takes longer than the budget
+    assert len(worker.Bench.wall_samples(_fake_bench(0.004), 5, 0.001)) == 1
+
+
+def test_warmup_calibrates_on_steady_calls_not_the_slow_first_one():
+    # a first call 100x slower than the rest (lazy init, a custom op's first dispatch) must not set
+    # the calls per sample of the bursts (it once left a case with 5 one-call samples)
+    state = {"n": 0}
+
+    def call():
+        state["n"] += 1
+        end = time.perf_counter() + (0.03 if state["n"] == 1 else 0.0003)
+        while time.perf_counter() < end:
+            pass
+
+    per_call = worker.Bench.warmup(SimpleNamespace(call=call, sync=lambda: None), 0.02)
+    assert 250 < per_call < 600, per_call
