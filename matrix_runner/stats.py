@@ -1,6 +1,29 @@
 """Stage 4 — statistics: summaries, the ratio's confidence interval, verdicts and attribution.
 
-Why rounds matter: a worker process can land in a "mode" up to 2x slower than another process of
+The current method (results/2, :func:`set_compare`): the unit of evidence is the **process set**
+(runner module doc: fresh worker processes of every version, pinned to one CPU core, timing each
+case in turns of a few ms). Why: on the H200 machine a worker's CPU changes speed over time and from
+core to core, and one worker process of a version can sit a few % off another for its whole life;
+two workers on the same core at the same moment see the same speed. So inside a set, the bursts of
+the versions are paired by cycle (same core, ms apart) and the set gives one log ratio (20 % trimmed
+mean of its paired per-cycle log ratios); across sets, the per-process offsets average out and enter
+the interval. The ratio's interval is an **anytime-valid confidence sequence** over the sets
+(:func:`t_cs`, Lai's t-mixture): valid at every number of sets at once, so the runner may look after
+every set and stop as soon as every verdict is decided, and the interval it stops on is the one it
+reports (no fresh test at the end). Its level is 1 - alpha/m for the m comparisons of a clock in the
+run (Bonferroni), so with alpha = 0.05 the chance that *any* verdict of the run is wrong stays <= 5 %.
+``benchmarks/sim_lockstep.py`` checks this by resampling real H200 process sets.
+
+Verdict, with ``e`` the minimum effect (default 0.05) and ``[lo, hi]`` the ratio's interval:
+``slower`` if ratio > 1+e and lo > 1; ``faster`` if ratio < 1/(1+e) and hi < 1; ``same`` if
+1/(1+e) <= lo and hi <= 1+e (an equivalence test); otherwise ``ambiguous`` (sample more);
+``provisional`` for a ``--quick`` run or a single set (a ratio, never a verdict).
+
+Comparisons of two separate runs (``matrix-run compare``, merged tox envs) and results/1 files use
+:func:`compare`: rounds/sets as independent groups (two-level bootstrap widened to Welch), or, for a
+results/1 run as it was written, paired by round with a trimmed t interval, as follows.
+
+results/1 (one worker process per round). Why rounds matter: a worker process can land in a "mode" up to 2x slower than another process of
 the same version (seen on the H200: one process in eight ran 43 % slow). Samples within one process
 are therefore *not* independent draws of what the version costs. The unit of evidence is the
 round (one worker process), and every statistic here is hierarchical:
@@ -24,12 +47,6 @@ round (one worker process), and every statistic here is hierarchical:
   U on round medians when both sides have >= 3 rounds, else on the pooled samples (then it ignores the process effect; it is reported, not used for
   verdicts).
 
-Sequential looks: the runner re-tests after every round and stops early only when every
-comparison is decided at :data:`STOP_LEVEL` (99.5 %); the reported intervals and verdicts are 95 %.
-
-Verdict, with ``e`` the minimum effect (default 0.05) and ``[lo, hi]`` the ratio's CI:
-``slower`` if ratio > 1+e and lo > 1; ``faster`` if ratio < 1/(1+e) and hi < 1; ``same`` if
-1/(1+e) <= lo and hi <= 1+e (an equivalence test); otherwise ``ambiguous`` (sample more).
 """
 from __future__ import annotations
 
@@ -91,12 +108,14 @@ def boot_medians(x, n_boot: int, rng: np.random.Generator) -> np.ndarray:
 def boot_stat(rounds: list[list[float]], n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """Two-level bootstrap draws of the median of round medians (see module doc)."""
     rounds = [r for r in rounds if len(r)]
-    m = np.stack([boot_medians(r, n_boot, rng) for r in rounds])  # (R, B)
-    r = m.shape[0]
+    r = len(rounds)
     if r == 1:
-        return m[0]
+        return boot_medians(rounds[0], n_boot, rng)
+    # an independent inner draw for every slot of every resample: a round drawn twice into one
+    # resample gets two draws of its median, not one draw counted twice
+    m = np.stack([boot_medians(x, n_boot * r, rng).reshape(n_boot, r) for x in rounds])  # (R, B, slots)
     pick = rng.integers(0, r, size=(n_boot, r))
-    vals = m[pick, np.arange(n_boot)[:, None]]
+    vals = m[pick, np.arange(n_boot)[:, None], np.arange(r)[None, :]]
     return np.median(vals, axis=1)
 
 
@@ -163,8 +182,7 @@ def compare(base: list[list[float]], cand: list[list[float]], min_effect: float 
     medians, Welch-widened two-level bootstrap, Mann-Whitney U).
 
     ``paired=False`` forces the independent-groups comparison (for side-by-side checks of the two).
-    ``level``: the confidence level of the intervals (0.95; the runner's early-stop test uses
-    :data:`STOP_LEVEL`).
+    ``level``: the confidence level of the intervals (0.95).
     Returns ``{ratio, ci_low, ci_high, delta_us, delta_ci_low, delta_ci_high, p_value, verdict,
     base_median, cand_median, n_rounds: [base, cand], paired, ci_method, trimmed_rounds,
     within_process_only}``; ratio > 1

@@ -452,7 +452,7 @@ def test_publish_site_of_runs(tmp_path):
     out = publish.build_site(reports, site)
     assert [r["name"] for r in out["runs"]] == ["x&y run", H200_DIR.name]  # newest first
     w = " ".join(out["warnings"])
-    assert "other" in w and "is not 'matrix-runner/results/1'" in w and "empty: no results.json" in w
+    assert "other" in w and "is not one of matrix-runner/results/1, matrix-runner/results/2" in w and "empty: no results.json" in w
     assert (site / H200_DIR.name / "index.html").read_bytes() == (H200_DIR / "index.html").read_bytes()
     assert (site / H200_DIR.name / "results.json").read_bytes() == (H200_DIR / "results.json").read_bytes()
     rendered = (site / "x&y run" / "index.html").read_text()
