@@ -25,8 +25,8 @@ for i in 1 2 3; do
   step aa$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}"
 done
 step aa-quick 90 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" --quick
-if [ -n "${EXTRA:-}" ] && [ $((SECONDS - T0)) -lt 420 ]; then
-  step aa-extra 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" $EXTRA
+if [ -n "${EXTRA:-}" ] && [ $((SECONDS - T0)) -lt 330 ]; then
+  step aa-extra 240 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" $EXTRA
 fi
 rm -rf /tmp/lk/*/.work
 tar czf "$OUT/lockstep.tgz" -C /tmp lk
