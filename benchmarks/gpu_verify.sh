@@ -58,7 +58,7 @@ for name in ("quick", "default", "quick-warm", "aa"):
         d = json.load(open(f"{out}/{name}.json"))
     except OSError:
         continue
-    print(f"{name}: timing {d['timing']}; rounds {len(d['rounds'])}; envs " +
+    print(f"{name}: timing {d['timing']}; sets {len(d.get('sets') or [])}; envs " +
           ", ".join(f"{e['label']} {e['status']} {e['build'].get('method')} {e['build'].get('seconds')} s import_checked={e.get('import_checked')}" for e in d["envs"]))
     for c in d["comparisons"]:
         if c["metric"] == "wall_us":

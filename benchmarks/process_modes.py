@@ -2,7 +2,7 @@
 
 Starts N fresh processes per condition, alternating conditions (unpinned, pinned to one core with
 ``os.sched_setaffinity``), each timing flash_attn_func at batch 2, seqlen 50, 16 heads, head_dim 16
-(fp16, the seed workload) with matrix-run's own wall clock (worker.Bench.wall), and prints each
+(fp16, the seed workload) with matrix-run's own wall clock (worker.Bench.wall_samples), and prints each
 process's median and the spread (max/min) per condition. µs per synchronized call.
 
 Usage: python benchmarks/process_modes.py ENV_PYTHON [N] [CORE]
@@ -25,7 +25,7 @@ case = {"id": "x", "op": "fwd", "batch": 2, "seqlen_q": 50, "seqlen_k": 50, "nhe
         "dtype": "fp16", "causal": False, "dropout_p": 0.0, "softmax_scale": 0.25, "layout": "embed"}
 b = w.Bench(case, "cuda", 0)
 per = b.warmup(0.1)
-print(json.dumps({"wall": statistics.median(b.wall(per, 0.3)["samples"]), "host": statistics.median(b.host(per, 0.1)["samples"]),
+print(json.dumps({"wall": statistics.median(b.wall_samples(max(1, round(1000 / per)), 0.3)), "host": statistics.median(b.host_samples(max(1, round(1000 / per)), 0.1)),
                   "cpu": os.sched_getaffinity(0).__len__()}))
 """
 

@@ -2,7 +2,7 @@
 
 Runs inside one matrix-run env (its python), in ONE process, interleaving for each shape:
 
-- matrix-run's ``wall_us`` (worker.Bench.wall: call + synchronize, per call) vs
+- matrix-run's ``wall_us`` (worker.Bench.wall_samples: call + synchronize, per call) vs
   ``torch.utils.benchmark.Timer("f(); torch.cuda.synchronize()").blocked_autorange()`` (the same
   synchronized call, timed by torch's Timer; plain ``f()`` under the Timer would measure
   pipelined throughput, not what one synchronized call costs);
@@ -54,7 +54,7 @@ def main() -> int:
         r = {"op": op, "batch": b, "seqlen": s, "mr_wall": [], "timer_wall": [], "mr_device": [], "do_bench_cudagraph": [],
              "mr_graph": []}
         for _ in range(a.rounds):
-            r["mr_wall"].append(statistics.median(bench.wall(per, 0.25)["samples"]))
+            r["mr_wall"].append(statistics.median(bench.wall_samples(max(1, round(1000 / per)), 0.25)))
             t = Timer("f(); torch.cuda.synchronize()", globals={"f": bench.call, "torch": torch}).blocked_autorange(min_run_time=0.25)
             r["timer_wall"].append(t.median * 1e6)
         for _ in range(a.rounds):  # graph captures last: a failed capture can disturb later calls
@@ -73,7 +73,7 @@ def main() -> int:
         for _ in range(a.rounds):
             r["mr_device"].append(statistics.median(bench.device(24)["samples"]))
         # profiler pollution check: wall after a profiler session vs before (same process)
-        r["mr_wall_after_profiler"] = statistics.median(bench.wall(bench.warmup(0.05), 0.25)["samples"])
+        r["mr_wall_after_profiler"] = statistics.median(bench.wall_samples(max(1, round(1000 / bench.warmup(0.05))), 0.25))
     out = {"flash_attn": flash_attn.__version__, "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
            "rows": []}
     print(f"flash_attn {flash_attn.__version__}  (µs per call; ratio = matrix-run / reference)", file=sys.stderr)
