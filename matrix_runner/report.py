@@ -198,7 +198,7 @@ def ratio_definition(comparisons: list[dict]) -> str:
     wall = [c for c in comparisons if c.get("metric") == "wall_us"]
     if wall and all(c.get("ci_method") == "lockstep sets, anytime t-CS" for c in wall):
         c = wall[0]
-        return (f"each process set (one fresh worker per version, all pinned to one CPU core) timed every case in "
+        return (f"each process set (fresh workers of every version, all pinned to one CPU core) timed every case in "
                 f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
                 f"other; per set, the trimmed mean of those paired ratios; the interval is an anytime-valid "
                 f"confidence sequence over the sets (Lai's t-mixture) at {1 - c.get('alpha', 0.05):.2%} per "
