@@ -41,13 +41,13 @@ from packaging.version import InvalidVersion, Version
 from . import build as buildmod
 from . import wheels
 from .config import Case
+from .lockstep import WORKER
 from .proc import Stopped, capture, run_logged, stopping
 from .worker import PROBE_SCHEMA
 
 RECORD = "matrix-run-env.json"
 RECORD_SCHEMA = "matrix-runner/env/1"
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
-WORKER = Path(__file__).with_name("worker.py")
 #: Installed with a pinned torch; a source build needs the first three (flash-attn's setup.py imports
 #: them), ninja makes torch's extension build parallel, psutil is imported only without MAX_JOBS.
 BUILD_DEPS = ("setuptools", "wheel", "packaging", "ninja", "psutil")
