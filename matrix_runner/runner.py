@@ -332,6 +332,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
     lab_of = st.label_of
 
     def fault(key: str, cid: str | None, ex: lockstep.WorkerFault, what: str) -> None:
+        if stop.is_set():  # the interrupt stopped the worker (SIGTERM): not the case's fault
+            raise Interrupted()
         live.pop(key, None)
         rec["workers"].setdefault(key, {})["error"] = f"{what}: {ex}"
         if cid is None:
@@ -344,6 +346,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         cd.notes.append(f"set {sid}: {msg}")
 
     def env_failed(key: str, msg: str) -> None:
+        if stop.is_set():  # the interrupt stopped the worker: not the env's fault
+            raise Interrupted()
         envs[lab_of[key]].status, envs[lab_of[key]].error = "failed", msg
         rec["workers"][key] = {"error": msg}
         st.workers[key].kill()
@@ -386,8 +390,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         todo = []
         for c in cases:
             cds = [data[(lab, c.id)] for lab in envs]
-            if any(cd.status == "error" and not (cd.error_kind in ("crash", "timeout") and cd.faults < 2)
-                   for cd in cds):
+            if any(cd.status == "error" and not _retried(cd) for cd in cds):
                 continue
             todo.append(c)
         # set-up (workers not yet pinned to one core: it is not timed)
@@ -504,6 +507,11 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
     return rec
 
 
+def _retried(cd: CaseData) -> bool:
+    """A case failed by one worker fault (crash or hang): timed again in the next set (module doc)."""
+    return cd.status == "error" and cd.error_kind in ("crash", "timeout") and cd.faults < 2
+
+
 def _clock(cd: CaseData, name: str, seconds: float) -> None:
     cd.clock_seconds[name] = round(cd.clock_seconds.get(name, 0.0) + seconds, 3)
 
@@ -561,7 +569,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 raise Interrupted()
             if any(k not in live for k in keys):
                 return n  # a worker was lost: the set ends
-            if any(data[(lab_of[k], c.id)].status == "error" for k in keys):
+            if any(data[(lab_of[k], c.id)].status == "error" and not _retried(data[(lab_of[k], c.id)]) for k in keys):
                 continue
             item = (c.id, m)
             if item in flip:
@@ -587,7 +595,13 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                         cd.notes.append(str(rep["traceback"])[-1200:])
                     got = {}
                     break
-                got.setdefault(lab_of[key], []).append(float(rep["us"]))
+                try:
+                    us = float(rep["us"])
+                except (KeyError, TypeError, ValueError):  # a malformed reply fails its case, not the run
+                    cd.fail("protocol", f"a {m[:-3]} burst: the worker's reply could not be read: {str(rep)[:200]}")
+                    got = {}
+                    break
+                got.setdefault(lab_of[key], []).append(us)
                 cd.inner[m] = rep.get("inner")
             for lab, vals in got.items():
                 cd = data[(lab, c.id)]
