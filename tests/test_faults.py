@@ -1,14 +1,17 @@
 """Fault injection: crashing, hanging and failing workers, broken wheels, failing builds,
 interruption (SIGINT/SIGTERM) and --resume. Every fault stays local: the other envs and cases are
-measured (their samples are in results.json), the exit code says what happened, and the error text
+measured (their sets are in results.json), the exit code says what happened, and the error text
 names what failed.
 
 Two layers:
 
-- fake workers (tiny Python scripts speaking the worker's JSONL protocol, no torch) drive
-  runner.run_worker_round / run_all through every failure path (SIGABRT, SIGKILL as sent by the OOM
-  killer, SIGSEGV, a non-zero exit, a hang, a truncated record, a fatal error, a hang at start-up or
-  between cases, malformed records, an interrupt, a driver bug, a resume) in about a second each;
+- fake workers (small Python scripts, no torch, speaking the lockstep ``worker.py serve`` protocol:
+  one JSON command per line on stdin, one JSON reply per command on stdout, an unasked ``hello``
+  first) drive runner.run_all through every failure path (SIGABRT, SIGKILL as sent by the OOM
+  killer, SIGSEGV, a non-zero exit, a hang, a half-written reply; in a burst or at set-up; once or
+  every time; a ``fatal`` or an exit or a hang before the worker is ready; an error reply; junk
+  and malformed replies; an interrupt in each phase of a set; a driver bug; a resume) in about a
+  second each;
 - real CPU runs of the CLI with stand-in flash_attn packages (conftest.standins) with planted
   faults: abort, a hang, a raised error and an out-of-memory error in one env's cases; a truncated
   wheel, an sdist whose setup.py fails and a package whose import fails in three more envs; SIGINT
@@ -17,6 +20,7 @@ Two layers:
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import json
 import os
@@ -34,59 +38,105 @@ import pytest
 from conftest import load_results, run_cli
 
 import standin
-from matrix_runner import proc, results, runner
+from matrix_runner import lockstep, proc, results, runner
 from matrix_runner.config import Case, Sampling
 from matrix_runner.envs import EnvResult
 
 # ---------------------------------------------------------------------------------------------
 # fake workers
-FAKE_HEAD = """#!{python}
-import json, os, signal, sys, time
-_a = sys.argv
-spec = json.load(open(_a[_a.index("--spec") + 1]))
-_f = open(_a[_a.index("--out") + 1], "a")
-def w(**rec):
-    _f.write(json.dumps(rec) + "\\n"); _f.flush()
-def ok(c):
-    w(type="result", case=c["id"], status="ok", seconds=0.01,
-      metrics={{"wall_us": {{"samples": [10.0 + c["batch"], 11.0, 9.0], "inner": 1}},
-               "host_us": {{"samples": [5.0, 5.5], "inner": 1}}}})
-"""
+#: A fake env's "python": run as ``PYTHON worker.py serve``, it ignores its arguments and serves
+#: the protocol. It leaves ``pid-LABEL-PID`` in STATE, and logs every command it gets to
+#: ``cmds-LABEL`` with the set it belongs to (``_set``, from the set's seed in ``config``).
+#: {start} runs before the command loop (default: the hello); {fault} runs for each command
+#: before the normal reply (``cmd``; ``batch(cmd)`` is its case's batch size).
+FAKE = '''#!{python}
+import json, os, random, signal, sys, time
+STATE, LABEL = {state!r}, {label!r}
+open(os.path.join(STATE, "pid-%s-%d" % (LABEL, os.getpid())), "w").close()
+def send(**rec):
+    sys.stdout.write(json.dumps(rec) + "\\n")
+    sys.stdout.flush()
+def once(name):  # True for the first worker of the test that gets here: a transient fault
+    try:
+        os.close(os.open(os.path.join(STATE, "once-" + name), os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False
+specs, sid = {{}}, None
+offset = random.uniform(0.9, 1.1)  # a process's own speed: keeps the comparisons undecided
+def batch(cmd):
+    return (cmd.get("spec") or specs.get(cmd.get("case")) or {{}}).get("batch")
+def answer(cmd):
+    op = cmd["cmd"]
+    if op == "setup":
+        specs[cmd["case"]] = cmd["spec"]
+        return dict(status="ok", per_call_us=10.0, input_sets=1, seconds=0.01)
+    if op == "burst":
+        time.sleep(0.002)
+        return dict(status="ok", us=(10.0 + batch(cmd)) * offset * random.uniform(0.99, 1.01), n=8, inner=1)
+    if op == "finish":
+        return dict(status="ok", notes=[],
+                    correctness={{"out": {{"max_abs_err": 0.001, "rel_err": 0.002, "finite": True}}}})
+    if op == "pin":
+        return dict(status="ok", threads=1, cpus=[cmd["cpu"]])
+    return dict(status="ok")
+{start}
+for line in sys.stdin:
+    cmd = json.loads(line)
+    if cmd["cmd"] == "config":
+        sid = cmd["seed"] // 1000
+    with open(os.path.join(STATE, "cmds-" + LABEL), "a") as f:
+        f.write(json.dumps(dict(cmd, _set=sid, _pid=os.getpid())) + "\\n")
+    if cmd["cmd"] == "quit":
+        send(type="bye")
+        break
+{fault}
+    send(type=cmd["cmd"], case=cmd.get("case"), **answer(cmd))
+'''
+HELLO = 'send(type="hello", schema="matrix-runner/lockstep/1", pid=os.getpid(), probe={})'
 
 
-def fake_env(tmp_path: Path, body: str, name: str = "fake") -> EnvResult:
-    script = tmp_path / f"{name}-python"
-    script.write_text(FAKE_HEAD.format(python=sys.executable) + textwrap.dedent(body))
+def fake_env(tmp_path: Path, label: str, fault: str = "", start: str = HELLO, checked: bool = True) -> EnvResult:
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    script = tmp_path / f"{label}-python"
+    script.write_text(FAKE.format(python=sys.executable, state=str(state), label=label, start=textwrap.dedent(start),
+                                  fault=textwrap.indent(textwrap.dedent(fault).strip("\n"), "    ")))
     script.chmod(0o755)
-    return EnvResult(name, "0.0", str(tmp_path), python=str(script), status="ok")
+    return EnvResult(label, "0.0", str(tmp_path / label), python=str(script), status="ok", import_checked=checked)
 
 
 def cases(*batches: int) -> list[Case]:
     return [Case(op="fwd", batch=b, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16) for b in batches]
 
 
-def fresh(env: EnvResult, cs: list[Case]) -> dict:
-    return {(env.label, c.id): runner.CaseData(env.label, c) for c in cs}
+def run(envs: list[EnvResult], cs: list[Case], tmp_path: Path, *, max_sets: int = 3, work: str = "work",
+        data: dict | None = None, sets: list | None = None, stop: threading.Event | None = None, **kw):
+    """runner.run_all on fake workers: 0.2 s of cycles per set, 1 s case timeout, unpinned unless
+    ``cpus`` is given. Returns (reason, data, sets)."""
+    data = {} if data is None else data
+    sets = [] if sets is None else sets
+    kw.setdefault("case_timeout", 1.0)
+    reason = runner.run_all(envs, cs, Sampling(set_seconds=0.2, time_budget_s=120, max_sets=max_sets, burst_ms=1.0),
+                            device="cpu", quick=False, work=tmp_path / work, stop=stop or threading.Event(),
+                            data=data, sets=sets, **kw)
+    return reason, data, sets
 
 
-def round_(env, cs, data, tmp_path, stop=None, **kw):
-    kw.setdefault("case_timeout", 5.0)
-    return runner.run_worker_round(env, cs, data, device="cpu", quick=True, seed=0, work=tmp_path, tag="r0",
-                                   stop=stop or threading.Event(), **kw)
+def pids(tmp_path: Path, label: str = "") -> list[int]:
+    """Pids of the fake workers started (of env ``label``, or all)."""
+    return [int(f.name.rsplit("-", 1)[1]) for f in (tmp_path / "state").glob(f"pid-{label}*")]
 
 
-def pids_in(work: Path) -> list[int]:
-    """Worker pids from the hello/pid lines the fake and real workers write."""
-    out = []
-    for f in work.rglob("*.jsonl"):
-        for line in f.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if rec.get("pid"):
-                out.append(rec["pid"])
-    return out
+def cmds(tmp_path: Path, label: str) -> list[dict]:
+    """Every command env ``label``'s workers got, in order."""
+    f = tmp_path / "state" / f"cmds-{label}"
+    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []
+
+
+def sent(tmp_path: Path, label: str, op: str, case: Case) -> list[int]:
+    """The sets in which env ``label``'s workers got command ``op`` for ``case`` (one entry each)."""
+    return [c["_set"] for c in cmds(tmp_path, label) if c["cmd"] == op and c.get("case") == case.id]
 
 
 def alive(pid: int) -> bool:
@@ -97,171 +147,257 @@ def alive(pid: int) -> bool:
         return False
 
 
-LOOP = """
-w(type="hello", pid=os.getpid())
-for c in spec["cases"]:
-    w(type="start", case=c["id"], phase="timing")
-    {fault}
-    ok(c)
-w(type="done")
-"""
+def measured(cd: runner.CaseData) -> list[int]:
+    """The sets with wall-time cycles of ``cd``."""
+    return sorted(s for s, v in cd.sets["wall_us"].items() if v)
 
 
-@pytest.mark.parametrize("fault,kind,needle", [
-    ("if c['batch'] == 2: os.abort()", "crash", "killed by SIGABRT"),
-    ("if c['batch'] == 2: os.kill(os.getpid(), signal.SIGKILL)", "crash", "OOM killer"),
-    ("if c['batch'] == 2: os.kill(os.getpid(), signal.SIGSEGV)", "crash", "killed by SIGSEGV"),
-    ("if c['batch'] == 2: sys.exit(7)", "crash", "exited with code 7"),
-    ("if c['batch'] == 2: time.sleep(60)", "timeout", "--case-timeout 1"),
-    ("if c['batch'] == 2: _f.write('{\"type\": \"result\", \"ca'); _f.flush(); os.abort()", "crash", "SIGABRT"),
-])
-def test_a_worker_fault_fails_that_case_only(tmp_path, fault, kind, needle):
-    env = fake_env(tmp_path, LOOP.format(fault=fault))
+FAULTS = {
+    "abort": ("os.abort()", "crash", "killed by SIGABRT"),
+    "oom-kill": ("os.kill(os.getpid(), signal.SIGKILL)", "crash", "OOM killer"),
+    "segfault": ("os.kill(os.getpid(), signal.SIGSEGV)", "crash", "killed by SIGSEGV"),
+    "exit": ("sys.exit(7)", "crash", "exited with code 7"),
+    "hang": ("time.sleep(60)", "timeout", "--case-timeout 1 s"),
+    "half-reply": ("sys.stdout.write('{\"type\": \"burst\", \"us'); sys.stdout.flush(); os.abort()", "crash", "SIGABRT"),
+}
+WHAT = {"burst": "burst", "setup": "set-up"}  # how the error text names the step
+
+
+@pytest.mark.parametrize("name,phase", [(f, "burst") for f in FAULTS] + [("abort", "setup"), ("hang", "setup")])
+def test_a_worker_fault_every_time_fails_that_case_after_one_retry(tmp_path, name, phase):
+    code, kind, needle = FAULTS[name]
+    envs = [fake_env(tmp_path, "good"), fake_env(tmp_path, "bad", f'if cmd["cmd"] == "{phase}" and batch(cmd) == 2:\n'
+                                                                 f'    {code}')]
     cs = cases(1, 2, 3)
-    data = fresh(env, cs)
     t0 = time.monotonic()
-    rec = round_(env, cs, data, tmp_path, case_timeout=1.0)
-    assert time.monotonic() - t0 < 15
-    bad = data[("fake", cs[1].id)]
-    assert bad.status == "error" and bad.error_kind == kind and needle in bad.error, bad
-    for c in (cs[0], cs[2]):  # before and after the fault: measured
-        assert data[("fake", c.id)].status == "ok" and len(data[("fake", c.id)].rounds["wall_us"]) == 1
-    assert rec["status"] == "ok" and rec["restarts"] == 1
-    # the worker was restarted for the case after the fault only
-    second = json.loads((tmp_path / "r0-1.spec.json").read_text())
-    assert [c["id"] for c in second["cases"]] == [cs[2].id]
-    assert not any(alive(p) for p in pids_in(tmp_path))
+    reason, data, sets = run(envs, cs, tmp_path, max_sets=3)
+    assert time.monotonic() - t0 < 30
+    assert reason == "max_sets 3 reached"
+    bad = data[("bad", cs[1].id)]
+    assert bad.status == "error" and bad.error_kind == kind, bad
+    assert needle in bad.error and WHAT[phase] in bad.error, bad.error
+    # faulted in set 0, retried once in set 1, faulted again: failed for the run, not tried in set 2
+    assert bad.faults == 2 and [n.split(":")[0] for n in bad.notes] == ["set 0", "set 1"], bad.notes
+    assert sent(tmp_path, "bad", phase, cs[1]) == [0, 1]
+    assert sent(tmp_path, "good", "setup", cs[1]) == [0, 1]
+    assert measured(bad) == []
+    other = data[("good", cs[1].id)]  # the same case in the other env: not timed alone, never blamed
+    assert other.status != "error" and other.error is None and other.faults == 0
+    # the other cases of both envs: measured, at the latest in the set after the faults
+    for env in ("good", "bad"):
+        for c in (cs[0], cs[2]):
+            cd = data[(env, c.id)]
+            assert cd.status == "ok" and cd.faults == 0 and cd.error is None and 2 in measured(cd), (env, c.id, cd)
+            assert cd.correctness
+    assert [(s["set"], s["status"]) for s in sets] == [(0, "ok"), (1, "ok"), (2, "ok")]
+    for s in sets[:2]:  # each set names the worker lost and the step
+        assert WHAT[phase] in s["workers"]["bad"]["error"]
+    assert "error" not in sets[2]["workers"]["bad"] and sets[2]["cycles"] > 0
+    assert len(pids(tmp_path, "bad")) == 3  # one worker per set, none restarted inside a set
+    assert not any(alive(p) for p in pids(tmp_path))
 
 
-@pytest.mark.parametrize("body,needle", [
-    ("w(type='hello', pid=os.getpid()); w(type='fatal', error='import flash_attn failed: planted')",
-     "import flash_attn failed: planted"),
-    ("print('worker boom', file=sys.stderr); sys.exit(4)", "exited with code 4 before any case"),
-    ("w(type='hello', pid=os.getpid()); time.sleep(60)", "no progress for 1 s before its first case"),
-])
-def test_a_worker_that_never_gets_to_a_case_fails_the_round(tmp_path, body, needle):
-    env = fake_env(tmp_path, body)
-    cs = cases(1, 2)
-    data = fresh(env, cs)
-    t0 = time.monotonic()
-    rec = round_(env, cs, data, tmp_path, start_timeout=1.0)
-    assert time.monotonic() - t0 < 15
-    assert rec["status"] == "failed" and needle in rec["error"]
+@pytest.mark.parametrize("name,phase", [("abort", "burst"), ("oom-kill", "burst"), ("hang", "burst"),
+                                        ("abort", "setup")])
+def test_a_transient_worker_fault_is_retried_in_the_next_set(tmp_path, name, phase):
+    code, _, needle = FAULTS[name]
+    envs = [fake_env(tmp_path, "good"),
+            fake_env(tmp_path, "bad", f'if cmd["cmd"] == "{phase}" and batch(cmd) == 2 and once("fault"):\n    {code}')]
+    cs = cases(1, 2, 3)
+    before = lockstep.allowed_cpus()
+    cpus = lockstep.plan_cpus("auto", n_sets=2)  # pinned where the machine lets us: pin commands, prefetch
+    reason, data, sets = run(envs, cs, tmp_path, max_sets=3, cpus=cpus)
+    assert lockstep.allowed_cpus() == before  # the driver's own pinning is undone
+    assert reason == "max_sets 3 reached"
+    bad = data[("bad", cs[1].id)]
+    assert bad.status == "ok" and bad.error is None and bad.error_kind is None and bad.faults == 1, bad
+    assert bad.notes[0].startswith("set 0: ") and needle in bad.notes[0] and WHAT[phase] in bad.notes[0], bad.notes
+    assert "set 1: timed again after the earlier fault" in bad.notes
+    assert measured(bad) == [1, 2] and bad.correctness
+    for env in ("good", "bad"):
+        for c in cs:
+            assert data[(env, c.id)].status == "ok", (env, c.id)
+    # wall cycles are paired between the envs by cycle id, in every set
     for c in cs:
-        cd = data[("fake", c.id)]
-        assert cd.status == "error" and cd.error_kind == "env" and needle in cd.error
-    if "stderr" in body:
-        assert "worker boom" in rec["error"]  # the log's tail is in the message
-    assert not any(alive(p) for p in pids_in(tmp_path))
+        for s in (1, 2):
+            g, b = data[("good", c.id)].sets["wall_us"][s], data[("bad", c.id)].sets["wall_us"][s]
+            assert g.keys() == b.keys() and g
+    for s in sets:
+        assert s["pinned"] == cpus["pinned"] and (s["cpu"] in cpus["set_cpus"] if cpus["pinned"] else s["cpu"] is None)
+    if cpus["pinned"]:
+        assert {c["cpu"] for c in cmds(tmp_path, "good") if c["cmd"] == "pin"} <= set(cpus["set_cpus"])
+    assert not any(alive(p) for p in pids(tmp_path))
 
 
-def test_a_crash_after_the_last_case_loses_nothing(tmp_path):
-    env = fake_env(tmp_path, LOOP.format(fault="pass") + "os.abort()\n")
+@pytest.mark.parametrize("start,fault,checked,needles", [
+    ('send(type="fatal", error="import flash_attn failed: planted")', "", True,
+     ["import flash_attn failed: planted"]),
+    ('print("worker boom", file=sys.stderr); sys.stdout.flush(); sys.exit(4)', "", True,
+     ["worker did not start", "exited with code 4", "worker boom"]),
+    ("time.sleep(60)", "", True, ["worker did not start", "no reply for 1 s"]),
+    (HELLO, 'if cmd["cmd"] == "config":\n    send(type="fatal", error="CUDA is not available (planted)"); sys.exit(3)',
+     True, ["CUDA is not available (planted)"]),
+    (HELLO, 'if cmd["cmd"] == "config": time.sleep(60)', True, ["worker failed at start", "no reply for 1 s"]),
+    ('send(type="hello", pid=os.getpid(), probe={"error": "import flash_attn failed: ImportError: planted"})', "",
+     False, ["preflight (first worker in the env): import flash_attn failed: ImportError: planted"]),
+], ids=["fatal-hello", "exit-before-hello", "hang-before-hello", "fatal-config", "hang-config", "import-check"])
+def test_a_worker_that_cannot_start_fails_its_env_only(tmp_path, monkeypatch, start, fault, checked, needles):
+    monkeypatch.setattr(runner, "START_TIMEOUT_S", 1.0)
+    good, bad = fake_env(tmp_path, "good"), fake_env(tmp_path, "bad", fault, start=start, checked=checked)
     cs = cases(1, 2)
-    data = fresh(env, cs)
-    rec = round_(env, cs, data, tmp_path)
-    assert rec["restarts"] == 0 and all(d.status == "ok" for d in data.values())
-    assert not (tmp_path / "r0-1.spec.json").exists()
+    t0 = time.monotonic()
+    reason, data, sets = run([good, bad], cs, tmp_path, max_sets=3)
+    assert time.monotonic() - t0 < 30
+    assert reason == "max_sets 3 reached"
+    assert bad.status == "failed" and good.status == "ok"
+    for n in needles:
+        assert n in bad.error, bad.error
+    if checked:  # the set names the worker that failed (an import check failure is on the env record)
+        assert needles[0] in sets[0]["workers"]["bad"]["error"]
+    assert not [k for k in data if k[0] == "bad"]  # a failed env's cases are not reported as measured
+    assert len(pids(tmp_path, "bad")) == 1  # never started again
+    for c in cs:  # the other env goes on alone in the next sets
+        cd = data[("good", c.id)]
+        assert cd.status == "ok" and measured(cd)[-1] == 2 and cd.correctness
+    assert not any(alive(p) for p in pids(tmp_path))
 
 
-def test_a_worker_that_keeps_doing_nothing_is_given_up(tmp_path):
-    env = fake_env(tmp_path, "w(type='hello', pid=os.getpid())\n")  # exits 0 without timing anything
-    cs = cases(1, 2)
-    data = fresh(env, cs)
-    rec = round_(env, cs, data, tmp_path)
-    assert rec["status"] == "failed" and "gave up" in rec["error"]
-
-
-def test_hung_between_cases_is_restarted_for_the_rest(tmp_path):
-    body = """
-w(type="hello", pid=os.getpid())
-for c in spec["cases"]:
-    w(type="start", case=c["id"])
-    ok(c)
-    if c["batch"] == 1: time.sleep(60)
-"""
-    env = fake_env(tmp_path, body)
-    cs = cases(1, 2)
-    data = fresh(env, cs)
-    rec = round_(env, cs, data, tmp_path, start_timeout=3.0)
-    assert all(d.status == "ok" for d in data.values()) and rec["restarts"] == 1
-    assert not any(alive(p) for p in pids_in(tmp_path))
-
-
-def test_malformed_worker_records_fail_their_case_not_the_driver(tmp_path):
-    body = """
-w(type="hello", pid=os.getpid())
-w(type="start", case="not-asked-for")
-w(type="result", case="not-asked-for", status="ok")
-c0, c1, c2 = spec["cases"]
-w(type="start", case=c0["id"])
-w(type="result", case=c0["id"], metrics={"wall_us": {"samples": [1.0]}})  # no status
-w(type="start", case=c1["id"])
-w(type="result", case=c1["id"], status="ok", metrics={"wall_us": {"samples": [1.0]}, "host_us": {"samples": ["x"]}})
-_f.write("not json\\n[1, 2]\\n"); _f.flush()
-w(type="start", case=c2["id"])
-ok(c2)
-"""
-    env = fake_env(tmp_path, body)
+def test_an_error_reply_fails_its_case_at_once(tmp_path):
+    fault = """
+        if cmd["cmd"] == "setup" and batch(cmd) == 2:
+            send(type="setup", case=cmd["case"], status="error", error_kind="kernel-not-built",
+                 error="RuntimeError: hdim16 fwd is not in this matrix-run slim build (planted)",
+                 traceback="Traceback (most recent call last): planted")
+            continue
+        if cmd["cmd"] == "burst" and batch(cmd) == 3:
+            send(type="burst", case=cmd["case"], status="error", error_kind="oom",
+                 error="OutOfMemoryError: CUDA out of memory (planted)")
+            continue
+    """
+    envs = [fake_env(tmp_path, "good"), fake_env(tmp_path, "bad", fault)]
     cs = cases(1, 2, 3)
-    data = fresh(env, cs)
-    rec = round_(env, cs, data, tmp_path)
-    for c in cs[:2]:
-        cd = data[("fake", c.id)]
-        assert cd.status == "error" and cd.error_kind == "protocol" and "could not be read" in cd.error
-        assert cd.rounds["wall_us"] == []  # nothing half-folded
-    assert data[("fake", cs[2].id)].status == "ok" and rec["status"] == "ok" and rec["restarts"] == 0
-    assert ("fake", "not-asked-for") not in data
+    reason, data, sets = run(envs, cs, tmp_path, max_sets=3)
+    assert reason == "max_sets 3 reached"
+    nb = data[("bad", cs[1].id)]
+    assert nb.status == "error" and nb.error_kind == "kernel-not-built" and "slim build (planted)" in nb.error
+    assert nb.faults == 0 and any("Traceback" in n for n in nb.notes)
+    oom = data[("bad", cs[2].id)]
+    assert oom.status == "error" and oom.error_kind == "oom" and "OutOfMemoryError" in oom.error and oom.faults == 0
+    # not retried: the worker goes on, and the case is not sent again in this set or the next
+    assert sent(tmp_path, "bad", "setup", cs[1]) == [0]
+    assert len(sent(tmp_path, "bad", "burst", cs[2])) == 1 and sent(tmp_path, "bad", "setup", cs[2]) == [0]
+    for env in ("good", "bad"):
+        cd = data[(env, cs[0].id)]
+        assert cd.status == "ok" and measured(cd) == [0, 1, 2]
+    for c in cs[1:]:
+        assert data[("good", c.id)].status != "error"
+    assert all("error" not in s["workers"]["bad"] for s in sets)
+    assert len(pids(tmp_path, "bad")) == 3
+    assert not any(alive(p) for p in pids(tmp_path))
 
 
-def test_a_driver_error_keeps_what_was_measured(tmp_path):
-    env = fake_env(tmp_path, LOOP.format(fault="pass"))
+def test_junk_and_malformed_replies_fail_their_case_not_the_driver(tmp_path):
+    fault = """
+        sys.stdout.write('not json\\n[1, 2]\\n"a string"\\n\\n')  # not protocol lines: skipped
+        sys.stdout.flush()
+        if cmd["cmd"] == "burst" and batch(cmd) == 2:
+            send(type="burst", case=cmd["case"], status="ok", us="x")  # a reply whose value cannot be read
+            continue
+        if cmd["cmd"] == "burst" and batch(cmd) == 3:  # a reply in two pieces
+            rec = json.dumps(dict(type="burst", case=cmd["case"], **answer(cmd)))
+            sys.stdout.write(rec[:9]); sys.stdout.flush(); time.sleep(0.01)
+            sys.stdout.write(rec[9:] + "\\n"); sys.stdout.flush()
+            continue
+    """
+    envs = [fake_env(tmp_path, "good"), fake_env(tmp_path, "bad", fault, start='print("junk")\n' + HELLO)]
+    cs = cases(1, 2, 3)
+    reason, data, sets = run(envs, cs, tmp_path, max_sets=2)
+    assert reason == "max_sets 2 reached"
+    cd = data[("bad", cs[1].id)]
+    assert cd.status == "error" and cd.error_kind == "protocol" and "could not be read" in cd.error, cd
+    assert measured(cd) == [] and measured(data[("good", cs[1].id)]) == []  # nothing half-folded
+    assert len(sent(tmp_path, "bad", "burst", cs[1])) == 1
+    assert all(s["status"] == "ok" and "error" not in s["workers"]["bad"] for s in sets)  # the worker went on
+    for env in ("good", "bad"):
+        for c in (cs[0], cs[2]):
+            assert data[(env, c.id)].status == "ok" and measured(data[(env, c.id)]) == [0, 1]
+    assert len(pids(tmp_path, "bad")) == 2
+    assert not any(alive(p) for p in pids(tmp_path))
+
+
+@pytest.mark.parametrize("where", ["on_set", "inside a set"])
+def test_a_driver_error_keeps_what_was_measured(tmp_path, monkeypatch, where):
+    envs = [fake_env(tmp_path, "a"), fake_env(tmp_path, "b")]
     cs = cases(1, 2)
-    data, rounds = {}, []
+    sets: list = []
 
-    def on_case(env_label, cid, status):
-        if status == "ok" and cid == cs[1].id:
+    def on_set(rec):
+        if where == "on_set" and rec["set"] == 1:
             raise RuntimeError("planted driver bug")
 
-    reason = runner.run_all([env], cs, Sampling(min_rounds=2, max_rounds=2, time_budget_s=600), device="cpu",
-                            quick=False, work=tmp_path, case_timeout=5, stop=threading.Event(), data=data,
-                            rounds=rounds, on_case=on_case)
-    assert reason.startswith("driver error (RuntimeError: planted driver bug")
-    assert "planted driver bug" in (tmp_path / "driver-error.txt").read_text()
-    assert all(len(data[("fake", c.id)].rounds["wall_us"]) == 1 for c in cs)
-    assert not any(alive(p) for p in pids_in(tmp_path))
+    if where == "inside a set":  # in set 1's first cycle, after its replies came in
+        real = runner._clock
+
+        def clock(*a, **kw):
+            if sets:
+                raise RuntimeError("planted driver bug")
+            return real(*a, **kw)
+
+        monkeypatch.setattr(runner, "_clock", clock)
+    reason, data, _ = run(envs, cs, tmp_path, max_sets=4, on_set=on_set, sets=sets)
+    assert reason.startswith("driver error (RuntimeError: planted driver bug"), reason
+    assert "planted driver bug" in (tmp_path / "work" / "driver-error.txt").read_text()
+    done = [0, 1] if where == "on_set" else [0]
+    for cd in data.values():
+        assert cd.status == "ok" and measured(cd) == done
+    assert [s["set"] for s in sets] == done
+    assert len(pids(tmp_path)) == 2 * 2
+    assert not any(alive(p) for p in pids(tmp_path))
 
 
-def test_stop_interrupts_the_round_keeps_finished_cases_and_leaves_no_worker(tmp_path):
-    body = """
-w(type="hello", pid=os.getpid())
-for c in spec["cases"]:
-    w(type="start", case=c["id"])
-    if c["batch"] == 2: time.sleep(60)
-    ok(c)
-"""
-    env = fake_env(tmp_path, body)
+def _interrupt_in(phase: str, stop: threading.Event, delay: float):
+    """An on_progress callback that does what the SIGINT/SIGTERM handler does, ``delay`` s after
+    set 1 reports ``phase``."""
+    def on_progress(msg: str) -> None:
+        if msg.startswith(f"set 1: {phase}"):
+            def interrupt():
+                time.sleep(delay)
+                stop.set()
+                proc.terminate_all()
+
+            threading.Thread(target=interrupt, daemon=True).start()
+    return on_progress
+
+
+SLOW = {  # (start, fault) of fake workers that give an interrupt time to land in that phase
+    "starting workers": ("time.sleep(0.5)\n" + HELLO, ""),
+    "setting up": (HELLO, 'if cmd["cmd"] == "setup": time.sleep(0.3)'),
+    "lockstep cycles": (HELLO, ""),
+}
+
+
+@pytest.mark.parametrize("phase", list(SLOW))
+def test_stop_ends_the_set_keeps_what_was_timed_blames_nobody_and_leaves_no_worker(tmp_path, phase):
+    start, fault = SLOW[phase]
+    envs = [fake_env(tmp_path, "a", fault, start=start), fake_env(tmp_path, "b", fault, start=start)]
     cs = cases(1, 2, 3)
-    data = fresh(env, cs)
     stop = threading.Event()
-
-    def interrupt():  # what the SIGINT/SIGTERM handler does
-        time.sleep(1.0)
-        stop.set()
-        proc.terminate_all()
-
-    threading.Thread(target=interrupt, daemon=True).start()
     try:
-        with pytest.raises(runner.Interrupted):
-            round_(env, cs, data, tmp_path, stop=stop)
+        reason, data, sets = run(envs, cs, tmp_path, max_sets=10, stop=stop,
+                                 on_progress=_interrupt_in(phase, stop, 0.1))
+        assert reason == "interrupted"
         with pytest.raises(proc.Stopped):  # nothing new starts while stopping
             proc.spawn([sys.executable, "-c", "pass"], log=tmp_path / "x.log")
     finally:
         proc.reset()
-    assert data[("fake", cs[0].id)].status == "ok"
-    # the case the interrupt cut short is not blamed on the worker; the rest were not run
-    assert data[("fake", cs[1].id)].status == "pending" and data[("fake", cs[2].id)].status == "pending"
-    assert not any(alive(p) for p in pids_in(tmp_path))
+    # the workers the interrupt stopped are not blamed: no env or case failed
+    assert all(e.status == "ok" for e in envs)
+    for cd in data.values():
+        assert cd.status == "ok" and cd.faults == 0 and cd.error is None and not cd.notes, cd
+        assert measured(cd)[0] == 0
+    assert [(s["set"], s["status"]) for s in sets] == [(0, "ok"), (1, "interrupted")]
+    assert "stopped by a signal" in sets[1]["error"] and not any("error" in w for w in sets[1]["workers"].values())
+    assert not any(alive(p) for p in pids(tmp_path))
 
 
 def test_signal_handlers_stop_commands_and_restore(tmp_path):
@@ -281,48 +417,73 @@ def test_signal_handlers_stop_commands_and_restore(tmp_path):
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
-def test_run_all_resumes_only_missing_rounds_and_cases(tmp_path):
-    env = fake_env(tmp_path, LOOP.format(fault="pass"))
-    cs = cases(1, 2, 3)
-    data = fresh(env, cs)
-    # earlier run: round 0 complete, round 1 done for case 1 only, case 3 failed in round 0
-    for c in cs:
-        data[("fake", c.id)].rounds["wall_us"].append([1.0, 2.0])
-        data[("fake", c.id)].status = "ok"
-    data[("fake", cs[0].id)].rounds["wall_us"].append([3.0, 4.0])
-    data[("fake", cs[2].id)].status, data[("fake", cs[2].id)].error = "error", "planted"
-    rounds = [{"env": "fake", "round": 0, "status": "ok"}]
-    reason = runner.run_all([env], cs, Sampling(min_rounds=3, max_rounds=3, time_budget_s=600), device="cpu",
-                            quick=False, work=tmp_path, case_timeout=5, stop=threading.Event(), data=data,
-                            rounds=rounds, elapsed_s=10.0)
-    assert "min_rounds" in reason or "max_rounds" in reason
-    specs = {f.name: [c["batch"] for c in json.loads(f.read_text())["cases"]] for f in tmp_path.glob("*.spec.json")}
-    assert specs == {"r1-fake-0.spec.json": [2], "r2-fake-0.spec.json": [1, 2]}
-    assert data[("fake", cs[0].id)].rounds["wall_us"][:2] == [[1.0, 2.0], [3.0, 4.0]]
-    assert [len(data[("fake", c.id)].rounds["wall_us"]) for c in cs] == [3, 3, 1]
-    assert [r["round"] for r in rounds] == [0, 1, 2]
+def _through_results(data: dict, sets: list, cs: list[Case]) -> tuple[dict, list]:
+    """``data`` and ``sets`` as a resumed run gets them: written to results.json and read back."""
+    doc = json.loads(json.dumps({"cases": [results.case_record(cd, cd.case) for cd in data.values()],
+                                 "sets": sets}))
+    return runner.data_from_results(doc, cs), doc["sets"]
 
 
-def test_case_data_round_trips_through_results_json(tmp_path):
+def test_an_interrupted_run_resumes_with_new_sets_and_keeps_the_old_ones(tmp_path):
+    envs = [fake_env(tmp_path, "a"), fake_env(tmp_path, "b")]
+    cs = cases(1, 2)
+    stop = threading.Event()
+    try:
+        reason, data, sets = run(envs, cs, tmp_path, max_sets=3, stop=stop,
+                                 on_progress=_interrupt_in("lockstep cycles", stop, 0.1))
+    finally:
+        proc.reset()
+    assert reason == "interrupted" and [s["status"] for s in sets] == ["ok", "interrupted"]
+    before = {k: copy.deepcopy(cd.sets) for k, cd in data.items()}
+    assert all(cd.sets["wall_us"][1] for cd in data.values())  # the interrupted set's cycles are kept
+    data2, sets2 = _through_results(data, sets, cs)
+    assert list(data2) == list(data)
+    reason, data2, sets2 = run(envs, cs, tmp_path, max_sets=3, work="work2", data=data2, sets=sets2, elapsed_s=5.0)
+    assert reason == "max_sets 3 reached"
+    # the interrupted set does not count: sets 2 and 3 are new; nothing measured before is re-run
+    assert [(s["set"], s["status"]) for s in sets2] == [(0, "ok"), (1, "interrupted"), (2, "ok"), (3, "ok")]
+    assert sorted(p.name for p in (tmp_path / "work2").glob("*.log")) == ["s2-a.log", "s2-b.log", "s3-a.log",
+                                                                          "s3-b.log"]
+    for k, cd in data2.items():
+        assert cd.status == "ok" and measured(cd) == [0, 1, 2, 3]
+        for m in ("wall_us", "host_us"):
+            for s, v in before[k][m].items():
+                assert cd.sets[m][s] == v, (k, m, s)
+        for s in (2, 3):  # paired by cycle id with the other env
+            other = data2[("b" if k[0] == "a" else "a", k[1])]
+            assert cd.sets["wall_us"][s].keys() == other.sets["wall_us"][s].keys()
+    assert not any(alive(p) for p in pids(tmp_path))
+
+
+def test_case_data_round_trips_through_results_json():
     c = cases(4)[0]
     cd = runner.CaseData("e", c)
-    for line in ({"status": "ok", "metrics": {"wall_us": {"samples": [1.5, 2.5]}, "host_us": {"samples": [1.0]}},
-                  "correctness": {"out": {"max_abs_err": 0.001, "rel_err": 0.002, "finite": True}}},
-                 {"status": "ok", "metrics": {"wall_us": {"samples": [1.25]}, "host_us": {"samples": [0.75]}},
-                  "correctness": {"out": {"max_abs_err": 0.003, "rel_err": 0.001, "finite": True}}}):
-        runner._fold(cd, {"case": c.id, "seconds": 0.5, **line})
+    cd.sets["wall_us"] = {0: {0: 1.5, 3: 2.5, 7: 2.0}, 2: {1: 1.25}}
+    cd.sets["host_us"] = {0: {1: 1.0, 4: 0.75}, 2: {0: 0.5}}
+    cd.sets["device_us"] = {0: [0.5, 0.6], 2: [0.55]}
+    cd.correctness = [{"out": {"max_abs_err": 0.001, "rel_err": 0.002, "finite": True}}]
+    cd.status, cd.faults, cd.seconds = "ok", 1, 0.5
+    cd.notes = ["set 0: a wall burst: the worker was killed by SIGABRT", "set 1: timed again after the earlier fault"]
+    cd.inner, cd.clock_seconds, cd.kernels = {"wall_us": 3}, {"wall": 0.4}, [{"name": "k", "us": 0.5}]
     rec = json.loads(json.dumps(results.case_record(cd, c)))
+    assert rec["metrics"]["wall_us"]["by_set"] == {"0": {"0": 1.5, "3": 2.5, "7": 2.0}, "2": {"1": 1.25}}
     back = runner.data_from_results({"cases": [rec, {**rec, "id": "not-in-config"}]}, [c])
     assert list(back) == [("e", c.id)]
     cd2 = back[("e", c.id)]
-    assert cd2.rounds == cd.rounds and cd2.status == "ok"
-    assert results.case_record(cd2, c)["correctness"] == rec["correctness"]
-    assert results.case_record(cd2, c)["metrics"] == rec["metrics"]
+    assert cd2.sets == cd.sets  # set ids and cycle ids kept: the next sets pair with them
+    assert (cd2.status, cd2.faults, cd2.notes, cd2.kernels) == (cd.status, cd.faults, cd.notes, cd.kernels)
+    assert results.case_record(cd2, c) == rec
+    # a failed case stays failed, with its kind, and is retried only as the runner decides
+    bad = runner.CaseData("e", c)
+    bad.fail("timeout", "the worker was stopped after --case-timeout 1 s during set-up")
+    bad.faults = 2
+    back = runner.data_from_results({"cases": [results.case_record(bad, c)]}, [c])[("e", c.id)]
+    assert (back.status, back.error_kind, back.faults, back.error) == ("error", "timeout", 2, bad.error)
 
 
 # ---------------------------------------------------------------------------------------------
 # real CPU runs with planted faults
-FAULTS = """
+FAULTS_PLANTED = """
     _b = q.shape[0]
     if _b == 11:
         os.abort()
@@ -343,8 +504,12 @@ shapes:
   - {batch: 14, seqlen: 16, nheads: 2, head_dim: 16}
   - {batch: 15, seqlen: 16, nheads: 2, head_dim: 16}
   - {batch: 2, seqlen: 16, nheads: 2, head_dim: 16}
-sampling: {min_rounds: 2, max_rounds: 2, time_budget_s: 600}
+sampling: {time_budget_s: 600, set_seconds: 3, max_sets: 40}
 """
+#: Process sets of the fault run: set 0 ends when the noimport env fails its first worker's import
+#: check; the abort fails batch 11 in sets 1 and 2 (a retry), the hang batch 13 in sets 3 and 4;
+#: from set 5 on the faulty env's other cases are timed (14 and 15 fail at once in set 5).
+FAULT_SETS = 7
 SECRET = "MATRIX_RUN_TEST_SECRET_TOKEN"
 
 
@@ -394,13 +559,13 @@ def fault_run(standins, tmp_path_factory):
     anchor = "    if _FAULT and q.shape[0] == _FAULT_BATCH:\n"
     text = iface.read_text()
     assert anchor in text
-    iface.write_text(text.replace(anchor, FAULTS.lstrip("\n") + anchor))
+    iface.write_text(text.replace(anchor, FAULTS_PLANTED.lstrip("\n") + anchor))
     with open(src / "flash_attn" / "__init__.py", "a") as f:
         f.write(f"\nimport json as _j, os as _o\n"
                 f"with open({str(dumps)!r} + '/env-%d.json' % _o.getpid(), 'w') as _f:\n"
                 f"    _j.dump(dict(_o.environ), _f)\n")
     _wheel(src, fl)
-    # noimport=9.0.6: installs, but importing it fails (the preflight must catch it)
+    # noimport=9.0.6: installs, but importing it fails (the first worker's import check must catch it)
     src = standin.make_source(root / "src", "9.0.6")
     (src / "flash_attn" / "__init__.py").write_text("raise ImportError('planted import failure')\n")
     _wheel(src, fl)
@@ -414,7 +579,8 @@ def fault_run(standins, tmp_path_factory):
     out = root / "out"
     t0 = time.monotonic()
     cp = run_cli("--versions", "good=2.6.3,faulty=9.0.1,corrupt=9.0.4,nobuild=9.0.5,noimport=9.0.6",
-                 "--config", str(cfg), "--device", "cpu", "--offline", "--case-timeout", "5",
+                 "--config", str(cfg), "--device", "cpu", "--offline", "--case-timeout", "4",
+                 "--max-sets", str(FAULT_SETS), "--set-seconds", "0.4", "--burst-ms", "2", "--workers-per-env", "1",
                  "--find-links", str(standins["wheels"]), "--find-links", str(fl),
                  "--envs-dir", str(root / "envs"), "--wheel-cache", str(root / "cache"), "--output", str(out),
                  env={SECRET: "hunter2"}, timeout=400)
@@ -426,13 +592,24 @@ def _case(res, env, batch):
     return next(c for c in res["cases"] if c["env"] == env and c["batch"] == batch)
 
 
+def _sets_of(c: dict) -> list[int]:
+    """The process sets with wall-time cycles of a case record."""
+    return sorted(int(s) for s, v in ((c["metrics"].get("wall_us") or {}).get("by_set") or {}).items() if v)
+
+
 def test_fault_run_exits_3_with_results_written(fault_run):
     cp, res = fault_run["cp"], fault_run["res"]
     assert cp.returncode == 3, cp.stderr[-4000:]
     assert "Traceback" not in cp.stderr
-    # min_rounds = max_rounds = 2: two rounds, whether or not every verdict was decided by then
-    assert res is not None and (res["timing"]["stop_reason"] == "max_rounds 2 reached" or res["timing"]["stop_reason"].startswith("all verdicts decided"))
-    assert sorted({r["round"] for r in res["rounds"]}) == [0, 1]
+    assert res is not None and res["schema"] == "matrix-runner/results/2"
+    # the command line's sampling options win over the config's
+    st = res["settings"]
+    assert (st["max_sets"], st["set_seconds"], st["burst_ms"], st["workers_per_env"], st["case_timeout_s"]) == \
+        (FAULT_SETS, 0.4, 2.0, 1, 4.0)
+    assert res["timing"]["stop_reason"] == f"max_sets {FAULT_SETS} reached" or \
+        res["timing"]["stop_reason"].startswith("all wall-time verdicts decided")
+    assert [s["set"] for s in res["sets"]] == list(range(FAULT_SETS))
+    assert all(s["status"] == "ok" for s in res["sets"])
     assert (fault_run["out"] / "index.html").is_file()
 
 
@@ -457,43 +634,56 @@ def test_failed_envs_name_the_reason_and_show_the_log_tail(fault_run):
     assert rec["fingerprint"] is None and rec["status"] == "import-failed"
     assert "planted import failure" in rec["import_error"]
     assert not any(c["env"] in ("corrupt", "nobuild", "noimport") for c in res["cases"])
+    # its worker was started once, in set 0, which ended there; the others went on without it
+    assert "noimport" in res["sets"][0]["workers"] or res["sets"][0]["cycles"] == 0
+    assert all("noimport" not in s["workers"] for s in res["sets"][1:])
 
 
 def test_each_worker_fault_fails_its_case_only(fault_run):
     res = fault_run["res"]
-    expect = {11: ("crash", "SIGABRT"), 13: ("timeout", "--case-timeout 5 s"),
-              14: ("error", "RuntimeError: stand-in: planted error"), 15: ("oom", "OutOfMemoryError")}
-    for batch, (kind, needle) in expect.items():
+    expect = {11: ("crash", ["SIGABRT", "set-up"], 2), 13: ("timeout", ["--case-timeout 4 s during set-up"], 2),
+              14: ("error", ["RuntimeError: stand-in: planted error"], 0), 15: ("oom", ["OutOfMemoryError"], 0)}
+    for batch, (kind, needles, faults) in expect.items():
         c = _case(res, "faulty", batch)
-        assert c["status"] == "error" and c["error_kind"] == kind and needle in c["error"], c
-    # every other case of both envs: measured in both rounds
-    for env, batches in (("faulty", (1, 2)), ("good", (1, 2, 11, 13, 14, 15))):
-        for b in batches:
-            c = _case(res, env, b)
-            assert c["status"] == "ok", c
-            w = c["metrics"]["wall_us"]
-            assert w["n_rounds"] == 2 and len(w["samples"]) == 2 and all(len(s) >= 5 for s in w["samples"])
-    # the measured shapes are compared
+        assert c["status"] == "error" and c["error_kind"] == kind, c
+        assert all(n in c["error"] for n in needles), c["error"]
+        assert c["faults"] == faults and _sets_of(c) == [], c
+    # a crash and a hang are retried once, in the next set; each set names the worker it lost
+    assert [n.split(":")[0] for n in _case(res, "faulty", 11)["notes"]] == ["set 1", "set 2"]
+    assert [n.split(":")[0] for n in _case(res, "faulty", 13)["notes"]] == ["set 3", "set 4"]
+    lost = {s["set"]: s["workers"].get("faulty", {}).get("error") or "" for s in res["sets"]}
+    assert all("SIGABRT" in lost[s] for s in (1, 2)) and all("no reply for 4 s" in lost[s] for s in (3, 4))
+    assert not lost[5] and not lost[6]
+    # every other case of both envs: measured, in lockstep pairs in the sets after the faults
+    for b in (1, 2):
+        g, f = _case(res, "good", b), _case(res, "faulty", b)
+        assert g["status"] == "ok" and f["status"] == "ok" and g["correctness"]["ok"] and f["correctness"]["ok"]
+        assert _sets_of(f) == [5, 6] and {5, 6} <= set(_sets_of(g))
+        for s in ("5", "6"):
+            gw, fw = g["metrics"]["wall_us"]["by_set"][s], f["metrics"]["wall_us"]["by_set"][s]
+            assert gw.keys() == fw.keys() and len(gw) >= 5
+    for b in (11, 13, 14, 15):  # the good env's same cases are not blamed for the faulty env's faults
+        g = _case(res, "good", b)
+        assert g["status"] in ("ok", "not run") and g["error"] is None and g["faults"] == 0, g
+    # only the measured shapes are compared
     assert {c["case"] for c in res["comparisons"] if c["candidate"] == "faulty"} == \
         {_case(res, "good", 1)["id"], _case(res, "good", 2)["id"]}
-    # round 0: the worker was restarted after the abort and the hang; round 1 retried no failed case
-    r = {(x["round"], x["env"]): x for x in res["rounds"]}
-    assert r[(0, "faulty")]["restarts"] == 2 and r[(1, "faulty")]["restarts"] == 0
-    spec = json.loads((fault_run["out"] / ".work" / "r1-faulty-0.spec.json").read_text())
-    assert sorted(c["batch"] for c in spec["cases"]) == [1, 2]
     err = " ".join(fault_run["cp"].stderr.split())
-    assert "4 case(s) failed" in err
+    assert "case(s) failed (crash, error, oom, timeout)" in err
 
 
 def test_no_worker_outlives_the_run(fault_run):
-    pids = pids_in(fault_run["out"] / ".work")
-    assert len(pids) >= 4
+    res = fault_run["res"]
+    pids = {w["pid"] for s in res["sets"] for w in s["workers"].values() if w.get("pid")}
+    pids |= {int(d.stem.split("-")[1]) for d in fault_run["dumps"].glob("env-*.json")}
+    assert len(pids) >= 2 * (FAULT_SETS - 1)
     assert not [p for p in pids if alive(p)]
+    assert not _stray(str(fault_run["root"]))
 
 
-def test_workers_and_probes_see_only_the_allow_listed_environment(fault_run):
+def test_workers_see_only_the_allow_listed_environment(fault_run):
     dumps = list(fault_run["dumps"].glob("env-*.json"))
-    assert len(dumps) >= 3  # the preflight probe and the worker processes of the faulty env
+    assert len(dumps) >= FAULT_SETS - 1  # the faulty env's workers, one per set
     for d in dumps:
         env = json.loads(d.read_text())
         assert SECRET not in env and "hunter2" not in env.values()
@@ -509,7 +699,7 @@ title: interrupt me
 ops: [fwd, bwd]
 shapes:
   - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16}
-sampling: {min_rounds: 2, max_rounds: 2, time_budget_s: 600, min_effect: 0.05}
+sampling: {time_budget_s: 300, set_seconds: 3, max_sets: 2, min_effect: 0.05}
 """
 
 
@@ -552,11 +742,11 @@ def _wait_for(pred, timeout: float, what: str, cli: _Cli | None = None):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def _rounds_written(path: Path) -> int:
+def _sets_written(path: Path) -> list:
     try:
-        return len(json.loads(path.read_text())["rounds"])
+        return json.loads(path.read_text())["sets"]
     except (OSError, ValueError, KeyError):
-        return 0
+        return []
 
 
 def _stray(marker: str) -> list[str]:
@@ -583,7 +773,7 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
                "--wheel-cache", str(tmp_path / "cache"), "--output", str(out))
     seen_invalid = []
 
-    def one_round():
+    def one_set():
         # results.json is replaced atomically: a reader never sees a half-written file
         f = out / "results.json"
         if f.exists():
@@ -591,23 +781,30 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
                 json.loads(f.read_text())
             except ValueError:
                 seen_invalid.append(1)
-        return _rounds_written(f) >= 1
+        return _sets_written(f)
 
-    _wait_for(one_round, 240, "a round in results.json", cli)
-    time.sleep(0.7)  # into the next worker
+    s0 = _wait_for(one_set, 240, "a process set in results.json", cli)[0]
+    # aim at the middle of the next set's lockstep cycles, from the first set's phases (the next
+    # set's workers started importing when the first set's cycles began); any phase must do
+    ph = s0["phase_s"]
+    time.sleep(min(max(ph["start"] - ph["cycles"], 0.0) + ph["setup"] + 1.5, 10.0))
     cli.signal_and_wait(sig)
     err = cli.stderr()
     assert cli.poll() == 130, err[-3000:]
-    assert "interrupted" in err and "Traceback" not in err
+    assert "interrupted" in err and "Traceback" not in err and "--resume" in err
     assert not seen_invalid
     assert not _stray(str(tmp_path)), _stray(str(tmp_path))
-    assert not [q for q in pids_in(out / ".work") if alive(q)]
     first = load_results(out)
     assert first["timing"]["stop_reason"] == "interrupted"
-    done = [r for r in first["rounds"] if r["status"] == "ok"]
-    assert 1 <= len(done) < 4
-    kept = {(c["env"], c["id"]): c["metrics"]["wall_us"]["samples"] for c in first["cases"] if c["metrics"]}
-    assert kept and all(len(s) >= 1 for s in kept.values())
+    pids = {w["pid"] for s in first["sets"] for w in s["workers"].values() if w.get("pid")}
+    assert pids and not [q for q in pids if alive(q)]
+    # the interrupt is nobody's fault: no env or case failed, and nothing measured is lost
+    assert all(e["status"] == "ok" for e in first["envs"])
+    assert all(c["status"] == "ok" and not c["faults"] for c in first["cases"]), first["cases"]
+    done = [s for s in first["sets"] if s["status"] == "ok"]
+    assert len(done) == 1 and first["sets"][0]["status"] == "ok"
+    kept = {(c["env"], c["id"]): c["metrics"]["wall_us"]["by_set"] for c in first["cases"]}
+    assert len(kept) == 4 and all("0" in v for v in kept.values())
 
     cp = run_cli("--resume", str(out))
     assert cp.returncode == 0, cp.stderr[-3000:]
@@ -615,15 +812,17 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     res = load_results(out)
     assert res["run_id"] == first["run_id"] and res["command"] == first["command"] and len(res["resumed"]) == 1
     assert res["timing"]["stop_reason"] != "interrupted"
+    # the sets measured before the interrupt are kept as they were; new sets get new ids; an
+    # interrupted set does not count towards max_sets
+    assert [s["set"] for s in res["sets"]] == list(range(len(res["sets"])))
+    assert res["sets"][:len(first["sets"])] == first["sets"]
+    assert sum(s["status"] == "ok" for s in res["sets"]) == 2
     for c in res["cases"]:
         assert c["status"] == "ok"
-        w = c["metrics"]["wall_us"]
-        assert w["n_rounds"] == 2, c["id"]
-        # the rounds measured before the interrupt are kept as they were
-        before = kept.get((c["env"], c["id"]), [])
-        assert w["samples"][:len(before)] == before
-    for env in ("2.6.3", "2.7.0.post2"):  # each round of each env ran exactly once
-        assert sorted(r["round"] for r in res["rounds"] if r["env"] == env and r["status"] == "ok") == [0, 1]
+        by = c["metrics"]["wall_us"]["by_set"]
+        for sid, v in kept[(c["env"], c["id"])].items():
+            assert by[sid] == v
+        assert str(len(res["sets"]) - 1) in by  # timed in the new set
     for e in res["envs"]:
         assert e["build"]["reused"] is True
     assert {c["candidate"] for c in res["comparisons"]} == {"2.7.0.post2"}
@@ -660,5 +859,6 @@ def test_sigterm_during_a_build_stops_it_and_writes_results(tmp_path):
     assert not _stray(str(tmp_path)), _stray(str(tmp_path))
     res = load_results(out)
     assert res["timing"]["stop_reason"] == "interrupted"
+    assert res["sets"] == [] and res["cases"] == []
     (e,) = res["envs"]
     assert e["status"] == "failed" and e["error"].startswith("interrupted")

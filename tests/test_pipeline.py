@@ -21,7 +21,7 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
     cp, res = first_run["cp"], first_run["res"]
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert "Traceback" not in cp.stderr
-    assert res["schema"] == "matrix-runner/results/1"
+    assert res["schema"] == "matrix-runner/results/2"
     assert [e["label"] for e in res["envs"]] == ["2.6.3", "2.7.0.post2"]
     for e in res["envs"]:
         assert e["status"] == "ok"
@@ -36,24 +36,43 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
         rec = json.loads((first_run["root"] / "envs" / e["label"] / "matrix-run-env.json").read_text())
         assert rec["probe"]["import_checked"] is True and rec["probe"]["torch"]["version"] == e["torch"]
         assert rec["fingerprint"] and rec["import_error"] is None
+    # the config's sampling (conftest.TINY) is what the run used
+    st = res["settings"]
+    assert (st["max_sets"], st["set_seconds"], st["time_budget_s"]) == (4, 1.0, 60.0)
+    assert st["method"] == "lockstep-sets/anytime-t-cs/1" and st["workers_per_env"] >= 1
+    sets = res["sets"]
+    assert [s["set"] for s in sets] == list(range(len(sets))) and 2 <= len(sets) <= 4
+    assert all(s["status"] == "ok" and s["cycles"] > 0 for s in sets)
+    for s in sets:  # one process set: fresh workers of both envs, on one core where pinning works
+        assert {k.split("#")[0] for k in s["workers"]} == {"2.6.3", "2.7.0.post2"}
+        assert all(w.get("pid") and not w.get("error") for w in s["workers"].values())
+        assert s["pinned"] == st["cpus"]["pinned"]
+        if s["pinned"]:
+            assert s["cpu"] in st["cpus"]["set_cpus"] and s["cpu"] != st["cpus"]["driver_cpu"]
+    assert len({w["pid"] for s in sets for w in s["workers"].values()}) == len(sets) * 2 * st["workers_per_env"]
     assert len(res["cases"]) == 2 * 4
     for c in res["cases"]:
         assert c["status"] == "ok", c
         assert set(c["metrics"]) == {"wall_us", "host_us"}  # CPU: no device or graph clock
         w = c["metrics"]["wall_us"]
-        assert w["n_rounds"] >= 3 and w["n"] >= 3 * 5 and len(w["samples"]) == w["n_rounds"]
+        assert w["n_rounds"] == len(sets) and len(w["samples"]) == len(sets) and w["n"] >= 3 * len(sets)
+        assert sorted(w["by_set"], key=int) == [str(s["set"]) for s in sets]
         assert w["q1"] <= w["median"] <= w["q3"] or w["n_rounds"] > 1
         assert c["correctness"]["ok"] is True
-    assert {r["env"] for r in res["rounds"]} == {"2.6.3", "2.7.0.post2"}
-    # each case's wall/host budget is spent in SLICES turns, round-robin over the cases: one
-    # "start" per step (set-up, each turn, finish), in case order within each turn
-    lines = [json.loads(x) for x in (first_run["root"] / "out1" / ".work" / "r0-2.6.3-0.jsonl").read_text().splitlines()]
-    starts = [x["case"] for x in lines if x["type"] == "start"]
-    ids = [c["id"] for c in res["cases"] if c["env"] == "2.6.3"]
-    assert starts == ids * (1 + 4 + 1)
-    # interleaved: the two envs alternate (A B, B A, A B ...)
-    envs_in_order = [r["env"] for r in res["rounds"]]
-    assert envs_in_order[:4] == ["2.6.3", "2.7.0.post2", "2.7.0.post2", "2.6.3"]
+        assert c["faults"] == 0 and not c["notes"]
+    # lockstep: in each set, every cycle is one (case, clock) item timed by a burst in every worker
+    # of the set, so the envs' cycle ids pair up, and together the items use each cycle id once
+    by = {(c["env"], c["id"]): c["metrics"] for c in res["cases"]}
+    ids = list(dict.fromkeys(c["id"] for c in res["cases"]))
+    for s in sets:
+        sid, used = str(s["set"]), []
+        for cid in ids:
+            for m in ("wall_us", "host_us"):
+                base, cand = by[("2.6.3", cid)][m]["by_set"].get(sid, {}), by[("2.7.0.post2", cid)][m]["by_set"].get(sid, {})
+                assert base.keys() == cand.keys(), (sid, cid, m)
+                used += list(base)
+            assert by[("2.6.3", cid)]["wall_us"]["by_set"][sid]  # every case's wall clock in every set
+        assert sorted(map(int, used)) == list(range(s["cycles"]))
     assert res["timing"]["stop_reason"]
     assert res["machine"]["cpu_count"] >= 1
 
@@ -93,6 +112,10 @@ def test_second_run_reuses_envs(first_run):
         assert e["build"]["seconds"] < 10
     assert res["timing"]["env_phase_s"] < 15
     assert all(c["metrics"]["wall_us"]["n_rounds"] == 1 for c in res["cases"])
+    # --quick: one process set, whose ratios are provisional, never a verdict
+    assert len(res["sets"]) == 1 and res["timing"]["stop_reason"] == "quick: one process set"
+    wall = [c for c in res["comparisons"] if c["metric"] == "wall_us"]
+    assert len(wall) == 4 and all(c["verdict"] == "provisional" for c in wall)
 
 
 def test_report_subcommand_rerenders(first_run, tmp_path):
