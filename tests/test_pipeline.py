@@ -2,6 +2,7 @@
 against the stand-in flash_attn (conftest.standins). The "2.7.0.post2" stand-in plants PLANTED_US
 of host overhead in every forward call; the comparison must find it, by about that much."""
 import json
+import os
 
 import pytest
 from conftest import PLANTED_US, load_results, run_cli
@@ -81,11 +82,14 @@ def test_planted_host_overhead_is_flagged_slower_by_about_that_much(first_run):
     res = first_run["res"]
     wall = [c for c in res["comparisons"] if c["metric"] == "wall_us"]
     assert len(wall) == 4
+    # quiet 2-core machine: the set core's calibrated noise ~0.04-0.06, delta 303-332 µs; a failure
+    # with a noise ~0.9 came from other heavy processes sharing the cores (load average 5.7)
+    quiet = f"set-core noise {res['settings']['cpus'].get('noise')}, load average {os.getloadavg()}"
     for c in wall:
         assert (c["baseline"], c["candidate"]) == ("2.6.3", "2.7.0.post2")
         if c["op"] == "fwd":
             assert c["verdict"] == "slower", c
-            assert c["delta_us"] == pytest.approx(PLANTED_US, rel=0.2), c
+            assert c["delta_us"] == pytest.approx(PLANTED_US, rel=0.2), (quiet, c)
             assert c["ci_low"] > 1.0
             assert c["attribution"] is None and "CPU" in c["attribution_why"]
         else:  # the stand-in plants nothing in bwd
