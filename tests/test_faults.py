@@ -699,7 +699,7 @@ title: interrupt me
 ops: [fwd, bwd]
 shapes:
   - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16}
-sampling: {time_budget_s: 300, set_seconds: 3, max_sets: 2, min_effect: 0.05}
+sampling: {time_budget_s: 300, set_seconds: 6, max_sets: 2, min_effect: 0.05}
 """
 
 
