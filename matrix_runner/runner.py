@@ -361,25 +361,21 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             if env.status == "failed":
                 w.kill()
                 continue
-            try:
+            what = "worker did not start"
+            try:  # hello (the env probe), the import check, then the config command
                 hello = w.hello or w.wait_hello(max(case_timeout, START_TIMEOUT_S))
+                if hello.get("type") != "fatal":
+                    if not env.import_checked and _import_check(env, hello):
+                        w.kill()
+                        continue
+                    what = "worker failed at start"
+                    hello = w.request({"cmd": "config", "device": device, "seed": seed + 1000 * sid,
+                                       "quick": quick}, START_TIMEOUT_S)
             except lockstep.WorkerFault as ex:
-                env_failed(key, f"worker did not start: {ex}")
+                env_failed(key, f"{what}: {ex}")
                 continue
             if hello.get("type") == "fatal":
                 env_failed(key, str(hello.get("error")))
-                continue
-            if not env.import_checked and _import_check(env, hello):
-                w.kill()
-                continue
-            try:
-                rep = w.request({"cmd": "config", "device": device, "seed": seed + 1000 * sid, "quick": quick},
-                                START_TIMEOUT_S)
-            except lockstep.WorkerFault as ex:
-                env_failed(key, f"worker failed at start: {ex}")
-                continue
-            if rep.get("type") == "fatal":
-                env_failed(key, str(rep.get("error")))
                 continue
             live[key] = w
             rec["workers"][key] = {"pid": w.pid}
