@@ -158,6 +158,12 @@ def ratio_chart(rows: list[dict], candidates: list[str], base: str, min_effect: 
         ax.annotate(txt, (max(bounds(c)[1], c["ratio"]), y), xytext=(5, 0), textcoords="offset points",
                     va="center", fontsize=8, color=col)
     ax.set_xlim(lo_all, hi_all * (1.35 if hi_all / lo_all < 4 else 1.6))
+    for i, j, c in items:  # an interval not yet bounded (too few sets): a dotted line across the axis
+        lo, hi = c.get("ci_low"), c.get("ci_high")
+        if not lo or hi is None or hi == float("inf"):
+            y = i + (j - (k - 1) / 2) * span
+            ax.plot(list(ax.get_xlim()), [y, y], ls=":", lw=1.2, color=VERDICT_COLORS.get(c["verdict"], "#333"),
+                    zorder=2)
     for i, r in enumerate(rows):
         if not any(c.get("wall") for c in r["comps"]):
             ax.text(0.01, i, "not compared", transform=ax.get_yaxis_transform(), va="center", fontsize=7.5,

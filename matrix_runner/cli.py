@@ -70,7 +70,7 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
                    help="smallest ratio change called faster/slower (default 0.05 = 5%%)")
     r.add_argument("--time-budget", type=float, metavar="S", help="seconds for the timing phase (default 60)")
     r.add_argument("--max-sets", type=int, metavar="N",
-                   help="most process sets (one fresh worker per env each; default 40: the budget or decided "
+                   help="most process sets (fresh workers of every env each; default 40: the budget or decided "
                         "verdicts normally stop first)")
     r.add_argument("--set-seconds", type=float, metavar="S", help="seconds of lockstep cycles per process set (default 3)")
     r.add_argument("--burst-ms", type=float, metavar="MS", help="each worker's turn in a cycle, ms of calls (default 5)")
@@ -271,10 +271,6 @@ def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> Non
 
 def cmd_plan(args) -> int:
     cfg = load_config(args.config)
-    try:
-        lockstep.parse_cpus(args.cpus)
-    except ValueError as ex:
-        raise envmod.UsageError(str(ex)) from None
     reqs = envmod.parse_versions(args.versions)
     opts = _options(args)
     if args.backend == "uv":
@@ -565,6 +561,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
         raise envmod.UsageError(f"--fail-on-regression {args.fail_on_regression:g}: give a percentage >= 0 "
                                 "(5 = fail when a candidate is slower by more than 5%)")
+    try:  # before anything is built
+        lockstep.parse_cpus(args.cpus)
+    except ValueError as ex:
+        raise envmod.UsageError(str(ex)) from None
     reqs = envmod.parse_versions(args.versions)
     opts = _options(args)
     if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error

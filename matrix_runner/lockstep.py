@@ -60,6 +60,11 @@ def exit_reason(rc: int | None) -> str:
     return f"exited with code {rc}"
 
 
+def _tail(log: Path) -> str:
+    t = proc.tail_of(log, 6).strip()
+    return f"; log tail: {t}" if t else ""
+
+
 class Worker:
     """One live worker process of one env. ``request`` sends a command and waits for its reply."""
 
@@ -99,7 +104,7 @@ class Worker:
                     rc = self.p.wait(timeout=5)
                 except Exception:  # noqa: BLE001
                     rc = None
-                raise WorkerDied(f"the worker {exit_reason(rc)}; log tail: {proc.tail_of(self.log, 6)}", self.log)
+                raise WorkerDied(f"the worker {exit_reason(rc)}{_tail(self.log)}", self.log)
             self._buf += chunk
 
     def wait_hello(self, timeout: float) -> dict:
@@ -113,7 +118,7 @@ class Worker:
         except (BrokenPipeError, OSError):
             rc = self.p.poll()
             self.kill()
-            raise WorkerDied(f"the worker {exit_reason(rc)}; log tail: {proc.tail_of(self.log, 6)}", self.log) from None
+            raise WorkerDied(f"the worker {exit_reason(rc)}{_tail(self.log)}", self.log) from None
 
     def reply(self, timeout: float) -> dict:
         """The reply to the command sent last (see :meth:`request`)."""

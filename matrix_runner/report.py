@@ -134,12 +134,16 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
     if counts["same"]:
         rest.append(f"same in {len(counts['same'])}")
     if counts["ambiguous"]:
-        rest.append(f"ambiguous in {len(counts['ambiguous'])}")
+        unb = sum(1 for c in counts["ambiguous"] if c.get("unbounded"))
+        rest.append(f"ambiguous in {len(counts['ambiguous'])}" + (
+            f" ({unb} with too few process sets for a finite interval at this level, about 5 are needed: "
+            "raise --time-budget)" if unb else ""))
     if counts["provisional"]:
         lo = min(counts["provisional"], key=lambda c: c["ratio"])
         hi = max(counts["provisional"], key=lambda c: c["ratio"])
         parts.append(f"provisional ratios {lo['ratio']:.2f}x-{hi['ratio']:.2f}x in {len(counts['provisional'])} "
-                     "cases, no verdict (one process set: a quick run decides nothing)")
+                     "cases, no verdict (" + ("a --quick run decides nothing" if quick else
+                                              "one process set per side decides nothing") + ")")
     missing = n_cases - len(wall)
     if missing:
         rest.append(f"not compared in {missing} (failed or not run)")

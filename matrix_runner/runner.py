@@ -139,6 +139,10 @@ class Interrupted(Exception):
     """The run was stopped (SIGINT/SIGTERM): measured cases are kept, nothing more is started."""
 
 
+class _SetFailed(Exception):
+    """A worker of the set could not start (died or hung) in an env known to import: the set is given up."""
+
+
 def _import_check(env: EnvResult, hello: dict) -> str | None:
     """The full preflight of an env whose import was not checked yet (envs module doc), on its first
     worker's ``hello`` probe. On success the env's probe becomes the worker's (torch, GPU) and the
@@ -252,6 +256,9 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             if not labels:
                 reason = "no env could be timed (every env failed its import check)"
                 break
+            if len(labels) < 2 and any(s.get("status") == "ok" for s in sets):
+                reason = "one env: nothing to compare, one process set timed it"
+                break
             if sum(1 for s in sets if s.get("status") != "interrupted") >= max_sets:
                 reason = "quick: one process set" if quick else f"max_sets {max_sets} reached"
                 break
@@ -345,12 +352,20 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         cd.fail(ex.kind, msg)
         cd.notes.append(f"set {sid}: {msg}")
 
-    def env_failed(key: str, msg: str) -> None:
+    def env_failed(key: str, msg: str, transient: bool = False) -> None:
+        """The worker ``key`` could not start. ``transient`` (it died or hung, in an env whose import
+        was already checked): the set is given up and the next one tries again, once; otherwise, or
+        the second time, the env fails."""
         if stop.is_set():  # the interrupt stopped the worker: not the env's fault
             raise Interrupted()
-        envs[lab_of[key]].status, envs[lab_of[key]].error = "failed", msg
-        rec["workers"][key] = {"error": msg}
+        env = envs[lab_of[key]]
         st.workers[key].kill()
+        rec["workers"][key] = {"error": msg}
+        if transient and env.import_checked and not getattr(env, "start_faults", 0):
+            env.start_faults = 1
+            rec["status"], rec["error"] = "failed", f"{key}: {msg}; the next set tries again"
+            raise _SetFailed()
+        env.status, env.error = "failed", msg
 
     try:
         on_progress(f"set {sid}: starting workers")
@@ -372,7 +387,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     hello = w.request({"cmd": "config", "device": device, "seed": seed + 1000 * sid,
                                        "quick": quick}, START_TIMEOUT_S)
             except lockstep.WorkerFault as ex:
-                env_failed(key, f"{what}: {ex}")
+                env_failed(key, f"{what}: {ex}", transient=True)
                 continue
             if hello.get("type") == "fatal":
                 env_failed(key, str(hello.get("error")))
@@ -493,6 +508,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                         if n not in cd.notes:
                             cd.notes.append(n)
         phase("device")
+    except _SetFailed:
+        pass
     except Interrupted:
         rec["status"] = "interrupted"
         rec["error"] = "stopped by a signal; the cycles timed so far are kept"

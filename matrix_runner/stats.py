@@ -240,10 +240,11 @@ def compare(base: list[list[float]], cand: list[list[float]], min_effect: float 
             p = float(sps.mannwhitneyu(x, y, alternative="two-sided").pvalue)
         except ValueError:
             p = float("nan")
+    one = len(base) < 2 or len(cand) < 2  # one process (set) on a side: no spread between them is known
     return {
         "ratio": ratio, "ci_low": lo, "ci_high": hi,
         "delta_us": delta, "delta_ci_low": dl, "delta_ci_high": dh,
-        "p_value": p, "verdict": verdict(ratio, lo, hi, min_effect),
+        "p_value": p, "verdict": "provisional" if one else verdict(ratio, lo, hi, min_effect),
         "base_median": mb, "cand_median": mc, "n_rounds": [len(base), len(cand)], "paired": bool(paired),
         "within_process_only": len(base) < 2 or len(cand) < 2, "ci_widened_by_t": widened,
         "ci_method": "paired trimmed t" if paired else "independent bootstrap+Welch",
@@ -347,6 +348,22 @@ def t_cs(x, alpha: float, c: float) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
+def _trimmed_mean(d: list) -> float | None:
+    if not d:
+        return None
+    d = sorted(d)
+    g = int(math.floor(CYCLE_TRIM * len(d)))
+    return float(np.mean(d[g:len(d) - g]))
+
+
+def set_delta(base: dict, cand: dict) -> float | None:
+    """One process set's observation of candidate - baseline in µs per call: the 20 % trimmed mean
+    of the paired per-cycle differences (cycles paired by id, as :func:`set_log_ratio`)."""
+    d = [cand[cy] - b for cy, b in base.items()
+         if cand.get(cy) is not None and b is not None and math.isfinite(b) and math.isfinite(cand[cy])]
+    return _trimmed_mean(d)
+
+
 def set_log_ratio(base: dict, cand: dict) -> float | None:
     """One process set's observation of log(candidate / baseline) from its lockstep cycles:
     ``base``/``cand`` map cycle id -> burst median (µs per call); cycles are paired by id (never by
@@ -358,11 +375,7 @@ def set_log_ratio(base: dict, cand: dict) -> float | None:
         if k is None or b is None or not (b > 0 and k > 0) or not (math.isfinite(b) and math.isfinite(k)):
             continue
         d.append(math.log(k) - math.log(b))
-    if not d:
-        return None
-    d.sort()
-    g = int(math.floor(CYCLE_TRIM * len(d)))
-    return float(np.mean(d[g:len(d) - g]))
+    return _trimmed_mean(d)
 
 
 def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, family_size: int = 1,
@@ -383,19 +396,23 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
 
     Returns ``{ratio, ci_low, ci_high, delta_us, delta_ci_low, delta_ci_high, verdict, base_median,
     cand_median, n_sets, sets, set_log_ratios, alpha, ci_method, paired}``; ratio > 1: the candidate
-    is slower; None when no set has both sides. ``delta_us`` is ratio-based: base_median * (ratio - 1)."""
+    is slower; None when no set has both sides. ``delta_us`` (µs per call) is the mean over sets of each
+    set's trimmed mean of the paired per-cycle differences (device/graph: difference of the set's
+    medians), with the same kind of interval. ``unbounded``: too few sets yet for a finite interval."""
     ids = [s for s in base_sets if s in cand_sets]
-    obs, used = [], []
+    obs, deltas, used = [], [], []
     for s in ids:
         b, k = base_sets[s], cand_sets[s]
         if cycles:
-            v = set_log_ratio(b, k)
+            v, dv = set_log_ratio(b, k), set_delta(b, k)
         else:
             bv = [x for x in b if x is not None and math.isfinite(x) and x > 0]
             kv = [x for x in k if x is not None and math.isfinite(x) and x > 0]
             v = math.log(_median(kv)) - math.log(_median(bv)) if bv and kv else None
+            dv = _median(kv) - _median(bv) if bv and kv else None
         if v is not None:
             obs.append(v)
+            deltas.append(dv if dv is not None else math.nan)
             used.append(s)
     if not obs:
         return None
@@ -413,10 +430,11 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
     c = lai_mixing(n_target, alpha)
     m, lo, hi = t_cs(obs, alpha, c)
     ratio, rlo, rhi = math.exp(m), math.exp(lo) if lo > -math.inf else 0.0, math.exp(hi) if hi < math.inf else math.inf
+    dm, dlo, dhi = t_cs(deltas, alpha, c)
     v = "provisional" if provisional or len(obs) < 2 else verdict(ratio, rlo, rhi, min_effect)
     return {
-        "ratio": ratio, "ci_low": rlo, "ci_high": rhi,
-        "delta_us": mb * (ratio - 1), "delta_ci_low": mb * (rlo - 1), "delta_ci_high": mb * (rhi - 1) if rhi < math.inf else math.inf,
+        "ratio": ratio, "ci_low": rlo, "ci_high": rhi, "unbounded": rhi == math.inf,
+        "delta_us": dm, "delta_ci_low": dlo, "delta_ci_high": dhi,
         "verdict": v, "base_median": mb, "cand_median": mc, "n_sets": len(obs), "sets": used,
         "set_log_ratios": obs, "alpha": alpha, "family_size": family_size, "family_alpha": family_alpha,
         "cs_mixing": c, "ci_method": "lockstep sets, anytime t-CS", "paired": True,
