@@ -16,7 +16,9 @@ Faults: a worker that crashes or hangs (no reply within ``case_timeout`` s) fail
 working on in that env; the set ends (the cycles already timed are kept) and the next set retries
 that case once; a second fault fails it for the run. A case whose worker reports an error (a
 kernel not built, out of memory) fails at once. A worker that cannot start (import error, no CUDA)
-fails its env. SIGINT/SIGTERM end the set in progress with :class:`Interrupted`; everything timed
+fails its env; one that dies or hangs at start in an env that has imported before ends that set
+and the next set tries again (the second time, the env fails). With one env left there is nothing
+to compare: one set times it. SIGINT/SIGTERM end the set in progress with :class:`Interrupted`; everything timed
 so far is kept, and ``--resume`` continues with new sets.
 """
 from __future__ import annotations
