@@ -258,7 +258,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             if not labels:
                 reason = "no env could be timed (every env failed its import check)"
                 break
-            if len(labels) < 2 and any(s.get("status") == "ok" for s in sets):
+            if len(labels) < 2 and any(cd.sets["wall_us"] for (lab, _), cd in data.items() if lab in labels):
                 reason = "one env: nothing to compare, one process set timed it"
                 break
             if sum(1 for s in sets if s.get("status") != "interrupted") >= max_sets:
@@ -398,6 +398,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             rec["workers"][key] = {"pid": w.pid}
         phase("start")
         if any(e.status == "failed" for e in envs.values()):
+            rec["status"] = "failed"
+            rec["error"] = "; ".join(f"{e.label}: {e.error}" for e in envs.values() if e.status == "failed")
             return rec
         # cases to time in this set: ok or pending in every env, or retried once after a fault
         todo = []

@@ -229,7 +229,7 @@ def test_a_transient_worker_fault_is_retried_in_the_next_set(tmp_path, name, pha
     assert not any(alive(p) for p in pids(tmp_path))
 
 
-@pytest.mark.parametrize("start,fault,checked,needles", [
+@pytest.mark.parametrize("start,fault,checked,needles", [  # a worker that died or hung: transient (below)
     ('send(type="fatal", error="import flash_attn failed: planted")', "", True,
      ["import flash_attn failed: planted"]),
     ('print("worker boom", file=sys.stderr); sys.stdout.flush(); sys.exit(4)', "", True,
@@ -246,19 +246,27 @@ def test_a_worker_that_cannot_start_fails_its_env_only(tmp_path, monkeypatch, st
     good, bad = fake_env(tmp_path, "good"), fake_env(tmp_path, "bad", fault, start=start, checked=checked)
     cs = cases(1, 2)
     t0 = time.monotonic()
-    reason, data, sets = run([good, bad], cs, tmp_path, max_sets=3)
+    reason, data, sets = run([good, bad], cs, tmp_path, max_sets=4)
     assert time.monotonic() - t0 < 30
-    assert reason == "max_sets 3 reached"
+    # a worker that died or hung at start in an env that imported before (checked) is a transient
+    # fault: that set is given up and the next one starts the env again; the second time it fails
+    transient = checked and any(n in needles for n in ("no reply for 1 s", "exited with code 4"))
+    starts = 2 if transient else 1
     assert bad.status == "failed" and good.status == "ok"
     for n in needles:
         assert n in bad.error, bad.error
     if checked:  # the set names the worker that failed (an import check failure is on the env record)
-        assert needles[0] in sets[0]["workers"]["bad"]["error"]
+        assert needles[0] in sets[starts - 1]["workers"]["bad"]["error"]
+    if transient:
+        assert sets[0]["status"] == "failed" and "the next set tries again" in sets[0]["error"]
     assert not [k for k in data if k[0] == "bad"]  # a failed env's cases are not reported as measured
-    assert len(pids(tmp_path, "bad")) == 1  # never started again
-    for c in cs:  # the other env goes on alone in the next sets
+    assert len(pids(tmp_path, "bad")) == starts  # never started again after it failed
+    # with one env left there is nothing to compare: one set times it, and the run stops
+    assert reason == "one env: nothing to compare, one process set timed it", reason
+    assert len(sets) == starts + 1
+    for c in cs:
         cd = data[("good", c.id)]
-        assert cd.status == "ok" and measured(cd)[-1] == 2 and cd.correctness
+        assert cd.status == "ok" and measured(cd) == [starts] and cd.correctness
     assert not any(alive(p) for p in pids(tmp_path))
 
 
