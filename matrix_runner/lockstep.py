@@ -166,6 +166,19 @@ def set_affinity(pid: int, cpus) -> bool:
         return False
 
 
+def move_process(pid: int, cpus) -> int:
+    """Pin every thread of process ``pid`` to ``cpus`` (Linux /proc/PID/task); how many were moved
+    (0 where the process is gone or the OS forbids it)."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    n = 0
+    for t in tids:
+        n += set_affinity(t, cpus)
+    return n
+
+
 def allowed_cpus() -> list[int]:
     try:
         return sorted(os.sched_getaffinity(0))
