@@ -70,8 +70,8 @@ class Worker:
 
     def __init__(self, label: str, python: str, log: Path, cpus: set[int] | None = None):
         self.label, self.log = label, log
-        self.p = proc.spawn_piped([python, str(WORKER), "serve"], log=log,
-                                  env_extra={"PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"})
+        self.p = proc.spawn([python, str(WORKER), "serve"], log=log, piped=True,
+                             env_extra={"PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"})
         self._buf = b""
         self.pid = self.p.pid
         self.hello: dict | None = None

@@ -173,29 +173,22 @@ def capture(argv: list[str], *, env_extra: dict | None = None, timeout: float = 
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
-def spawn(argv: list[str], *, env_extra: dict | None = None, log: Path, cwd: Path | str | None = None) -> subprocess.Popen:
+def spawn(argv: list[str], *, env_extra: dict | None = None, log: Path, cwd: Path | str | None = None,
+          piped: bool = False) -> subprocess.Popen:
     """Start ``argv`` in its own process group (so it can be stopped with everything it started),
-    output appended to ``log``. The caller polls and stops it with :func:`kill_group`."""
+    output appended to ``log``. The caller polls and stops it with :func:`kill_group`. ``piped``:
+    stdin and stdout are unbuffered binary pipes (a worker's command and reply channels; the caller
+    frames lines itself) and only stderr goes to ``log``."""
     Path(log).parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "ab")
     try:
+        if piped:
+            return _start(argv, cwd=cwd, env=clean_env(env_extra), stdout=subprocess.PIPE, stderr=out,
+                          stdin=subprocess.PIPE, bufsize=0)
         return _start(argv, cwd=cwd, env=clean_env(env_extra), stdout=out, stderr=subprocess.STDOUT,
                       stdin=subprocess.DEVNULL)
     finally:
         out.close()
-
-
-def spawn_piped(argv: list[str], *, env_extra: dict | None = None, log: Path,
-                cwd: Path | str | None = None) -> subprocess.Popen:
-    """Like :func:`spawn`, with pipes for stdin and stdout (a worker's command and reply channels);
-    stderr is appended to ``log``. Unbuffered binary pipes: the caller frames lines itself."""
-    Path(log).parent.mkdir(parents=True, exist_ok=True)
-    err = open(log, "ab")
-    try:
-        return _start(argv, cwd=cwd, env=clean_env(env_extra), stdout=subprocess.PIPE, stderr=err,
-                      stdin=subprocess.PIPE, bufsize=0)
-    finally:
-        err.close()
 
 
 def kill_group(p: subprocess.Popen, grace: float = 3.0) -> None:

@@ -572,8 +572,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
         done: set = set()
         if len(labels) >= 2 and not quick:
             cmp = comparisons_now(data, labels, cases, sampling, m)
-            done = {k for k, v in cmp.items() if v and v["verdict"] not in ("ambiguous", "provisional")
-                    and v["ci_high"] / v["ratio"] - 1 <= sampling.precision}
+            done = {k for k in set(cmp) - _undecided(cmp) if cmp[k]["ci_high"] / cmp[k]["ratio"] - 1 <= sampling.precision}
         for c in cases:
             if len(labels) < 2 or any((cand, c.id) not in done for cand in labels[1:]):
                 items.append((c, m))

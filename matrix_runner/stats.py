@@ -356,26 +356,27 @@ def _trimmed_mean(d: list) -> float | None:
     return float(np.mean(d[g:len(d) - g]))
 
 
+def _paired(base: dict, cand: dict):
+    """(baseline, candidate) burst medians of the cycles both have (paired by cycle id, never by
+    position), both finite and > 0; a set's ratio and delta use the same pairs."""
+    for cy, b in base.items():
+        k = cand.get(cy)
+        if b is not None and k is not None and math.isfinite(b) and math.isfinite(k) and b > 0 and k > 0:
+            yield b, k
+
+
 def set_delta(base: dict, cand: dict) -> float | None:
     """One process set's observation of candidate - baseline in µs per call: the 20 % trimmed mean
-    of the paired per-cycle differences (cycles paired by id, as :func:`set_log_ratio`)."""
-    d = [cand[cy] - b for cy, b in base.items()
-         if cand.get(cy) is not None and b is not None and math.isfinite(b) and math.isfinite(cand[cy])]
-    return _trimmed_mean(d)
+    of the paired per-cycle differences (:func:`_paired`)."""
+    return _trimmed_mean([k - b for b, k in _paired(base, cand)])
 
 
 def set_log_ratio(base: dict, cand: dict) -> float | None:
     """One process set's observation of log(candidate / baseline) from its lockstep cycles:
     ``base``/``cand`` map cycle id -> burst median (µs per call); cycles are paired by id (never by
-    position), and the set's value is the 20 % trimmed mean of the paired per-cycle log ratios (a
-    transient disturbance of one burst is one outlying cycle). None without a finite pair."""
-    d = []
-    for cy, b in base.items():
-        k = cand.get(cy)
-        if k is None or b is None or not (b > 0 and k > 0) or not (math.isfinite(b) and math.isfinite(k)):
-            continue
-        d.append(math.log(k) - math.log(b))
-    return _trimmed_mean(d)
+    position, :func:`_paired`), and the set's value is the 20 % trimmed mean of the paired per-cycle
+    log ratios (a transient disturbance of one burst is one outlying cycle). None without a pair."""
+    return _trimmed_mean([math.log(k) - math.log(b) for b, k in _paired(base, cand)])
 
 
 def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, family_size: int = 1,
