@@ -13,7 +13,7 @@ OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
 mkdir -p "$OUT" /tmp/lk
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
-COMMON=(--find-links "$PWD/.carry" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
+COMMON=(--find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
 nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 step() { local name=$1; shift; local t=$SECONDS
   timeout --signal=TERM --kill-after=10 "$1" "${@:2}" --output /tmp/lk/$name > /tmp/lk/$name.log 2>&1; local rc=$?
@@ -25,7 +25,16 @@ for i in 1 2 3; do
   step aa$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}"
 done
 step aa-quick 90 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" --quick
-if [ -n "${EXTRA:-}" ] && [ $((SECONDS - T0)) -lt 330 ]; then
+# 5. four versions at the default budget, if their slim wheels (built here earlier) are carried in
+#    .carry/built and the plan needs no source build
+if ls .carry/built/flash_attn-2.8.3-*.whl >/dev/null 2>&1; then
+  python3 -m matrix_runner plan --versions 2.6.3,2.7.0.post2,2.7.4.post1,2.8.3 "${COMMON[@]}" > /tmp/lk/plan4.txt 2>&1
+  grep -E "find-links|source" /tmp/lk/plan4.txt | tee -a "$OUT/summary.txt"
+  if ! grep -q "source" /tmp/lk/plan4.txt; then
+    step four 170 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2,2.7.4.post1,2.8.3 "${COMMON[@]}"
+  fi
+fi
+if [ -n "${EXTRA:-}" ] && [ $((SECONDS - T0)) -lt 400 ]; then
   step aa-extra 240 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" $EXTRA
 fi
 rm -rf /tmp/lk/*/.work

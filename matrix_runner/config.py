@@ -170,9 +170,10 @@ class Sampling:
     workers_per_env: int | None = None
     #: Seconds of cycles in a ``--quick`` run's single set.
     quick_set_seconds: float = 2.0
-    #: Seconds a set costs beyond its cycles (set-up, correctness, graph, profiler), for planning
-    #: (H200, seed config, 2 workers per env: 3.3-4.4 s per set).
-    SET_OVERHEAD_S = 3.5
+    #: Seconds a set costs beyond its cycles (correctness, graph, profiler while undecided; start
+    #: and set-up overlap the previous set), for planning (H200, seed config, 2 workers per env:
+    #: 3.3-4.4 s per set before the prefetch set up the next set's cases).
+    SET_OVERHEAD_S = 1.5
 
     @property
     def planned_sets(self) -> int:

@@ -1,8 +1,10 @@
 """Stage 3 (driver side) — the run's timing phase: lockstep process sets, and when to stop.
 
 A *process set* is one fresh worker per env, all pinned to one CPU core (lockstep module doc). Per
-set: the workers start (importing torch and the subject while the previous set is still timed, on
-other cores), every case is set up and warmed up in each worker, then *cycles*: each cycle gives
+set: the workers start while the previous set is still timed, on spare cores (the *prefetch*: they
+import torch and the subject during its cycles; their config and every case's set-up -- CUDA
+context, inputs, first calls, calibration -- are queued to them after its cycles, so no CUDA work of
+theirs overlaps a cycle, and a set's start mostly collects replies), then *cycles*: each cycle gives
 every worker of the set a burst (~``burst_ms`` of calls) of one (case, clock) in turn, in a
 balanced random order (a random permutation, then its reverse for that item's next cycle), for
 ``set_seconds``; then each worker checks correctness and takes the CUDA-graph clock of every case,
@@ -193,6 +195,8 @@ class _Set:
         self.t0 = time.monotonic()
         self.workers: dict[str, lockstep.Worker] = {}
         self.label_of: dict[str, str] = {}
+        #: worker key -> ids of the cases whose set-up was queued by :meth:`preload`, in order
+        self.preloaded: dict[str, list[str]] = {}
         for e in envs:
             for j in range(per_env):
                 key = e.label if per_env == 1 else f"{e.label}#{j}"
@@ -201,6 +205,22 @@ class _Set:
                 except proc.Stopped:
                     raise Interrupted() from None
                 self.label_of[key] = e.label
+
+    def preload(self, cases: list[Case], config: dict) -> None:
+        """Queue each worker's ``config`` and the set-up of ``cases`` while the worker still imports
+        (the set is prefetched during the previous one, after its cycles): inputs, first calls and
+        calibration then run on spare cores while the previous set's profiler pass runs, and the set
+        starts with its replies (nearly) waiting. The warm-up
+        is the 6-call minimum (``warmup_s`` 0): the GPU work this adds to the running set is a few
+        ms. A worker that is already gone is left to the set's start, which reports it."""
+        for key, w in self.workers.items():
+            try:
+                w.send(config)
+                for c in cases:
+                    w.send({"cmd": "setup", "case": c.id, "spec": c.to_dict(), "warmup_s": 0.0})
+            except lockstep.WorkerFault:
+                continue
+            self.preloaded[key] = [c.id for c in cases]
 
     def close(self, park: set | None = None) -> None:
         """Stop the set's workers in the background (a worker's exit takes ~1 s of torch teardown;
@@ -271,7 +291,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 reason = "quick: one process set" if quick else f"max_sets {max_sets} reached"
                 break
             elapsed = time.monotonic() - t0
-            if durations and elapsed + sum(durations) / len(durations) > sampling.time_budget_s:
+            typical = durations[1:] or durations  # the first set starts cold (no prefetch)
+            if durations and elapsed + sum(typical) / len(typical) > sampling.time_budget_s:
                 reason = f"time budget {sampling.time_budget_s:g} s: another process set would overrun it"
                 break
             if stop.is_set():
@@ -280,11 +301,19 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             pending = None
             cpu = cpus["set_cpus"][sid % len(cpus["set_cpus"])] if cpus.get("pinned") else None
 
-            def prefetch(_sid=sid):
+            def prefetch(stage: str, _sid=sid):
+                """``spawn``: start the next set's workers (they import during this set's cycles);
+                ``setup``: queue their config and set-ups (CUDA work: after this set's cycles)."""
                 nonlocal pending
                 if quick or stop.is_set() or others is None:  # no spare core: start after this set
                     return
-                pending = _Set(_sid + 1, envs, work, others, sampling.workers_per_env)
+                if stage == "spawn":
+                    pending = _Set(_sid + 1, envs, work, others, sampling.workers_per_env)
+                elif pending is not None:
+                    # not the cases under retry after a fault: their set-up waits for this set's outcome
+                    labs = [e.label for e in envs]
+                    pending.preload([c for c in cases if all(data[(lab, c.id)].status != "error" for lab in labs)],
+                                    _config_cmd(device, seed, _sid + 1, quick))
 
             with monitor:
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
@@ -393,8 +422,10 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                         rec["workers"][key] = {"pid": w.pid, "error": env.error}
                         continue
                     what = "worker failed at start"
-                    hello = w.request({"cmd": "config", "device": device, "seed": seed + 1000 * sid,
-                                       "quick": quick}, START_TIMEOUT_S)
+                    if key in st.preloaded:  # config was queued by the prefetch: its reply comes first
+                        hello = w.reply(START_TIMEOUT_S)
+                    else:
+                        hello = w.request(_config_cmd(device, seed, sid, quick), START_TIMEOUT_S)
             except lockstep.WorkerFault as ex:
                 env_failed(key, f"{what}: {ex}", transient=True)
                 continue
@@ -410,20 +441,39 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             if len(failed) == len(envs):
                 rec["status"] = "failed"
                 return rec
-        # cases to time in this set: ok or pending in every env, or retried once after a fault
-        todo = []
-        for c in cases:
-            cds = [data[(lab, c.id)] for lab in envs]
-            if any(cd.status == "error" and not _retried(cd) for cd in cds):
-                continue
-            todo.append(c)
+        todo = _todo(data, cases, list(envs))
+        todo_ids = {c.id for c in todo}
         # set-up (workers not yet pinned to one core: it is not timed)
         on_progress(f"set {sid}: setting up {len(todo)} case(s)")
-        ready = []
-        for c in todo:  # each case in every worker at once
-            ok = True
+        bad: set = set()  # case ids whose set-up failed in some worker
+
+        def took(key: str, cid: str, rep: dict) -> None:
+            cd = data[(lab_of[key], cid)]
+            if rep.get("status") != "ok":
+                cd.fail(rep.get("error_kind") or "error", rep.get("error") or "set-up failed")
+                if rep.get("traceback"):
+                    cd.notes.append(str(rep["traceback"])[-1200:])
+                bad.add(cid)
+                return
+            cd.seconds += float(rep.get("seconds") or 0)
+
+        for key in list(live):  # the replies to set-ups queued by the prefetch, in their order
+            for cid in st.preloaded.get(key, []):
+                if key not in live:
+                    break
+                try:
+                    rep = live[key].reply(case_timeout)
+                except lockstep.WorkerFault as ex:
+                    fault(key, cid, ex, "set-up")
+                    bad.add(cid)
+                    break
+                if cid in todo_ids:
+                    took(key, cid, rep)
+        for c in todo:  # the rest: each case in every worker at once
             sent = []
             for key in list(live):
+                if c.id in st.preloaded.get(key, []):
+                    continue
                 if stop.is_set():
                     raise Interrupted()
                 try:
@@ -431,26 +481,23 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     sent.append(key)
                 except lockstep.WorkerFault as ex:
                     fault(key, c.id, ex, "set-up")
-                    ok = False
+                    bad.add(c.id)
             for key in sent:
                 try:
                     rep = live[key].reply(case_timeout)
                 except lockstep.WorkerFault as ex:
                     fault(key, c.id, ex, "set-up")
-                    ok = False
+                    bad.add(c.id)
                     continue
-                cd = data[(lab_of[key], c.id)]
-                if rep.get("status") != "ok":
-                    cd.fail(rep.get("error_kind") or "error", rep.get("error") or "set-up failed")
-                    if rep.get("traceback"):
-                        cd.notes.append(str(rep["traceback"])[-1200:])
-                    ok = False
-                    continue
-                cd.seconds += float(rep.get("seconds") or 0)
-            if ok:
-                ready.append(c)
+                took(key, c.id, rep)
+        ready = [c for c in todo if c.id not in bad]
         phase("setup")
-        prefetch()
+        # the previous set's workers have exited (their CUDA teardown disturbed the first bursts of
+        # a set on the H200), then the next set's workers start importing on spare cores
+        while _closing:
+            _closing.pop().join(timeout=10)
+        phase("teardown")
+        prefetch("spawn")
         phase("prefetch")
         if cpu is not None:  # every thread of every worker of the set to the set's core
             for key, w in list(live.items()):
@@ -492,6 +539,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     if n not in cd.notes:
                         cd.notes.append(n)
         phase("finish")
+        # the next set's CUDA work (context, inputs, first calls) overlaps the profiler pass, never
+        # the cycles: on the H200 it made 30 % of the last quarter's bursts outliers (up to 3x)
+        prefetch("setup")
         dev_todo = _needed(data, labels, ready, sampling, "device_us") if device == "cuda" else set()
         if dev_todo:
             on_progress(f"set {sid}: kernel time (profiler)")
@@ -531,6 +581,18 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         phase("close")
         rec["seconds"] = round(time.monotonic() - st.t0, 2)
     return rec
+
+
+def _todo(data: dict, cases: list[Case], labels: list[str]) -> list[Case]:
+    """The cases a set times: ok or pending in every env, or retried once after a fault."""
+    return [c for c in cases
+            if not any(data[(lab, c.id)].status == "error" and not _retried(data[(lab, c.id)])
+                       for lab in labels if (lab, c.id) in data)]
+
+
+def _config_cmd(device: str, seed: int, sid: int, quick: bool) -> dict:
+    """A set's workers' ``config`` command (each set its own input seed)."""
+    return {"cmd": "config", "device": device, "seed": seed + 1000 * sid, "quick": quick}
 
 
 def _retried(cd: CaseData) -> bool:

@@ -244,20 +244,32 @@ class Bench:
             out.append(tot / inner / 1e3)
         return out
 
+    #: Profiler activities of the kernel-time pass: GPU activity only (CUPTI kernel records), which
+    #: skips recording and parsing every CPU op; :meth:`device` falls back to CPU + CUDA once (for
+    #: the rest of the process) where a torch build reports no kernels that way.
+    ACTIVITIES = ("CUDA",)
+
     def device(self, ncalls: int) -> dict:
+        """Kernel time: ``ncalls`` synchronized calls under the torch profiler; per call, the sum of
+        the GPU kernels' durations (µs, CUPTI timestamps) -> ``samples``, and per kernel name its mean
+        µs per call -> ``kernels``. Raises RuntimeError when no GPU activity is recorded."""
         torch = self.torch
         from torch.profiler import ProfilerActivity, profile
 
-        self.sync()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(ncalls):
-                self.call()
-                self.sync()
-        evs = []
-        for e in prof.events():
-            dt = str(getattr(e, "device_type", ""))
-            if dt.endswith("CUDA") and getattr(e, "time_range", None) is not None:
-                evs.append((e.time_range.start, e.time_range.end - e.time_range.start, e.name))
+        evs: list = []
+        for acts in (Bench.ACTIVITIES, ("CPU", "CUDA")):
+            self.sync()
+            with profile(activities=[getattr(ProfilerActivity, a) for a in acts]) as prof:
+                for _ in range(ncalls):
+                    self.call()
+                    self.sync()
+            for e in prof.events():
+                dt = str(getattr(e, "device_type", ""))
+                if dt.endswith("CUDA") and getattr(e, "time_range", None) is not None:
+                    evs.append((e.time_range.start, e.time_range.end - e.time_range.start, e.name))
+            if evs or acts == ("CPU", "CUDA"):
+                break
+            Bench.ACTIVITIES = ("CPU", "CUDA")
         evs.sort()
         if not evs:
             raise RuntimeError("the profiler recorded no GPU activity (CUPTI unavailable?)")
@@ -444,7 +456,8 @@ class Server:
             elif op == "setup":
                 t0 = time.perf_counter()
                 b = Bench(cmd["spec"], self.device, self.seed)
-                self.per_call[cid] = b.warmup(BUDGETS["setup_warmup"])
+                ws = cmd.get("warmup_s")
+                self.per_call[cid] = b.warmup(BUDGETS["setup_warmup"] if ws is None else float(ws))
                 self.benches[cid] = b
                 rec.update(per_call_us=self.per_call[cid], input_sets=b.nsets,
                            seconds=round(time.perf_counter() - t0, 3))
@@ -528,7 +541,9 @@ def serve() -> int:
     probe (or ``fatal``). Commands (``case`` is a case id):
 
     - ``config {device, seed, quick}``; ``pin {cpu}`` (every thread of the process to one CPU);
-    - ``setup {case, spec}``: inputs, warm-up, calibration -> ``per_call_us``;
+    - ``setup {case, spec, warmup_s?}``: inputs, warm-up (``warmup_s``, default
+      ``BUDGETS["setup_warmup"]``, at least 6 calls), calibration -> ``per_call_us``; commands may be
+      sent ahead of their replies (the driver queues a prefetched set's config and set-ups);
     - ``burst {case, clock: wall|host, ms}``: a few untimed calls, then ~``ms`` of timed calls in
       samples of ~ms/8 -> ``us`` (median of the samples, µs per call), ``n``, ``inner``;
     - ``finish {case}``: correctness against an fp32 reference and the CUDA-graph clock;

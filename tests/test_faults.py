@@ -202,7 +202,8 @@ def test_a_worker_fault_every_time_fails_that_case_after_one_retry(tmp_path, nam
 def test_a_transient_worker_fault_is_retried_in_the_next_set(tmp_path, name, phase):
     code, _, needle = FAULTS[name]
     envs = [fake_env(tmp_path, "good"),
-            fake_env(tmp_path, "bad", f'if cmd["cmd"] == "{phase}" and batch(cmd) == 2 and once("fault"):\n    {code}')]
+            fake_env(tmp_path, "bad", f'if cmd["cmd"] == "{phase}" and batch(cmd) == 2 and sid == 0 and once("fault"):\n'
+                                      f'    {code}')]
     cs = cases(1, 2, 3)
     before = lockstep.allowed_cpus()
     cpus = lockstep.plan_cpus("auto", n_sets=2)  # pinned where the machine lets us: pin commands, prefetch
@@ -226,6 +227,11 @@ def test_a_transient_worker_fault_is_retried_in_the_next_set(tmp_path, name, pha
         assert s["pinned"] == cpus["pinned"] and (s["cpu"] in cpus["set_cpus"] if cpus["pinned"] else s["cpu"] is None)
     if cpus["pinned"]:
         assert {c["cpu"] for c in cmds(tmp_path, "good") if c["cmd"] == "pin"} <= set(cpus["set_cpus"])
+    if cpus.get("spare_cpus"):  # set 1's config and set-ups were queued after set 0's cycles, without
+        # the case under retry (set 0 faulted it); set 2's after set 1's, all cases (the retry went well)
+        for s, want in ((1, [cs[0], cs[2]]), (2, cs)):
+            got = [c for c in cmds(tmp_path, "good") if c["_set"] == s and c["cmd"] == "setup"]
+            assert [c["case"] for c in got if c.get("warmup_s") == 0.0] == [c.id for c in want], got
     assert not any(alive(p) for p in pids(tmp_path))
 
 
@@ -794,10 +800,10 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
         return _sets_written(f)
 
     s0 = _wait_for(one_set, 240, "a process set in results.json", cli)[0]
-    # aim at the middle of the next set's lockstep cycles, from the first set's phases (the next
-    # set's workers started importing when the first set's cycles began); any phase must do
-    ph = s0["phase_s"]
-    time.sleep(min(max(ph["start"] - ph["cycles"], 0.0) + ph["setup"] + 1.5, 10.0))
+    # aim at the next set's 6 s of lockstep cycles (its workers were prefetched during the first set,
+    # so it starts at once with its set-ups done); any phase must do
+    assert s0["status"] == "ok"
+    time.sleep(2.5)
     cli.signal_and_wait(sig)
     err = cli.stderr()
     assert cli.poll() == 130, err[-3000:]
