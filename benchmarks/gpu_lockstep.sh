@@ -24,7 +24,7 @@ step seed 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMO
 for i in 1 2 3; do
   step aa$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}"
 done
-step aa-quick 90 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" --quick
+[ "${QUICK:-1}" = 1 ] && step aa-quick 90 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" --quick
 # 5. four versions at the default budget, if their slim wheels (built here earlier) are carried in
 #    .carry/built and the plan needs no source build
 if ls .carry/built/flash_attn-2.8.3-*.whl >/dev/null 2>&1; then

@@ -141,15 +141,20 @@ class Worker:
     def kill(self) -> None:
         proc.kill_group(self.p, grace=1.0)
 
-    def close(self) -> None:
-        """Ask the worker to quit; kill it if it does not within a second."""
+    def terminate(self) -> None:
+        """SIGTERM the worker's process group and return at once (a worker keeps nothing that needs
+        a clean exit; a graceful ``quit`` took ~0.7 s of torch and CUDA teardown per worker on the
+        H200, one after another)."""
         if self.p.poll() is None:
             try:
-                self.send({"cmd": "quit"})
-                self.p.wait(timeout=2)
-            except Exception:  # noqa: BLE001
+                os.killpg(self.p.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
                 pass
-        self.kill()
+
+    def close(self) -> None:
+        """Stop the worker (SIGTERM, SIGKILL after 2 s) and close its pipes."""
+        self.terminate()
+        proc.kill_group(self.p, grace=2.0)
         for f in (self.p.stdin, self.p.stdout):
             try:
                 f.close()
