@@ -21,13 +21,13 @@ step() { local name=$1; shift; local t=$SECONDS
   grep -E "✓|✗|time:|stopped|failed|warning|pinned" /tmp/lk/$name.log | head -8 | tee -a "$OUT/summary.txt"
   python3 benchmarks/lockstep_summary.py /tmp/lk/$name/results.json 2>&1 | tee -a "$OUT/summary.txt"; }
 step seed 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
-for i in 1 2 3; do
+for i in $(seq 1 "${AA:-3}"); do
   step aa$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}"
 done
 [ "${QUICK:-1}" = 1 ] && step aa-quick 90 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" --quick
 # 5. four versions at the default budget, if their slim wheels (built here earlier) are carried in
 #    .carry/built and the plan needs no source build
-if ls .carry/built/flash_attn-2.8.3-*.whl >/dev/null 2>&1; then
+if [ "${FOUR:-1}" = 1 ] && ls .carry/built/flash_attn-2.8.3-*.whl >/dev/null 2>&1; then
   python3 -m matrix_runner plan --versions 2.6.3,2.7.0.post2,2.7.4.post1,2.8.3 "${COMMON[@]}" > /tmp/lk/plan4.txt 2>&1
   grep -E "find-links|source" /tmp/lk/plan4.txt | tee -a "$OUT/summary.txt"
   if ! grep -q "source" /tmp/lk/plan4.txt; then

@@ -409,14 +409,20 @@ def rng_for(seed: int, name: str) -> np.random.Generator:
 
 # ----------------------------------------------------------------------------------------- main
 def main() -> None:
+    global DATA1, AA_RUNS
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=2000, help="simulated runs per variant (default 2000)")
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--check", type=int, default=8, help="runs per variant replayed through stats.set_compare")
+    ap.add_argument("--data", default=str(DATA1), help="per-cycle data (benchmarks/cycles_from_results.py format; "
+                    "default: the morning runs)")
+    ap.add_argument("--aa-runs", default=",".join(AA_RUNS), help="the A/A runs in --data (comma-separated)")
     a = ap.parse_args()
+    DATA1, AA_RUNS = Path(a.data), tuple(r for r in a.aa_runs.split(",") if r)
     t0 = time.time()
     R, seed = a.runs, a.seed
-    print(f"# python benchmarks/sim_lockstep.py --runs {R} --seed {seed} --check {a.check}   "
+    print(f"# python benchmarks/sim_lockstep.py --runs {R} --seed {seed} --check {a.check} --data {DATA1.name} "
+          f"--aa-runs {','.join(AA_RUNS)}   "
           f"({datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, numpy {np.__version__})")
     print(f"# rule: t-CS at alpha {ALPHA}/{M} (Bonferroni), n_target {N_TARGET} (lai_mixing c = "
           f"{stats.lai_mixing(N_TARGET, ALPHA / M):.4f}), min_effect {E}, precision freeze {PRECISION}, "
