@@ -22,7 +22,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import __version__, envs as envmod, lockstep, machine, proc, report, results, runner, wheels
-from .config import ConfigError, load_config, parse_config
+from .config import MAX_CASES, ConfigError, load_config, parse_config
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -38,6 +38,8 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
                    help="comma list of flash-attn versions; LABEL=VERSION names an env (A/A: a=2.6.3,b=2.6.3); "
                         "a path to a local sdist or wheel is accepted. The first is the baseline.")
     p.add_argument("--config", metavar="FILE", help="YAML config replacing any part of the built-in default")
+    p.add_argument("--yes", action="store_true",
+                   help=f"accept a config whose axes (list values) expand to more than {MAX_CASES} cases")
     p.add_argument("--envs-dir", default="envs", metavar="DIR", help="where envs live (default: envs/)")
     p.add_argument("--wheel-cache", metavar="DIR", default=None,
                    help=f"matrix-run's wheel/sdist cache (default: {wheels.default_cache_dir()})")
@@ -270,7 +272,7 @@ def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> Non
 
 
 def cmd_plan(args) -> int:
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
     reqs = envmod.parse_versions(args.versions)
     opts = _options(args)
     if args.backend == "uv":
@@ -539,9 +541,9 @@ def _resume_args(args, argv: list[str]):
 def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -> int:
     t_start = time.monotonic()
     if prior is None:
-        cfg = load_config(args.config)
-    else:  # the config as the run stored it (the file may have changed since)
-        cfg = parse_config(prior.get("config"), prior.get("config_source") or "results.json")
+        cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
+    else:  # the config as the run stored it (the file may have changed since; its size was accepted)
+        cfg = parse_config(prior.get("config"), prior.get("config_source") or "results.json", max_cases=None)
     if prior is not None:  # a resumed run's total includes the earlier invocations
         t_start -= float(((prior.get("timing") or {}).get("total_s")) or 0.0)
     samp = cfg.sampling
