@@ -154,14 +154,14 @@ def test_fail_on_regression_leaves_out_the_sdpa_control_by_impl_not_by_name():
 def test_a_config_of_over_500_cases_needs_yes(standins, tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text("dtype: [float16, torch.bfloat16]\ncausal: [false, true]\nops: [fwd, bwd]\n"
-                   "shapes:\n  - {batch: [1, 2, 4, 8], seqlen: [16, 32, 48, 64, 80, 96, 112, 128], nheads: 2, head_dim: 16}\n")
+                   "shapes:\n  - {batch: [1, 2, 4, 8], seqlen: [16, 32, 48, 64, 80, 96, 112, 128], nheads: [2, 4], head_dim: 16}\n")
     common = ["--versions", "2.6.3", "--config", str(big), "--envs-dir", str(tmp_path / "envs"),
               "--wheel-cache", str(tmp_path / "cache"), "--find-links", str(standins["wheels"]), "--offline"]
     for cmd in (["plan"], ["--output", str(tmp_path / "o")]):
         cp = run_cli(*cmd, *common)
         assert cp.returncode == 2, cp.stderr
         text = " ".join(cp.stderr.split())
-        assert "error: the config expands to 512 cases (axes: dtype 2; causal 2; shapes[0]: batch 4 x seqlen 8;" in text
+        assert "error: the config expands to 512 cases (axes: dtype 2; causal 2; shapes[0]: batch 4 x seqlen 8 x nheads 2;" in text
         assert "pass --yes to time them all" in text and "Traceback" not in text
     assert not (tmp_path / "o").exists()
     cp = run_cli("plan", *common, "--yes", "--json")
