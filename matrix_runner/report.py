@@ -279,9 +279,79 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
           "summaries": summaries, "common": common, "min_effect": min_effect,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
           "has_device": any("device_us" in (c.get("metrics") or {}) for c in cases)}
+    vm["heatmap"] = heatmap(vm)
     if with_charts:
         vm["charts"] = build_charts(vm)
     return vm
+
+
+#: A report with more cases than this (rows: case x op) gets the heat map of ratios grouped by axis.
+HEATMAP_MIN_ROWS = 12
+#: Axes of a case other than its shape, in the order the heat map groups by them.
+GROUP_AXES = ("dtype", "causal", "impl")
+
+
+def shape_label(c: dict) -> str:
+    """``B2 S50 H16 D16`` of a case dict (seqlen_k, nheads_k when they differ), without causal,
+    dtype or impl: the heat map's row within a group."""
+    s = f"B{c.get('batch')} S{c.get('seqlen_q')}"
+    if c.get("seqlen_k") != c.get("seqlen_q"):
+        s += f"/{c.get('seqlen_k')}"
+    s += f" H{c.get('nheads')}"
+    if c.get("nheads_k") != c.get("nheads"):
+        s += f"/{c.get('nheads_k')}"
+    return s + f" D{c.get('head_dim')}"
+
+
+def _group_name(c: dict, axes: list[str]) -> str:
+    parts = []
+    for k in axes:
+        v = c.get(k)
+        parts.append(("causal" if v else "non-causal") if k == "causal" else str(v))
+    return " · ".join(parts)
+
+
+def heatmap(vm: dict) -> dict | None:
+    """The version x case heat map of wall ratios, for runs of many cases (> HEATMAP_MIN_ROWS rows).
+
+    Grouped by the non-shape axes that vary (dtype, causal, impl): one block per combination, in
+    case order; rows are shapes (tokens every shape shares left out), columns candidate x op.
+    Returns ``{"axes", "columns": [(candidate, op)], "common", "groups": [{"name", "rows": [{"shape",
+    "cells": [cell | None]}]}]}``, a cell being ``{"ratio", "verdict", "ci", "bg", "id"}``; None
+    when there is nothing to compare or few cases."""
+    rows, cands = vm["rows"], vm["candidates"]
+    if not cands or len(rows) <= HEATMAP_MIN_ROWS:
+        return None
+    axes = [k for k in GROUP_AXES if len({r["case"].get(k) for r in rows}) > 1]
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    columns = [(c, op) for c in cands for op in ops]
+    shapes = {r["id"]: shape_label(r["case"]) for r in rows}
+    toks = [set(v.split()) for v in shapes.values()]
+    common = set.intersection(*toks) if len(set(shapes.values())) > 1 else set()
+    short = {k: " ".join(t for t in v.split() if t not in common) or v for k, v in shapes.items()}
+    groups: dict[str, dict[str, list]] = {}
+    for r in rows:
+        g = groups.setdefault(_group_name(r["case"], axes), {})
+        cells = g.setdefault(short[r["id"]], [None] * len(columns))
+        for j, comp in enumerate(r["comps"]):
+            w = comp["wall"]
+            if w and w.get("ratio"):
+                cells[columns.index((comp["candidate"], r["op"]))] = {
+                    "ratio": w["ratio"], "verdict": w["verdict"], "ci": fmt_ci(w), "bg": ratio_color(w["ratio"]),
+                    "id": r["id"]}
+    first = next(iter(shapes.values()))
+    return {"axes": axes, "columns": columns,
+            "common": " ".join(t for t in first.split() if t in common),
+            "groups": [{"name": name, "rows": [{"shape": sh, "cells": cells} for sh, cells in g.items()]}
+                       for name, g in groups.items()]}
+
+
+def ratio_color(r: float) -> str:
+    """Background of a heat-map cell: red above 1 (candidate slower), green below, white at 1; full
+    colour at 2x either way (log scale)."""
+    a = min(1.0, abs(float(np.log2(r)))) if r > 0 else 1.0
+    rgb = (214, 39, 40) if r > 1 else (44, 160, 44)
+    return f"rgba({rgb[0]}, {rgb[1]}, {rgb[2]}, {0.08 + 0.72 * a:.2f})"
 
 
 def build_charts(vm: dict) -> dict:

@@ -561,3 +561,45 @@ def test_a_full_run_is_never_called_quick(h200):
     quick = copy.deepcopy(one)
     quick["settings"]["quick"] = True
     assert all("a --quick run decides nothing" in s["text"] for s in report.compare_runs(h200, quick)["summaries"])
+
+
+# --------------------------------------------------------------------------------------------
+# axes: the heat map of ratios grouped by axis
+def axes_run() -> dict:
+    """2 dtypes x 2 causal x 4 shapes, fwd: the candidate 1.5x slower in bf16, equal in fp16."""
+    cases = []
+    for dt in ("fp16", "bf16"):
+        for causal in (False, True):
+            for i, (b, s) in enumerate([(2, 64), (2, 256), (64, 64), (64, 256)]):
+                for lab, wall in (("1.0", 100.0), ("2.0", 150.0 if dt == "bf16" else 100.0)):
+                    c = make_case(lab, "fwd", b, s, wall, 50.0, 40.0, seed=i + (7 if lab == "2.0" else 0))
+                    c.update(dtype=dt, causal=causal, id=c["id"].replace("fp16", dt) + ("-causal" if causal else ""),
+                             label=c["label"] + (" causal" if causal else ""))
+                    cases.append(c)
+    return make_results([env("1.0"), env("2.0")], cases)
+
+
+def test_many_cases_get_a_heat_map_grouped_by_axis():
+    res = axes_run()
+    hm = report.view_model(res)["heatmap"]
+    assert hm["axes"] == ["dtype", "causal"]
+    assert hm["columns"] == [("2.0", "fwd")] and hm["common"] == "H4 D32"
+    assert [g["name"] for g in hm["groups"]] == ["fp16 · non-causal", "fp16 · causal", "bf16 · non-causal", "bf16 · causal"]
+    assert [r["shape"] for r in hm["groups"][0]["rows"]] == ["B2 S64", "B2 S256", "B64 S64", "B64 S256"]
+    bf16 = [r["cells"][0] for g in hm["groups"][2:] for r in g["rows"]]
+    assert all(c["ratio"] == pytest.approx(1.5, rel=0.03) and c["verdict"] == "slower" for c in bf16)
+    assert bf16[0]["bg"] == report.ratio_color(bf16[0]["ratio"]) and bf16[0]["bg"].startswith("rgba(214, 39, 40, 0.")
+    fp16 = [r["cells"][0] for g in hm["groups"][:2] for r in g["rows"]]
+    assert all(c["ratio"] == pytest.approx(1.0, rel=0.03) for c in fp16)
+    assert report.ratio_color(0.5) == "rgba(44, 160, 44, 0.80)" and report.ratio_color(1.0).endswith("0.08)")
+    page = assert_self_contained(report.render_html(res, with_charts=False))
+    assert "heatmap" in page.ids
+    cells = [(a, t) for a, t in page.cells if a.get("class") == "hm"]
+    assert len(cells) == 16
+    assert [float(a["data-ratio"]) for a, _ in cells[8:]] == pytest.approx([1.5] * 8, rel=0.03)
+    assert cells[8][1].startswith("1.5") and cells[8][1].endswith("x ▲")
+    groups = [t for a, t in page.cells if a.get("class") == "group"]
+    assert groups == ["fp16 · non-causal", "fp16 · causal", "bf16 · non-causal", "bf16 · causal"]
+    # a run of few cases has no heat map (the verdict table is the overview)
+    assert report.view_model(gpu_run())["heatmap"] is None
+    assert 'id="heatmap"' not in report.render_html(gpu_run(), with_charts=False)
