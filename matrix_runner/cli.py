@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -255,20 +256,33 @@ def _plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
 
 
 def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> None:
+    """The plan, one block per env (a title line, then field / value rows): it fits an 80-column
+    terminal or log, where a table of 7 columns folded every cell into many lines. Long values
+    (kernel lists, errors) wrap at spaces to the console's width, as rich measures it (a pipe or log:
+    $COLUMNS, else 80)."""
+    from rich.padding import Padding
+
     out = out or console
-    t = Table(title="Plan: where each env's flash-attn comes from", title_justify="left")
-    for col in ("env", "version", "method", "wheel key", "kernels", "archs", "estimate"):
-        t.add_column(col, overflow="fold")  # wrap "2.7.0.post2" rather than cut it at 80 columns
+    out.print("[bold]Plan: where each env's flash-attn comes from[/]")
     for it in items:
-        kern = (it.kernels if isinstance(it.kernels, str) else "none (no CUDA)" if not it.kernels
-                else f"{len(it.kernels)}: " + ", ".join(it.kernels))
-        est = f"~{it.estimate_s / 60:.1f} min (MAX_JOBS={it.jobs['max_jobs']})" if it.estimate_s else "–"
-        meth = it.method if it.method != "failed" else f"[red]failed[/]: {it.error}"
-        t.add_row(it.label, it.version, meth, it.key_id, kern, ",".join(it.archs) if isinstance(it.archs, list) else it.archs, est)
-    out.print(t)
-    for it in items:
+        g = Table.grid(padding=(0, 2))
+        g.add_column(no_wrap=True, style="dim")
+        g.add_column(overflow="fold")
+        if it.method == "failed":
+            g.add_row("method", f"[red]failed[/]: {escape(str(it.error))}")
+        else:
+            est = f" · ~{it.estimate_s / 60:.1f} min (MAX_JOBS={it.jobs['max_jobs']})" if it.estimate_s else ""
+            g.add_row("method", escape(it.method) + est)
+            g.add_row("wheel key", escape(f"{it.key_id} · archs "
+                                          f"{','.join(it.archs) if isinstance(it.archs, list) else it.archs}"))
+            kern = (it.kernels if isinstance(it.kernels, str) else "none (no CUDA)" if not it.kernels
+                    else f"{len(it.kernels)}: " + ", ".join(it.kernels))
+            g.add_row("kernels", escape(kern))
         for n in it.notes:
-            out.print(f"  [dim]{it.label}: {n}[/]")
+            g.add_row("note", escape(n))
+        version = f"  [dim]flash-attn {escape(it.version)}[/]" if it.version != it.label else ""
+        out.print(f"[bold]{escape(it.label)}[/]{version}")
+        out.print(Padding(g, (0, 0, 0, 2), expand=False))
 
 
 def cmd_plan(args) -> int:
@@ -674,7 +688,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         else:
             console.print(f"  [red]✗ {e.label}: {e.error}[/]")
             if e.error_tail:
-                console.print("[dim]" + "\n".join("    " + ln for ln in e.error_tail.splitlines()[-12:]) + "[/]")
+                console.print("[dim]" + escape("\n".join("    " + ln for ln in e.error_tail.splitlines()[-12:])) + "[/]")
     ok_envs = [e for e in env_results if e.status == "ok"]
     if prior is not None:  # never pool samples of two different builds under one label
         before = {e["label"]: (e.get("build") or {}).get("wheel_sha256") for e in prior.get("envs", [])}

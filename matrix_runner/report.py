@@ -462,45 +462,69 @@ VERDICT_STYLE = {"slower": "red", "faster": "green", "same": "white", "ambiguous
 
 
 def terminal_table(res: dict, console=None) -> None:
-    """Print the verdict table with rich, then one headline per candidate."""
+    """Print the verdict table with rich, then one headline per candidate.
+
+    Cases are named by their short label (the tokens every case shares go in the title). The full
+    table (each env's wall / host / device µs, each candidate's ratio) is printed when rich
+    measures that it fits the console's width (a pipe or log: $COLUMNS, else 80); else one table per
+    candidate with the two envs' wall µs and the verdict, which fits 80 columns. No cell is cut:
+    only a cell too long for any layout (an error message) wraps, at spaces."""
+    from rich import box
     from rich.console import Console
     from rich.markup import escape
+    from rich.measure import Measurement
     from rich.table import Table
 
     console = console or Console()
     vm = view_model(res)
-    t = Table(title=escape(str(res.get("title") or "")), show_lines=False)
-    t.add_column("case", overflow="fold")
-    t.add_column("op", overflow="fold")
-    for lab in vm["labels"]:
-        t.add_column(f"{escape(lab)}\nwall / host / dev µs", justify="right", overflow="fold")
-    for c in vm["candidates"]:
-        t.add_column(f"{escape(c)} vs {escape(vm['base'])}\nwall ratio [95% CI]", justify="left", overflow="fold")
-    for r in vm["rows"]:
-        cells = [escape(r["label"]), escape(str(r["op"]))]
-        by = {e["label"]: e for e in r["envs"]}
-        for lab in vm["labels"]:
-            e = by.get(lab)
-            if e is None:
-                cells.append("–")
-                continue
-            m = e["m"]
-            if e["case"]["status"] != "ok":
-                why = (e["case"].get("error") or "").split(": ", 1)[-1][:60]
-                cells.append(f"[red]{escape(e['case'].get('error_kind') or e['case']['status'])}[/]: {escape(why)}")
-                continue
-            cells.append(" / ".join(fmt_us(m[k]["median"]) if m.get(k) else "–" for k in ("wall_us", "host_us", "device_us"))
-                         + (" [dim]host-bound[/]" if e["case"].get("host_bound") else ""))
-        for c in r["comps"]:
-            w = c["wall"]
-            if not w:
-                cells.append("–")
-                continue
-            col = VERDICT_STYLE[w["verdict"]]
-            attr = f" · {w['attribution']}" if w.get("attribution") else ""
-            cells.append(f"[{col}]{w['verdict']}[/] {fmt_ratio(w)}{attr}")
-        t.add_row(*cells)
-    console.print(t)
+    title = escape(str(res.get("title") or ""))
+    if vm["common"]:
+        title += f" [dim]· every case: {escape(vm['common'])}[/]"
+
+    def env_cell(r: dict, lab: str, clocks: tuple[str, ...]) -> str:
+        e = r["by_env"].get(lab)
+        if e is None:
+            return "–"
+        if e["case"]["status"] != "ok":
+            why = (e["case"].get("error") or "").split(": ", 1)[-1][:60]
+            return f"[red]{escape(e['case'].get('error_kind') or e['case']['status'])}[/]: {escape(why)}"
+        m = e["m"]
+        return (" / ".join(fmt_us(m[k]["median"]) if m.get(k) else "–" for k in clocks)
+                + (" [dim]HB[/]" if e["case"].get("host_bound") and len(clocks) > 1 else ""))
+
+    def ratio_cell(c: dict) -> str:
+        w = c["wall"]
+        if not w:
+            return "–"
+        attr = f" · {w['attribution']}" if w.get("attribution") else ""
+        return f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/] {fmt_ratio(w)}{attr}"
+
+    def table(labels: list[str], cands: list[str], clocks: tuple[str, ...], title: str) -> Table:
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        t.add_column("case", no_wrap=True)
+        t.add_column("op", no_wrap=True)
+        unit = "wall / host / dev µs" if len(clocks) > 1 else "wall µs"
+        for lab in labels:
+            t.add_column(f"{escape(lab)}\n{unit}", justify="right", overflow="fold")  # an error may wrap
+        for c in cands:
+            t.add_column(f"{escape(c)} vs {escape(vm['base'])}\nwall ratio [95% CI]", overflow="fold")
+        for r in vm["rows"]:
+            comps = [c for c in r["comps"] if c["candidate"] in cands]
+            t.add_row(escape(r["short"]), escape(str(r["op"])), *(env_cell(r, lab, clocks) for lab in labels),
+                      *(ratio_cell(c) for c in comps))
+        return t
+
+    full = table(vm["table_labels"], vm["candidates"], ("wall_us", "host_us", "device_us"), title)
+    # the width the table takes unwrapped (measured unclamped: rich clamps to the console's width)
+    natural = Measurement.get(console, console.options.update_width(1 << 16), full).maximum
+    if not vm["candidates"] or natural <= console.width:
+        console.print(full)
+        if any(e["case"].get("host_bound") for r in vm["rows"] for e in r["envs"]):
+            console.print("[dim]HB: host-bound (host dispatch ≥ kernel time: the GPU waits for the CPU)[/]")
+    else:  # narrow: one block per candidate, wall µs only (host and device are in the report)
+        for i, cand in enumerate(vm["candidates"]):
+            labels = [lab for lab in (vm["base"], cand) if lab in vm["table_labels"]]
+            console.print(table(labels, [cand], ("wall_us",), title if i == 0 else ""))
     for w in vm["wrong"]:
         console.print(f"[red]wrong results:[/] {escape(w[0])} {escape(w[1])} {escape(w[2])}: output or gradients differ "
                       "from the fp32 reference beyond tolerance (a faster wrong answer is not faster)")

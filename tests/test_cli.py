@@ -169,3 +169,53 @@ def test_a_config_of_over_500_cases_needs_yes(standins, tmp_path):
     import json
     (item,) = json.loads(cp.stdout)
     assert item["method"] == "find-links"
+
+
+def _plan_lines(width: int) -> list[str]:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from matrix_runner import cli, envs
+    items = [envs.PlanItem(label="2.6.3", version="2.6.3", env_dir=Path("envs/2.6.3"), method="source-slim", key={},
+                           key_id="3f9a2c1d7e8b", kernels=["fwd_hdim32_fp16", "fwd_split_hdim32_fp16", "bwd_hdim32_fp16"],
+                           archs=["90"], estimate_s=360, jobs={"max_jobs": 5}, notes=["sdist from PyPI (sha256 checked)"]),
+             envs.PlanItem(label="new", version="2.7.0.post2", env_dir=Path("envs/new"), method="failed", key={},
+                           key_id="–", kernels="–", archs="–",
+                           error="flash_fwd_hdim224_fp16_sm80.cu:12: cannot parse [template] 'x'")]
+    con = Console(record=True, width=width, color_system=None)
+    cli._print_plan(items, con)
+    return [ln.rstrip() for ln in con.export_text().splitlines()]
+
+
+def test_plan_is_one_block_per_env_that_fits_narrow_terminals():
+    assert _plan_lines(80) == [
+        "Plan: where each env's flash-attn comes from",
+        "2.6.3",
+        "  method     source-slim · ~6.0 min (MAX_JOBS=5)",
+        "  wheel key  3f9a2c1d7e8b · archs 90",
+        "  kernels    3: fwd_hdim32_fp16, fwd_split_hdim32_fp16, bwd_hdim32_fp16",
+        "  note       sdist from PyPI (sha256 checked)",
+        "new  flash-attn 2.7.0.post2",
+        "  method  failed: flash_fwd_hdim224_fp16_sm80.cu:12: cannot parse [template] 'x'"]
+    narrow = _plan_lines(50)
+    assert max(map(len, narrow)) <= 50
+    # values wrap at spaces, never inside a word ("source-sl / im" in the 7-column table)
+    assert narrow[2:6] == ["  method     source-slim · ~6.0 min (MAX_JOBS=5)", "  wheel key  3f9a2c1d7e8b · archs 90",
+                           "  kernels    3: fwd_hdim32_fp16,", "             fwd_split_hdim32_fp16,"]
+
+
+def test_plan_output_fits_80_columns_when_not_a_tty(standins, tiny_config, tmp_path):
+    import os
+    import subprocess
+    import sys
+    e = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    cp = subprocess.run([sys.executable, "-m", "matrix_runner", "plan", "--versions", "2.6.3,b=2.7.0.post2",
+                         "--config", str(tiny_config), "--find-links", str(standins["wheels"]), "--offline",
+                         "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache")],
+                        capture_output=True, text=True, env=e, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert [ln for ln in lines if ln.startswith(("2.6.3", "b "))] == ["2.6.3", "b  flash-attn 2.7.0.post2"]
+    assert sum(ln.split() == ["method", "find-links"] for ln in lines) == 2

@@ -603,3 +603,61 @@ def test_many_cases_get_a_heat_map_grouped_by_axis():
     # a run of few cases has no heat map (the verdict table is the overview)
     assert report.view_model(gpu_run())["heatmap"] is None
     assert 'id="heatmap"' not in report.render_html(gpu_run(), with_charts=False)
+
+
+# --------------------------------------------------------------------------------------------
+# the terminal table in 80 columns (a narrow terminal, a pipe, a CI log)
+def _terminal(res: dict, width: int) -> list[str]:
+    from rich.console import Console
+
+    con = Console(record=True, width=width, color_system=None)
+    report.terminal_table(res, con)
+    return con.export_text().splitlines()
+
+
+def _row(lines: list[str], start: str) -> str:
+    """The table row of a case (``B2 S300 bwd``), whitespace collapsed (not a headline naming it)."""
+    (hit,) = [" ".join(ln.split()) for ln in lines if re.match(re.escape(start) + r" (\d|wall)", " ".join(ln.split()))]
+    return hit
+
+
+def test_terminal_table_fits_80_columns_with_one_line_per_case(h200):
+    lines = _terminal(h200, 80)
+    assert max(map(len, lines)) <= 80
+    assert _row(lines, "B2 S300 bwd") == "B2 S300 bwd 175 371 slower 2.11x [1.13, 2.56] · host"
+    assert _row(lines, "B512 S150 fwd") == "B512 S150 fwd 557 550 same 0.99x [0.97, 1.02]"
+    assert _row(lines, "case op") == "case op wall µs wall µs wall ratio [95% CI]"
+    assert any("every case: H16 D16 · fp16" in ln for ln in lines[:3])
+    # wide: every clock per env, still one line per case
+    wide = _terminal(h200, 200)
+    assert _row(wide, "B2 S300 bwd") == "B2 S300 bwd 175 / 174 / 18.0 HB 371 / 215 / 18.0 HB slower 2.11x [1.13, 2.56] · host"
+    assert any(ln.startswith("HB: host-bound") for ln in wide)
+
+
+def test_terminal_table_of_three_versions_is_one_block_per_candidate():
+    cases = []
+    for i, (op, b, s) in enumerate([("fwd", 2, 64), ("fwd", 64, 256), ("bwd", 2, 64)]):
+        for lab, extra in (("2.6.3", 0.0), ("2.7.0.post2", 60.0), ("2.8.3", 0.0)):
+            cases.append(make_case(lab, op, b, s, 45.0 + extra, 35.0 + extra, 5.0, seed=i * 10 + len(lab)))
+    run = make_results([env("2.6.3"), env("2.7.0.post2"), env("2.8.3")], cases)
+    lines = _terminal(run, 80)
+    assert max(map(len, lines)) <= 80
+    heads = [" ".join(ln.split()) for ln in lines if ln.rstrip().endswith("vs 2.6.3")]
+    assert heads == ["2.6.3 2.7.0.post2 2.7.0.post2 vs 2.6.3", "2.6.3 2.8.3 2.8.3 vs 2.6.3"]
+    rows = [" ".join(ln.split()) for ln in lines if " ".join(ln.split()).startswith("B2 S64 fwd 4")]
+    # each case on one line: both envs' wall µs, the verdict, ratio and interval
+    assert rows == ["B2 S64 fwd 44.9 105 slower 2.34x [2.31, 2.36] · host", "B2 S64 fwd 44.9 44.9 same 1.00x [1.00, 1.00]"]
+
+
+def test_report_cli_output_fits_80_columns_when_not_a_tty(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    cp = subprocess.run([sys.executable, "-m", "matrix_runner", "report", str(H200), "-o", str(tmp_path / "r")],
+                        capture_output=True, text=True, env=e, cwd=ROOT, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert _row(lines, "B2 S50 fwd") == "B2 S50 fwd 73.0 86.4 slower 1.18x [1.01, 3.11] · host"
