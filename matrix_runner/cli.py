@@ -686,7 +686,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             console.print(f"  [green]✓[/] {e.label}: flash_attn {e.probe['flash_attn']['version']} ({how}, "
                           f"{e.build.get('seconds', 0):.1f} s)")
         else:
-            console.print(f"  [red]✗ {e.label}: {e.error}[/]")
+            console.print(f"  [red]✗ {escape(e.label)}: {escape(str(e.error))}[/]")
             if e.error_tail:
                 console.print("[dim]" + escape("\n".join("    " + ln for ln in e.error_tail.splitlines()[-12:])) + "[/]")
     ok_envs = [e for e in env_results if e.status == "ok"]
@@ -751,7 +751,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     timing_s = time.monotonic() - t_tm
     for e in ok_envs:
         if e.status == "failed":  # failed the import check in its first worker
-            console.print(f"  [red]✗ {e.label}: {e.error}[/]")
+            console.print(f"  [red]✗ {escape(e.label)}: {escape(str(e.error))}[/]")
     ok_envs = [e for e in ok_envs if e.status == "ok"]
     doc = _finish_doc(base_doc, env_results, data, cfg, sets, reason, env_s, timing_s, t_start)
     _write(doc, out_dir, args)
