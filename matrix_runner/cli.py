@@ -89,6 +89,13 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
 
 
+def _timing_option_names() -> set[str]:
+    """The option strings of run's timing options (``--time-budget``, ``--quick``, ...)."""
+    p = argparse.ArgumentParser(add_help=False)
+    _add_timing_args(p)
+    return {o for a in p._actions for o in a.option_strings}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="matrix-run",
@@ -111,11 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="show, per env, where flash-attn will come from; builds nothing",
                        description="Show, per env, where its flash-attn will come from (reuse, --find-links, "
                                    "wheel cache, release wheel, slim or full source build), its wheel key, and for "
-                                   "builds the kernel set, MAX_JOBS and an estimated time. Builds nothing. Takes the "
-                                   "same command line as `run`; the timing options are accepted and do not change "
-                                   "the plan.")
+                                   "builds the kernel set, MAX_JOBS and an estimated time. Builds nothing. Takes "
+                                   "`run`'s env options (below), not its timing options (--time-budget, --device, "
+                                   "--output, ...), which do not change the plan.")
     _add_env_args(p)
-    _add_timing_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     rp = sub.add_parser("report", help="re-render HTML from saved results.json files")
@@ -184,6 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["--help"]
     ap = build_parser()
     args, extra = ap.parse_known_args(argv)
+    if extra and args.cmd == "plan":  # run's timing options: say why plan has none
+        timing = _timing_option_names()
+        used = list(dict.fromkeys(a.split("=", 1)[0] for a in extra if a.split("=", 1)[0] in timing))
+        if used:
+            print(f"error: plan does not take {', '.join(used)}: timing options change how `run` times the "
+                  "cases, not where each env's flash-attn comes from; leave them out (matrix-run plan -h)",
+                  file=sys.stderr)
+            return EXIT_USAGE
     if extra:  # name the subcommand's usage, not the top-level one (`matrix-run --versions X --bogus`)
         sp = (getattr(args, "_subparsers", None) or {}).get(args.cmd) or ap
         sp.error(f"unrecognized arguments: {' '.join(extra)}")

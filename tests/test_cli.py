@@ -100,7 +100,7 @@ def test_report_refuses_to_overwrite_another_runs_results(tmp_path):
 
 def test_plan_flags_an_env_dir_that_run_would_refuse(standins, tiny_config, tmp_path):
     (tmp_path / "envs" / "2.6.3").mkdir(parents=True)
-    cp = run_cli("plan", "--versions", "2.6.3", "--config", str(tiny_config), "--device", "cpu", "--quick",
+    cp = run_cli("plan", "--versions", "2.6.3", "--config", str(tiny_config),
                  "--find-links", str(standins["wheels"]), "--envs-dir", str(tmp_path / "envs"),
                  "--wheel-cache", str(tmp_path / "cache"))
     assert cp.returncode == 3
@@ -219,3 +219,16 @@ def test_plan_output_fits_80_columns_when_not_a_tty(standins, tiny_config, tmp_p
     assert max(map(len, lines)) <= 80
     assert [ln for ln in lines if ln.startswith(("2.6.3", "b "))] == ["2.6.3", "b  flash-attn 2.7.0.post2"]
     assert sum(ln.split() == ["method", "find-links"] for ln in lines) == 2
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--time-budget", "5"], "--time-budget"), (["--quick"], "--quick"), (["--device=cpu", "--max-sets", "2"], "--device, --max-sets"),
+    (["--output", "o"], "--output"),
+])
+def test_plan_refuses_the_runs_timing_options(extra, named, tmp_path):
+    cp = run_cli("plan", "--versions", "2.6.3", "--envs-dir", str(tmp_path / "envs"), "--offline", *extra)
+    assert cp.returncode == 2, cp.stderr
+    assert f"error: plan does not take {named}: timing options change how `run` times the cases" in " ".join(cp.stderr.split())
+    assert not (tmp_path / "envs").exists()
+    cp = run_cli("plan", "--versions", "2.6.3", "--bogus")
+    assert cp.returncode == 2 and "unrecognized arguments: --bogus" in cp.stderr
