@@ -621,8 +621,12 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
 
 
 def compare_terminal(cmp: dict, console=None) -> None:
+    """The B / A table of ``matrix-run compare``: every column where rich measures that it fits the
+    console's width, else one block per env with the wall ratio and verdict (fits 80 columns)."""
+    from rich import box
     from rich.console import Console
     from rich.markup import escape
+    from rich.measure import Measurement
     from rich.table import Table
 
     console = console or Console()
@@ -630,21 +634,40 @@ def compare_terminal(cmp: dict, console=None) -> None:
         x = cmp[side]
         console.print(escape(f"{side.upper()}: {x['run_id']} · {x['gpu']} · driver {x['driver'] or '–'} · CUDA "
                              f"{x['cuda'] or '–'} · torch {x['torch'] or '–'} · {x['created']} · {x['path'] or ''}"))
-    t = Table(title="B / A per env and case" + (f" (every case: {escape(cmp['common'])})" if cmp["common"] else ""),
-              title_justify="left")
+    title = "B / A per env and case" + (f" (every case: {escape(cmp['common'])})" if cmp["common"] else "")
+
+    def verdict(w: dict) -> str:
+        return f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/]" + (f" · {escape(w['attribution'])}" if w.get("attribution") else "")
+
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col, j in (("env", "left"), ("case", "left"), ("op", "left"), ("A wall µs", "right"), ("B wall µs", "right"),
                    ("B/A wall [95% CI]", "left"), ("verdict · why", "left"), ("B/A host", "right"),
                    ("B/A dev", "right")):
-        t.add_column(col, justify=j, overflow="fold")
+        t.add_column(col, justify=j, no_wrap=True)
     for r in cmp["rows"]:
         w = r["wall"]
         env = r["env"] if r["env"] == r["env_b"] else f"{r['env']}→{r['env_b']}"
         t.add_row(escape(env), escape(r["short"]), escape(str(r["op"])), fmt_us(w["base_median"]), fmt_us(w["cand_median"]),
-                  fmt_ratio(w), f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/]" +
-                  (f" · {escape(w['attribution'])}" if w.get("attribution") else ""),
+                  fmt_ratio(w), verdict(w),
                   f"{r['host']['ratio']:.2f}x" if r["host"] else "–",
                   f"{r['device']['ratio']:.2f}x" if r["device"] else "–")
-    console.print(t)
+    if Measurement.get(console, console.options.update_width(1 << 16), t).maximum <= console.width:
+        console.print(t)
+    else:  # narrow (80 columns, a log): one block per env, wall only (host and device: -o DIR's report)
+        envs = list(dict.fromkeys((r["env"], r["env_b"]) for r in cmp["rows"]))
+        console.print(f"[italic]{title}[/]")
+        for ea, eb in envs:
+            b = Table(title=escape(ea if ea == eb else f"{ea}→{eb}"), title_justify="left", box=box.SIMPLE_HEAD,
+                      pad_edge=False, collapse_padding=True)
+            for col, j in (("case", "left"), ("op", "left"), ("A µs", "right"), ("B µs", "right")):
+                b.add_column(col, justify=j, no_wrap=True)
+            b.add_column("B/A wall [95% CI] · verdict", overflow="fold")
+            for r in cmp["rows"]:
+                if (r["env"], r["env_b"]) == (ea, eb):
+                    w = r["wall"]
+                    b.add_row(escape(r["short"]), escape(str(r["op"])), fmt_us(w["base_median"]),
+                              fmt_us(w["cand_median"]), f"{fmt_ratio(w)} {verdict(w)}")
+            console.print(b)
     colors = {"slower": "red", "faster": "green", "mixed": "yellow", "same": "white", "none": "dim"}
     for s in cmp["summaries"]:
         console.print(f"[bold {colors[s['cls']]}]{escape(s['text'])}[/] [dim]{escape(s['detail'])}[/]")

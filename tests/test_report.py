@@ -661,3 +661,23 @@ def test_report_cli_output_fits_80_columns_when_not_a_tty(tmp_path):
     lines = cp.stdout.splitlines()
     assert max(map(len, lines)) <= 80
     assert _row(lines, "B2 S50 fwd") == "B2 S50 fwd 73.0 86.4 slower 1.18x [1.01, 3.11] · host"
+
+
+def test_compare_table_fits_80_columns_one_block_per_env(h200):
+    from rich.console import Console
+
+    b = _scaled(h200, "2.7.0.post2", {"wall_us": 2.0, "host_us": 2.0})
+    cmp = report.compare_runs(h200, b)
+    con = Console(record=True, width=80, color_system=None)
+    report.compare_terminal(cmp, con)
+    lines = con.export_text().splitlines()
+    assert max(map(len, lines)) <= 80
+    blocks = [ln.strip() for ln in lines if ln.strip() in ("2.6.3", "2.7.0.post2")]
+    assert blocks == ["2.6.3", "2.7.0.post2"]
+    rows = [" ".join(ln.split()) for ln in lines if " ".join(ln.split()).startswith("B512 S150 fwd ")]
+    assert rows == ["B512 S150 fwd 557 557 1.00x [0.95, 1.06] ambiguous",
+                    "B512 S150 fwd 550 1,100 2.00x [1.99, 2.01] slower · host"]
+    wide = Console(record=True, width=200, color_system=None)
+    report.compare_terminal(cmp, wide)
+    assert any(" ".join(ln.split()) == "2.7.0.post2 B512 S150 fwd 550 1,100 2.00x [1.99, 2.01] slower · host 2.00x 1.00x"
+               for ln in wide.export_text().splitlines())
