@@ -299,6 +299,33 @@ def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> Non
         out.print(Padding(g, (0, 0, 0, 2), expand=False))
 
 
+def _table_or_blocks(title: str, columns: list[str], rows: list[list[str]], out: Console) -> None:
+    """Rows (cells are rich markup) as a table where rich measures that it fits the console's width
+    (a pipe or log: $COLUMNS, else 80); else one block per row: its first cell, then a column /
+    value line per other cell, values wrapping at spaces. No cell is folded into many lines."""
+    from rich import box
+    from rich.measure import Measurement
+    from rich.padding import Padding
+
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in columns:
+        t.add_column(col, no_wrap=True)
+    for r in rows:
+        t.add_row(*r)
+    if not rows or Measurement.get(out, out.options.update_width(1 << 16), t).maximum <= out.width:
+        out.print(t)
+        return
+    out.print(f"[bold]{title}[/]")
+    for r in rows:
+        g = Table.grid(padding=(0, 2))
+        g.add_column(no_wrap=True, style="dim")
+        g.add_column(overflow="fold")
+        for col, v in zip(columns[1:], r[1:]):
+            g.add_row(col, v)
+        out.print(f"[bold]{r[0]}[/]")
+        out.print(Padding(g, (0, 0, 0, 2), expand=False))
+
+
 def cmd_plan(args) -> int:
     cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
     reqs = envmod.parse_versions(args.versions)
@@ -323,13 +350,10 @@ def cmd_wheelhouse(args) -> int:
     rows = wheelhouse.collect(versions, Path(args.output), python_version=args.python_version, cache=cache,
                               index_url=args.index_url, include_cache=not args.no_cache_wheels,
                               requirements=tuple(r.strip() for r in args.requirements.split(",") if r.strip()))
-    t = Table(title=f"wheelhouse {args.output}")
-    for col in ("item", "file", "status", "detail"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["item"], r["file"] or "–", r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/]",
-                  r["detail"] or "")
-    Console().print(t)
+    _table_or_blocks(f"wheelhouse {escape(str(args.output))}", ["item", "file", "status", "detail"],
+                     [[escape(r["item"]), escape(r["file"] or "–"),
+                       r["status"] if r["status"] == "ok" else f"[red]{escape(r['status'])}[/]", escape(r["detail"] or "")]
+                      for r in rows], Console())
     return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
 
 
@@ -340,17 +364,13 @@ def cmd_envs(args) -> int:
                                 "of the directory it runs from, or in --envs-dir)")
     rows = envmod.list_envs(envs_dir)
     if args.action in (None, "list"):
-        t = Table(title=f"envs in {envs_dir}")
-        for col in ("label", "requested", "status", "torch", "python", "wheel", "created", "MB"):
-            t.add_column(col)
-
         def cell(v) -> str:
-            return "–" if v is None else str(v)
+            return "–" if v is None else escape(str(v))
 
-        for r in rows:
-            t.add_row(r["label"], cell(r["requested"]), r["status"], cell(r["torch"]), cell(r["python"]),
-                      cell(r["wheel"]), cell(r["created"]), cell(r["size_mb"]))
-        Console().print(t)
+        _table_or_blocks(f"envs in {escape(str(envs_dir))}",
+                         ["label", "requested", "status", "torch", "python", "wheel", "created", "MB"],
+                         [[cell(r[k]) for k in ("label", "requested", "status", "torch", "python", "wheel", "created",
+                                                "size_mb")] for r in rows], Console())
         return EXIT_OK
     import shutil
 

@@ -232,3 +232,23 @@ def test_plan_refuses_the_runs_timing_options(extra, named, tmp_path):
     assert not (tmp_path / "envs").exists()
     cp = run_cli("plan", "--versions", "2.6.3", "--bogus")
     assert cp.returncode == 2 and "unrecognized arguments: --bogus" in cp.stderr
+
+
+def test_envs_and_wheelhouse_tables_become_blocks_when_narrow():
+    from rich.console import Console
+
+    from matrix_runner import cli
+    rows = [["2.7.0.post2", "2.7.0.post2", "ok", "2.11.0+cu130", "3.12.3",
+             "flash_attn-2.7.0.post2-cp312-cp312-linux_x86_64.whl", "2026-12-01T06:00:00+00:00", "912"]]
+    cols = ["label", "requested", "status", "torch", "python", "wheel", "created", "MB"]
+    narrow = Console(record=True, width=80, color_system=None)
+    cli._table_or_blocks("envs in envs", cols, rows, narrow)
+    lines = [ln.rstrip() for ln in narrow.export_text().splitlines()]
+    assert max(map(len, lines)) <= 80
+    assert lines == ["envs in envs", "2.7.0.post2", "  requested  2.7.0.post2", "  status     ok",
+                     "  torch      2.11.0+cu130", "  python     3.12.3",
+                     "  wheel      flash_attn-2.7.0.post2-cp312-cp312-linux_x86_64.whl",
+                     "  created    2026-12-01T06:00:00+00:00", "  MB         912"]
+    wide = Console(record=True, width=200, color_system=None)
+    cli._table_or_blocks("envs in envs", cols, rows, wide)
+    assert any(" ".join(ln.split()) == " ".join(r for r in rows[0]) for ln in wide.export_text().splitlines())
