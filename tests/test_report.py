@@ -681,3 +681,20 @@ def test_compare_table_fits_80_columns_one_block_per_env(h200):
     report.compare_terminal(cmp, wide)
     assert any(" ".join(ln.split()) == "2.7.0.post2 B512 S150 fwd 550 1,100 2.00x [1.99, 2.01] slower · host 2.00x 1.00x"
                for ln in wide.export_text().splitlines())
+
+
+def test_sweep_groups_keep_axes_apart_and_say_which_is_which():
+    from matrix_runner import charts
+
+    rows = []
+    for impl in ("flash_attn", "sdpa"):
+        for dt in ("fp16", "bf16"):
+            for s in (64, 128, 256):
+                rows.append({"label": f"B2 S{s} H4 D32", "case": {
+                    "op": "fwd", "batch": 2, "seqlen_q": s, "seqlen_k": s, "nheads": 4, "nheads_k": 4, "head_dim": 32,
+                    "dtype": dt, "causal": False, "dropout_p": 0.0, "impl": impl}})
+    groups = charts.sweep_groups(rows, "seqlen")
+    assert [(g["title"], g["x"]) for g in groups] == [
+        ("fwd · B2 · fp16", [64, 128, 256]), ("fwd · B2 · bf16", [64, 128, 256]),
+        ("fwd · B2 [sdpa] · fp16", [64, 128, 256]), ("fwd · B2 [sdpa] · bf16", [64, 128, 256])]
+    assert all(len({r["case"]["impl"] for r in g["rows"]}) == 1 for g in groups)
