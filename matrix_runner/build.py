@@ -141,8 +141,42 @@ def ninja_times(src: Path) -> dict[str, float]:
     return out
 
 
+#: A compiler's error line: nvcc ``file.cu(6): error: ...`` (also ``catastrophic error``, ``error #20-D``),
+#: gcc/clang ``file.cpp:41:5: error: ...`` (also ``fatal error``). setuptools' ``error: command ...
+#: failed`` names no file and line: not a compiler error.
+_COMPILER_ERROR = re.compile(r"^(?P<file>\S[^:(]*?)(?:\(\d+\)|:\d+(?::\d+)?): (?:catastrophic |fatal )?error\b[^:]*:")
+
+
+def compiler_errors(log: Path | None, max_errors: int = 3, context: int = 2) -> list[str]:
+    """The first ``max_errors`` distinct compiler error lines of a build log, each with up to
+    ``context`` indented lines after it (the source line and the caret), file paths shortened to the
+    file name. Empty when the log has none (the build failed elsewhere: the log's tail tells)."""
+    if log is None or not Path(log).is_file():
+        return []
+    out: list[str] = []
+    seen: set[str] = set()
+    lines = Path(log).read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, ln in enumerate(lines):
+        m = _COMPILER_ERROR.match(ln)
+        if not m:
+            continue
+        short = Path(m["file"]).name + ln[m.end("file"):]
+        if short in seen:  # one header's error repeats for every file that includes it
+            continue
+        seen.add(short)
+        out.append(short)
+        for nxt in lines[i + 1:i + 1 + context]:
+            if not nxt.strip() or not nxt[0].isspace():
+                break
+            out.append(nxt.rstrip())
+        if len(seen) >= max_errors:
+            break
+    return out
+
+
 class BuildError(RuntimeError):
-    """A source build failed; ``log`` is the build log's path, ``tail`` its last lines."""
+    """A source build failed; ``log`` is the build log's path, ``tail`` the lines to show: the first
+    compiler errors when the log has any, else its last lines."""
 
     def __init__(self, msg: str, log: Path | None = None, tail: str = ""):
         super().__init__(msg)
@@ -198,5 +232,9 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
     wheels = sorted(dist.glob("*.whl")) if dist.is_dir() else []
     if res.returncode != 0 or not wheels:
         why = "timed out" if res.timed_out else f"exit code {res.returncode}"
+        errors = compiler_errors(log)
+        if errors:  # the compiler's words, not the tail of setuptools' traceback far below them
+            raise BuildError(f"source build of flash-attn {version} failed ({why}): {errors[0]}; log: {log}", log,
+                             "\n".join(["first compiler errors:", *errors, f"full log: {log}"]))
         raise BuildError(f"source build of flash-attn {version} failed ({why}); log: {log}", log, res.tail)
     return wheels[0], manifest

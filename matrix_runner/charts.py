@@ -291,13 +291,15 @@ def sweep_groups(rows: list[dict], axis: str) -> list[dict]:
         if axis == "seqlen":
             x = sq
             key = (c.get("op"), c.get("batch"), "=" if sk == sq else sk, c.get("nheads"), c.get("nheads_k"),
-                   c.get("head_dim"), c.get("dtype"), c.get("causal"), c.get("dropout_p"))
+                   c.get("head_dim"), c.get("dtype"), c.get("causal"), c.get("dropout_p"), c.get("impl"))
             title = f"{c.get('op')} · B{c.get('batch')}"
         else:
             x = c.get("batch")
             key = (c.get("op"), sq, sk, c.get("nheads"), c.get("nheads_k"), c.get("head_dim"), c.get("dtype"),
-                   c.get("causal"), c.get("dropout_p"))
+                   c.get("causal"), c.get("dropout_p"), c.get("impl"))
             title = f"{c.get('op')} · S{sq}" + (f"/{sk}" if sk != sq else "")
+        if c.get("impl") not in (None, "flash_attn"):  # impls are an axis too: sdpa is not the same curve
+            title += f" [{c.get('impl')}]"
         if x is None:
             continue
         g = groups.setdefault(key, {"title": title, "pts": {}})
@@ -308,14 +310,22 @@ def sweep_groups(rows: list[dict], axis: str) -> list[dict]:
             continue
         xs = sorted(g["pts"])
         out.append({"title": g["title"], "x": xs, "rows": [g["pts"][x] for x in xs]})
-    # disambiguate identical titles (e.g. two head dims)
-    seen: dict = {}
+    # disambiguate identical titles (two head dims, dtypes or causal settings): add what differs
+    same: dict = {}
     for g in out:
-        seen[g["title"]] = seen.get(g["title"], 0) + 1
-    if any(v > 1 for v in seen.values()):
-        for g in out:
-            if seen[g["title"]] > 1:
-                g["title"] += " · " + " ".join(t for t in g["rows"][0]["label"].split() if t[0] in "HD")
+        same.setdefault(g["title"], []).append(g)
+
+    def parts(g: dict) -> list[str]:
+        c = g["rows"][0]["case"]
+        return [" ".join(t for t in str(g["rows"][0].get("label") or "").split() if t[0] in "HD"),
+                str(c.get("dtype") or ""), "causal" if c.get("causal") else "non-causal"]
+
+    for gs in same.values():
+        if len(gs) > 1:
+            ps = [parts(g) for g in gs]
+            differ = [j for j in range(3) if len({p[j] for p in ps}) > 1]
+            for g, p in zip(gs, ps):
+                g["title"] += "".join(" · " + p[j] for j in differ if p[j])
     return out
 
 

@@ -18,11 +18,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import __version__, envs as envmod, lockstep, machine, proc, report, results, runner, wheels
-from .config import ConfigError, load_config, parse_config
+from .config import MAX_CASES, ConfigError, load_config, parse_config
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -38,6 +39,8 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
                    help="comma list of flash-attn versions; LABEL=VERSION names an env (A/A: a=2.6.3,b=2.6.3); "
                         "a path to a local sdist or wheel is accepted. The first is the baseline.")
     p.add_argument("--config", metavar="FILE", help="YAML config replacing any part of the built-in default")
+    p.add_argument("--yes", action="store_true",
+                   help=f"accept a config whose axes (list values) expand to more than {MAX_CASES} cases")
     p.add_argument("--envs-dir", default="envs", metavar="DIR", help="where envs live (default: envs/)")
     p.add_argument("--wheel-cache", metavar="DIR", default=None,
                    help=f"matrix-run's wheel/sdist cache (default: {wheels.default_cache_dir()})")
@@ -86,6 +89,13 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
 
 
+def _timing_option_names() -> set[str]:
+    """The option strings of run's timing options (``--time-budget``, ``--quick``, ...)."""
+    p = argparse.ArgumentParser(add_help=False)
+    _add_timing_args(p)
+    return {o for a in p._actions for o in a.option_strings}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="matrix-run",
@@ -108,11 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="show, per env, where flash-attn will come from; builds nothing",
                        description="Show, per env, where its flash-attn will come from (reuse, --find-links, "
                                    "wheel cache, release wheel, slim or full source build), its wheel key, and for "
-                                   "builds the kernel set, MAX_JOBS and an estimated time. Builds nothing. Takes the "
-                                   "same command line as `run`; the timing options are accepted and do not change "
-                                   "the plan.")
+                                   "builds the kernel set, MAX_JOBS and an estimated time. Builds nothing. Takes "
+                                   "`run`'s env options (below), not its timing options (--time-budget, --device, "
+                                   "--output, ...), which do not change the plan.")
     _add_env_args(p)
-    _add_timing_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     rp = sub.add_parser("report", help="re-render HTML from saved results.json files")
@@ -181,6 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["--help"]
     ap = build_parser()
     args, extra = ap.parse_known_args(argv)
+    if extra and args.cmd == "plan":  # run's timing options: say why plan has none
+        timing = _timing_option_names()
+        used = list(dict.fromkeys(a.split("=", 1)[0] for a in extra if a.split("=", 1)[0] in timing))
+        if used:
+            print(f"error: plan does not take {', '.join(used)}: timing options change how `run` times the "
+                  "cases, not where each env's flash-attn comes from; leave them out (matrix-run plan -h)",
+                  file=sys.stderr)
+            return EXIT_USAGE
     if extra:  # name the subcommand's usage, not the top-level one (`matrix-run --versions X --bogus`)
         sp = (getattr(args, "_subparsers", None) or {}).get(args.cmd) or ap
         sp.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -253,24 +270,64 @@ def _plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
 
 
 def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> None:
+    """The plan, one block per env (a title line, then field / value rows): it fits an 80-column
+    terminal or log, where a table of 7 columns folded every cell into many lines. Long values
+    (kernel lists, errors) wrap at spaces to the console's width, as rich measures it (a pipe or log:
+    $COLUMNS, else 80)."""
+    from rich.padding import Padding
+
     out = out or console
-    t = Table(title="Plan: where each env's flash-attn comes from", title_justify="left")
-    for col in ("env", "version", "method", "wheel key", "kernels", "archs", "estimate"):
-        t.add_column(col, overflow="fold")  # wrap "2.7.0.post2" rather than cut it at 80 columns
+    out.print("[bold]Plan: where each env's flash-attn comes from[/]")
     for it in items:
-        kern = (it.kernels if isinstance(it.kernels, str) else "none (no CUDA)" if not it.kernels
-                else f"{len(it.kernels)}: " + ", ".join(it.kernels))
-        est = f"~{it.estimate_s / 60:.1f} min (MAX_JOBS={it.jobs['max_jobs']})" if it.estimate_s else "–"
-        meth = it.method if it.method != "failed" else f"[red]failed[/]: {it.error}"
-        t.add_row(it.label, it.version, meth, it.key_id, kern, ",".join(it.archs) if isinstance(it.archs, list) else it.archs, est)
-    out.print(t)
-    for it in items:
+        g = Table.grid(padding=(0, 2))
+        g.add_column(no_wrap=True, style="dim")
+        g.add_column(overflow="fold")
+        if it.method == "failed":
+            g.add_row("method", f"[red]failed[/]: {escape(str(it.error))}")
+        else:
+            est = f" · ~{it.estimate_s / 60:.1f} min (MAX_JOBS={it.jobs['max_jobs']})" if it.estimate_s else ""
+            g.add_row("method", escape(it.method) + est)
+            g.add_row("wheel key", escape(f"{it.key_id} · archs "
+                                          f"{','.join(it.archs) if isinstance(it.archs, list) else it.archs}"))
+            kern = (it.kernels if isinstance(it.kernels, str) else "none (no CUDA)" if not it.kernels
+                    else f"{len(it.kernels)}: " + ", ".join(it.kernels))
+            g.add_row("kernels", escape(kern))
         for n in it.notes:
-            out.print(f"  [dim]{it.label}: {n}[/]")
+            g.add_row("note", escape(n))
+        version = f"  [dim]flash-attn {escape(it.version)}[/]" if it.version != it.label else ""
+        out.print(f"[bold]{escape(it.label)}[/]{version}")
+        out.print(Padding(g, (0, 0, 0, 2), expand=False))
+
+
+def _table_or_blocks(title: str, columns: list[str], rows: list[list[str]], out: Console) -> None:
+    """Rows (cells are rich markup) as a table where rich measures that it fits the console's width
+    (a pipe or log: $COLUMNS, else 80); else one block per row: its first cell, then a column /
+    value line per other cell, values wrapping at spaces. No cell is folded into many lines."""
+    from rich import box
+    from rich.measure import Measurement
+    from rich.padding import Padding
+
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for col in columns:
+        t.add_column(col, no_wrap=True)
+    for r in rows:
+        t.add_row(*r)
+    if not rows or Measurement.get(out, out.options.update_width(1 << 16), t).maximum <= out.width:
+        out.print(t)
+        return
+    out.print(f"[bold]{title}[/]")
+    for r in rows:
+        g = Table.grid(padding=(0, 2))
+        g.add_column(no_wrap=True, style="dim")
+        g.add_column(overflow="fold")
+        for col, v in zip(columns[1:], r[1:]):
+            g.add_row(col, v)
+        out.print(f"[bold]{r[0]}[/]")
+        out.print(Padding(g, (0, 0, 0, 2), expand=False))
 
 
 def cmd_plan(args) -> int:
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
     reqs = envmod.parse_versions(args.versions)
     opts = _options(args)
     if args.backend == "uv":
@@ -293,13 +350,10 @@ def cmd_wheelhouse(args) -> int:
     rows = wheelhouse.collect(versions, Path(args.output), python_version=args.python_version, cache=cache,
                               index_url=args.index_url, include_cache=not args.no_cache_wheels,
                               requirements=tuple(r.strip() for r in args.requirements.split(",") if r.strip()))
-    t = Table(title=f"wheelhouse {args.output}")
-    for col in ("item", "file", "status", "detail"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["item"], r["file"] or "–", r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/]",
-                  r["detail"] or "")
-    Console().print(t)
+    _table_or_blocks(f"wheelhouse {escape(str(args.output))}", ["item", "file", "status", "detail"],
+                     [[escape(r["item"]), escape(r["file"] or "–"),
+                       r["status"] if r["status"] == "ok" else f"[red]{escape(r['status'])}[/]", escape(r["detail"] or "")]
+                      for r in rows], Console())
     return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
 
 
@@ -310,17 +364,13 @@ def cmd_envs(args) -> int:
                                 "of the directory it runs from, or in --envs-dir)")
     rows = envmod.list_envs(envs_dir)
     if args.action in (None, "list"):
-        t = Table(title=f"envs in {envs_dir}")
-        for col in ("label", "requested", "status", "torch", "python", "wheel", "created", "MB"):
-            t.add_column(col)
-
         def cell(v) -> str:
-            return "–" if v is None else str(v)
+            return "–" if v is None else escape(str(v))
 
-        for r in rows:
-            t.add_row(r["label"], cell(r["requested"]), r["status"], cell(r["torch"]), cell(r["python"]),
-                      cell(r["wheel"]), cell(r["created"]), cell(r["size_mb"]))
-        Console().print(t)
+        _table_or_blocks(f"envs in {escape(str(envs_dir))}",
+                         ["label", "requested", "status", "torch", "python", "wheel", "created", "MB"],
+                         [[cell(r[k]) for k in ("label", "requested", "status", "torch", "python", "wheel", "created",
+                                                "size_mb")] for r in rows], Console())
         return EXIT_OK
     import shutil
 
@@ -539,9 +589,9 @@ def _resume_args(args, argv: list[str]):
 def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -> int:
     t_start = time.monotonic()
     if prior is None:
-        cfg = load_config(args.config)
-    else:  # the config as the run stored it (the file may have changed since)
-        cfg = parse_config(prior.get("config"), prior.get("config_source") or "results.json")
+        cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
+    else:  # the config as the run stored it (the file may have changed since; its size was accepted)
+        cfg = parse_config(prior.get("config"), prior.get("config_source") or "results.json", max_cases=None)
     if prior is not None:  # a resumed run's total includes the earlier invocations
         t_start -= float(((prior.get("timing") or {}).get("total_s")) or 0.0)
     samp = cfg.sampling
@@ -670,9 +720,9 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             console.print(f"  [green]✓[/] {e.label}: flash_attn {e.probe['flash_attn']['version']} ({how}, "
                           f"{e.build.get('seconds', 0):.1f} s)")
         else:
-            console.print(f"  [red]✗ {e.label}: {e.error}[/]")
+            console.print(f"  [red]✗ {escape(e.label)}: {escape(str(e.error))}[/]")
             if e.error_tail:
-                console.print("[dim]" + "\n".join("    " + ln for ln in e.error_tail.splitlines()[-12:]) + "[/]")
+                console.print("[dim]" + escape("\n".join("    " + ln for ln in e.error_tail.splitlines()[-12:])) + "[/]")
     ok_envs = [e for e in env_results if e.status == "ok"]
     if prior is not None:  # never pool samples of two different builds under one label
         before = {e["label"]: (e.get("build") or {}).get("wheel_sha256") for e in prior.get("envs", [])}
@@ -735,7 +785,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     timing_s = time.monotonic() - t_tm
     for e in ok_envs:
         if e.status == "failed":  # failed the import check in its first worker
-            console.print(f"  [red]✗ {e.label}: {e.error}[/]")
+            console.print(f"  [red]✗ {escape(e.label)}: {escape(str(e.error))}[/]")
     ok_envs = [e for e in ok_envs if e.status == "ok"]
     doc = _finish_doc(base_doc, env_results, data, cfg, sets, reason, env_s, timing_s, t_start)
     _write(doc, out_dir, args)

@@ -7,7 +7,8 @@ times identically.
 YAML schema (every key optional; a missing key keeps the built-in default)::
 
     title: "my comparison"
-    dtype: fp16             # fp16 | bf16 (flash-attn 2.x supports only these)
+    dtype: fp16             # fp16 | bf16 (flash-attn 2.x supports only these); torch's names
+                            # float16, bfloat16, torch.float16, torch.bfloat16 (and half) mean the same
     dropout_p: 0.0          # 0 <= dropout_p < 1
     softmax_scale: null     # null -> 1/sqrt(head_dim), as flash-attn does
     causal: false
@@ -28,11 +29,21 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       alpha: 0.05           # family-wise error rate of a run's verdicts per clock
       workers_per_env: auto # worker processes per env in each set, averaged (auto: 2 with spare cores, else 1)
 
+Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
+(batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
+axis: the config expands to every combination (cartesian product; :func:`expand_axes` gives the
+order). ``ops`` and ``impls`` were lists already: every value is its own case. E.g.
+``{batch: [2, 512], seqlen: [50, 150, 300], nheads: 16, embed_dim: 256}`` with ``dtype: [fp16, bf16]``
+is 2 x 3 x 2 = 12 shapes, 24 cases with ``ops: [fwd, bwd]``. More than :data:`MAX_CASES` cases are
+refused unless the caller allows them (``--yes``).
+
 Errors: :class:`ConfigError` (a ``ValueError``) naming the key, the value and the rule.
 """
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +51,15 @@ from typing import Any
 import yaml
 
 DTYPES = ("fp16", "bf16")
+#: torch's names for the two dtypes, accepted in a config and stored as the short ones (case ids
+#: keep ``fp16`` / ``bf16``).
+DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "torch.float16": "fp16", "torch.half": "fp16",
+                 "bfloat16": "bf16", "torch.bfloat16": "bf16"}
+#: Top-level settings whose list value is an axis (``ops`` and ``impls`` are lists anyway).
+TOP_AXES = ("dtype", "causal", "dropout_p", "softmax_scale")
+#: Largest number of cases (shapes x ops x impls after expanding the axes) accepted without
+#: ``--yes``: at ~1 s of cycles per case and process set, 500 cases already need a long budget.
+MAX_CASES = 500
 #: What is timed: flash_attn_func (default); torch.compile of the same call (default mode; the fix
 #: suggested upstream for the Python overhead); torch's scaled_dot_product_attention on the same
 #: inputs — the same torch in every env, so it is a built-in A/A control of the comparison.
@@ -252,9 +272,80 @@ def _bool(where: str, v: Any) -> bool:
 
 
 def _dtype(where: str, v: Any) -> str:
+    """``fp16`` or ``bf16``; torch's names (``float16``, ``torch.bfloat16``, ...) map to them."""
+    if isinstance(v, str) and v.strip().lower() in DTYPE_ALIASES:
+        return DTYPE_ALIASES[v.strip().lower()]
     if v not in DTYPES:
-        raise _err(where, v, f"must be one of {', '.join(DTYPES)} (flash-attn 2.x kernels exist only for these)")
+        raise _err(where, v, f"must be one of {', '.join(DTYPES)} (or torch's float16, bfloat16; flash-attn 2.x "
+                             "kernels exist only for these)")
     return v
+
+
+def _axis(where: str, v: Any) -> list:
+    """The values of one key: a list is an axis (>= 1 value), anything else is one value."""
+    if isinstance(v, list):
+        if not v:
+            raise _err(where, v, "an axis (list) needs at least one value; give a value or a list of values")
+        return v
+    return [v]
+
+
+def expand_axes(top: dict[str, Any], shapes: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Expand the axes (list values) of the raw config mappings into one plain mapping per shape.
+
+    ``top``: the top-level mapping (its :data:`TOP_AXES` keys are used); ``shapes``: the ``shapes``
+    entries, each a mapping. Yields ``(where, shape)`` with ``where`` = ``shapes[i]`` and ``shape``
+    the entry with one value per key plus the top-level ``dtype``, ``causal``, ``dropout_p`` and
+    ``softmax_scale`` (an entry's own ``dtype`` / ``causal`` wins over the top level's). Values are
+    not validated here. Order (stable): entry by entry; within an entry the cartesian product of its
+    keys in the order written (the first key varies slowest), then of the top-level axes in
+    :data:`TOP_AXES` order. An empty list raises ConfigError.
+    """
+    top_vals = {k: _axis(k, top[k]) for k in TOP_AXES if k in top}
+    for i, s in enumerate(shapes):
+        w = f"shapes[{i}]"
+        keys = list(s) + [k for k in top_vals if k not in s]
+        values = [_axis(f"{w}.{k}", s[k]) if k in s else top_vals[k] for k in keys]
+        for combo in itertools.product(*values):
+            yield w, dict(zip(keys, combo))
+
+
+def count_cases(top: dict[str, Any], shapes: list[dict[str, Any]], n_ops: int = 1, n_impls: int = 1) -> int:
+    """How many cases :func:`expand_axes` makes of these mappings, times ``n_ops`` x ``n_impls``,
+    without expanding them (a product can be astronomically large)."""
+    top_n = {k: len(_axis(k, top[k])) for k in TOP_AXES if k in top}
+    n = 0
+    for i, s in enumerate(shapes):
+        m = math.prod(len(_axis(f"shapes[{i}].{k}", v)) for k, v in s.items())
+        n += m * math.prod(c for k, c in top_n.items() if k not in s)
+    return n * n_ops * n_impls
+
+
+def _too_many(top: dict, shapes: list, n_ops: int, n_impls: int, n: int, limit: int) -> ConfigError:
+    """The refusal of a config of ``n`` > ``limit`` cases: its axes, and how to narrow or accept it."""
+    axes = [f"{k} {len(top[k])}" for k in TOP_AXES if isinstance(top.get(k), list) and len(top[k]) > 1]
+    for i, s in enumerate(shapes):
+        ax = [f"{k} {len(v)}" for k, v in s.items() if isinstance(v, list) and len(v) > 1]
+        if ax:
+            axes.append(f"shapes[{i}]: " + " x ".join(ax))
+    ax_s = "; ".join(axes) if axes else "no list values"
+    return ConfigError(f"the config expands to {n:,} cases (axes: {ax_s}; ops {n_ops}, impls {n_impls}), more "
+                       f"than {limit}: pass --yes to time them all (each case needs its share of --time-budget), "
+                       "or narrow it: fewer values in a list (dtype, causal, batch, seqlen, nheads, head_dim, ...), "
+                       "fewer shapes, or ops: [fwd]")
+
+
+def _dropout(where: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+        raise _err(where, v, "must be a number with 0 <= dropout_p < 1")
+    return float(v)
+
+
+def _scale(where: str, v: Any) -> float | None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0
+                          or not math.isfinite(v)):
+        raise _err(where, v, "must be null (1/sqrt(head_dim)) or a positive number")
+    return None if v is None else float(v)
 
 
 def _unknown(where: str, d: dict, allowed: set) -> None:
@@ -263,11 +354,12 @@ def _unknown(where: str, d: dict, allowed: set) -> None:
         raise ConfigError(f"{where}: unknown key {extra[0]!r}; allowed keys: {', '.join(sorted(allowed))}")
 
 
-def parse_config(data: Any, source: str = "<dict>") -> Config:
+def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_CASES) -> Config:
     """Validate a config mapping (already parsed YAML) over the built-in default and expand its cases.
 
     Raises ConfigError for any value that breaks a rule (positive sizes, head_dim <= 256, nheads
-    divisible by nheads_k, embed_dim divisible by nheads, dtype fp16/bf16, 0 <= dropout_p < 1, ...).
+    divisible by nheads_k, embed_dim divisible by nheads, dtype fp16/bf16, 0 <= dropout_p < 1, ...),
+    and for more than ``max_cases`` cases after expanding the axes (None: no limit; ``--yes``).
     """
     if data is None:
         data = {}
@@ -281,15 +373,14 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
     title = merged["title"]
     if not isinstance(title, str):
         raise _err("title", title, "must be a string")
-    dtype = _dtype("dtype", merged["dtype"])
-    dropout = merged["dropout_p"]
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        raise _err("dropout_p", dropout, "must be a number with 0 <= dropout_p < 1")
-    scale = merged["softmax_scale"]
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0
-                              or not math.isfinite(scale)):
-        raise _err("softmax_scale", scale, "must be null (1/sqrt(head_dim)) or a positive number")
-    causal = _bool("causal", merged["causal"])
+    for v in _axis("dtype", merged["dtype"]):
+        _dtype("dtype", v)
+    for dropout in _axis("dropout_p", merged["dropout_p"]):
+        _dropout("dropout_p", dropout)
+    for scale in _axis("softmax_scale", merged["softmax_scale"]):
+        _scale("softmax_scale", scale)
+    for v in _axis("causal", merged["causal"]):
+        _bool("causal", v)
     ops = merged["ops"]
     if isinstance(ops, str):
         ops = [ops]
@@ -307,13 +398,18 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
     if not isinstance(shapes, list) or not shapes:
         raise _err("shapes", shapes, "must be a non-empty list of mappings")
 
-    cases: list[Case] = []
-    seen: set[str] = set()
     for i, s in enumerate(shapes):
         w = f"shapes[{i}]"
         if not isinstance(s, dict):
             raise _err(w, s, "must be a mapping like {batch: 2, seqlen: 50, nheads: 16, head_dim: 64}")
         _unknown(w, s, _SHAPE_KEYS)
+    n = count_cases(merged, shapes, len(ops), len(impls))
+    if max_cases is not None and n > max_cases:
+        raise _too_many(merged, shapes, len(ops), len(impls), n, max_cases)
+
+    cases: list[Case] = []
+    seen: set[str] = set()
+    for w, s in expand_axes(merged, shapes):
         for k in ("batch", "nheads"):
             if k not in s:
                 raise ConfigError(f"{w}: missing key {k!r} (each shape needs batch, seqlen, nheads and head_dim or embed_dim)")
@@ -342,15 +438,17 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
             head_dim = _pos_int(f"{w}.head_dim", s["head_dim"])
         if head_dim > MAX_HEAD_DIM:
             raise _err(f"{w}.head_dim", head_dim, f"must be <= {MAX_HEAD_DIM} (flash-attn 2.x's largest kernel)")
-        s_causal = _bool(f"{w}.causal", s.get("causal", causal))
-        s_dtype = _dtype(f"{w}.dtype", s.get("dtype", dtype))
+        # the top-level values were checked above: an error here is the entry's own value
+        s_causal = _bool(f"{w}.causal", s["causal"])
+        s_dtype = _dtype(f"{w}.dtype", s["dtype"])
+        dropout, scale = _dropout("dropout_p", s["dropout_p"]), _scale("softmax_scale", s["softmax_scale"])
         for impl in impls:
             for op in ops:
                 c = Case(op=op, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads, nheads_k=nheads_k,
-                         head_dim=head_dim, dtype=s_dtype, causal=s_causal, dropout_p=float(dropout),
-                         softmax_scale=None if scale is None else float(scale), layout=layout, impl=impl)
+                         head_dim=head_dim, dtype=s_dtype, causal=s_causal, dropout_p=dropout,
+                         softmax_scale=scale, layout=layout, impl=impl)
                 if c.id in seen:
-                    raise ConfigError(f"{w}: duplicate of an earlier shape ({c.label}); remove one")
+                    raise ConfigError(f"{w}: duplicate of an earlier shape ({c.label} {c.dtype}); remove one")
                 seen.add(c.id)
                 cases.append(c)
 
@@ -383,8 +481,9 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
     return Config(title=title, cases=cases, sampling=sampling, source=source, raw=merged)
 
 
-def load_config(path: str | Path | None) -> Config:
+def load_config(path: str | Path | None, max_cases: int | None = MAX_CASES) -> Config:
     """Load ``path`` (YAML) over the built-in default; ``None`` gives the built-in default.
+    ``max_cases``: as :func:`parse_config` (None with ``--yes``).
 
     Raises ConfigError for a missing file, a YAML syntax error (with file, line and column) or a
     rule broken by a value.
@@ -410,7 +509,7 @@ def load_config(path: str | Path | None) -> Config:
     if data is None:
         raise ConfigError(f"--config {path}: the file is empty; write the keys you want to change (README.md, "
                           "'Config'), or leave --config out for the built-in default")
-    return parse_config(data, str(p))
+    return parse_config(data, str(p), max_cases)
 
 
 class _DuplicateKey(Exception):

@@ -279,9 +279,79 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
           "summaries": summaries, "common": common, "min_effect": min_effect,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
           "has_device": any("device_us" in (c.get("metrics") or {}) for c in cases)}
+    vm["heatmap"] = heatmap(vm)
     if with_charts:
         vm["charts"] = build_charts(vm)
     return vm
+
+
+#: A report with more cases than this (rows: case x op) gets the heat map of ratios grouped by axis.
+HEATMAP_MIN_ROWS = 12
+#: Axes of a case other than its shape, in the order the heat map groups by them.
+GROUP_AXES = ("dtype", "causal", "impl")
+
+
+def shape_label(c: dict) -> str:
+    """``B2 S50 H16 D16`` of a case dict (seqlen_k, nheads_k when they differ), without causal,
+    dtype or impl: the heat map's row within a group."""
+    s = f"B{c.get('batch')} S{c.get('seqlen_q')}"
+    if c.get("seqlen_k") != c.get("seqlen_q"):
+        s += f"/{c.get('seqlen_k')}"
+    s += f" H{c.get('nheads')}"
+    if c.get("nheads_k") != c.get("nheads"):
+        s += f"/{c.get('nheads_k')}"
+    return s + f" D{c.get('head_dim')}"
+
+
+def _group_name(c: dict, axes: list[str]) -> str:
+    parts = []
+    for k in axes:
+        v = c.get(k)
+        parts.append(("causal" if v else "non-causal") if k == "causal" else str(v))
+    return " · ".join(parts)
+
+
+def heatmap(vm: dict) -> dict | None:
+    """The version x case heat map of wall ratios, for runs of many cases (> HEATMAP_MIN_ROWS rows).
+
+    Grouped by the non-shape axes that vary (dtype, causal, impl): one block per combination, in
+    case order; rows are shapes (tokens every shape shares left out), columns candidate x op.
+    Returns ``{"axes", "columns": [(candidate, op)], "common", "groups": [{"name", "rows": [{"shape",
+    "cells": [cell | None]}]}]}``, a cell being ``{"ratio", "verdict", "ci", "bg", "id"}``; None
+    when there is nothing to compare or few cases."""
+    rows, cands = vm["rows"], vm["candidates"]
+    if not cands or len(rows) <= HEATMAP_MIN_ROWS:
+        return None
+    axes = [k for k in GROUP_AXES if len({r["case"].get(k) for r in rows}) > 1]
+    ops = list(dict.fromkeys(r["op"] for r in rows))
+    columns = [(c, op) for c in cands for op in ops]
+    shapes = {r["id"]: shape_label(r["case"]) for r in rows}
+    toks = [set(v.split()) for v in shapes.values()]
+    common = set.intersection(*toks) if len(set(shapes.values())) > 1 else set()
+    short = {k: " ".join(t for t in v.split() if t not in common) or v for k, v in shapes.items()}
+    groups: dict[str, dict[str, list]] = {}
+    for r in rows:
+        g = groups.setdefault(_group_name(r["case"], axes), {})
+        cells = g.setdefault(short[r["id"]], [None] * len(columns))
+        for j, comp in enumerate(r["comps"]):
+            w = comp["wall"]
+            if w and w.get("ratio"):
+                cells[columns.index((comp["candidate"], r["op"]))] = {
+                    "ratio": w["ratio"], "verdict": w["verdict"], "ci": fmt_ci(w), "bg": ratio_color(w["ratio"]),
+                    "id": r["id"]}
+    first = next(iter(shapes.values()))
+    return {"axes": axes, "columns": columns,
+            "common": " ".join(t for t in first.split() if t in common),
+            "groups": [{"name": name, "rows": [{"shape": sh, "cells": cells} for sh, cells in g.items()]}
+                       for name, g in groups.items()]}
+
+
+def ratio_color(r: float) -> str:
+    """Background of a heat-map cell: red above 1 (candidate slower), green below, white at 1; full
+    colour at 2x either way (log scale)."""
+    a = min(1.0, abs(float(np.log2(r)))) if r > 0 else 1.0
+    rgb = (214, 39, 40) if r > 1 else (44, 160, 44)
+    return f"rgba({rgb[0]}, {rgb[1]}, {rgb[2]}, {0.08 + 0.72 * a:.2f})"
 
 
 def build_charts(vm: dict) -> dict:
@@ -392,45 +462,69 @@ VERDICT_STYLE = {"slower": "red", "faster": "green", "same": "white", "ambiguous
 
 
 def terminal_table(res: dict, console=None) -> None:
-    """Print the verdict table with rich, then one headline per candidate."""
+    """Print the verdict table with rich, then one headline per candidate.
+
+    Cases are named by their short label (the tokens every case shares go in the title). The full
+    table (each env's wall / host / device µs, each candidate's ratio) is printed when rich
+    measures that it fits the console's width (a pipe or log: $COLUMNS, else 80); else one table per
+    candidate with the two envs' wall µs and the verdict, which fits 80 columns. No cell is cut:
+    only a cell too long for any layout (an error message) wraps, at spaces."""
+    from rich import box
     from rich.console import Console
     from rich.markup import escape
+    from rich.measure import Measurement
     from rich.table import Table
 
     console = console or Console()
     vm = view_model(res)
-    t = Table(title=escape(str(res.get("title") or "")), show_lines=False)
-    t.add_column("case", overflow="fold")
-    t.add_column("op", overflow="fold")
-    for lab in vm["labels"]:
-        t.add_column(f"{escape(lab)}\nwall / host / dev µs", justify="right", overflow="fold")
-    for c in vm["candidates"]:
-        t.add_column(f"{escape(c)} vs {escape(vm['base'])}\nwall ratio [95% CI]", justify="left", overflow="fold")
-    for r in vm["rows"]:
-        cells = [escape(r["label"]), escape(str(r["op"]))]
-        by = {e["label"]: e for e in r["envs"]}
-        for lab in vm["labels"]:
-            e = by.get(lab)
-            if e is None:
-                cells.append("–")
-                continue
-            m = e["m"]
-            if e["case"]["status"] != "ok":
-                why = (e["case"].get("error") or "").split(": ", 1)[-1][:60]
-                cells.append(f"[red]{escape(e['case'].get('error_kind') or e['case']['status'])}[/]: {escape(why)}")
-                continue
-            cells.append(" / ".join(fmt_us(m[k]["median"]) if m.get(k) else "–" for k in ("wall_us", "host_us", "device_us"))
-                         + (" [dim]host-bound[/]" if e["case"].get("host_bound") else ""))
-        for c in r["comps"]:
-            w = c["wall"]
-            if not w:
-                cells.append("–")
-                continue
-            col = VERDICT_STYLE[w["verdict"]]
-            attr = f" · {w['attribution']}" if w.get("attribution") else ""
-            cells.append(f"[{col}]{w['verdict']}[/] {fmt_ratio(w)}{attr}")
-        t.add_row(*cells)
-    console.print(t)
+    title = escape(str(res.get("title") or ""))
+    if vm["common"]:
+        title += f" [dim]· every case: {escape(vm['common'])}[/]"
+
+    def env_cell(r: dict, lab: str, clocks: tuple[str, ...]) -> str:
+        e = r["by_env"].get(lab)
+        if e is None:
+            return "–"
+        if e["case"]["status"] != "ok":
+            why = (e["case"].get("error") or "").split(": ", 1)[-1][:60]
+            return f"[red]{escape(e['case'].get('error_kind') or e['case']['status'])}[/]: {escape(why)}"
+        m = e["m"]
+        return (" / ".join(fmt_us(m[k]["median"]) if m.get(k) else "–" for k in clocks)
+                + (" [dim]HB[/]" if e["case"].get("host_bound") and len(clocks) > 1 else ""))
+
+    def ratio_cell(c: dict) -> str:
+        w = c["wall"]
+        if not w:
+            return "–"
+        attr = f" · {w['attribution']}" if w.get("attribution") else ""
+        return f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/] {fmt_ratio(w)}{attr}"
+
+    def table(labels: list[str], cands: list[str], clocks: tuple[str, ...], title: str) -> Table:
+        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+        t.add_column("case", no_wrap=True)
+        t.add_column("op", no_wrap=True)
+        unit = "wall / host / dev µs" if len(clocks) > 1 else "wall µs"
+        for lab in labels:
+            t.add_column(f"{escape(lab)}\n{unit}", justify="right", overflow="fold")  # an error may wrap
+        for c in cands:
+            t.add_column(f"{escape(c)} vs {escape(vm['base'])}\nwall ratio [95% CI]", overflow="fold")
+        for r in vm["rows"]:
+            comps = [c for c in r["comps"] if c["candidate"] in cands]
+            t.add_row(escape(r["short"]), escape(str(r["op"])), *(env_cell(r, lab, clocks) for lab in labels),
+                      *(ratio_cell(c) for c in comps))
+        return t
+
+    full = table(vm["table_labels"], vm["candidates"], ("wall_us", "host_us", "device_us"), title)
+    # the width the table takes unwrapped (measured unclamped: rich clamps to the console's width)
+    natural = Measurement.get(console, console.options.update_width(1 << 16), full).maximum
+    if not vm["candidates"] or natural <= console.width:
+        console.print(full)
+        if any(e["case"].get("host_bound") for r in vm["rows"] for e in r["envs"]):
+            console.print("[dim]HB: host-bound (host dispatch ≥ kernel time: the GPU waits for the CPU)[/]")
+    else:  # narrow: one block per candidate, wall µs only (host and device are in the report)
+        for i, cand in enumerate(vm["candidates"]):
+            labels = [lab for lab in (vm["base"], cand) if lab in vm["table_labels"]]
+            console.print(table(labels, [cand], ("wall_us",), title if i == 0 else ""))
     for w in vm["wrong"]:
         console.print(f"[red]wrong results:[/] {escape(w[0])} {escape(w[1])} {escape(w[2])}: output or gradients differ "
                       "from the fp32 reference beyond tolerance (a faster wrong answer is not faster)")
@@ -527,8 +621,12 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
 
 
 def compare_terminal(cmp: dict, console=None) -> None:
+    """The B / A table of ``matrix-run compare``: every column where rich measures that it fits the
+    console's width, else one block per env with the wall ratio and verdict (fits 80 columns)."""
+    from rich import box
     from rich.console import Console
     from rich.markup import escape
+    from rich.measure import Measurement
     from rich.table import Table
 
     console = console or Console()
@@ -536,21 +634,40 @@ def compare_terminal(cmp: dict, console=None) -> None:
         x = cmp[side]
         console.print(escape(f"{side.upper()}: {x['run_id']} · {x['gpu']} · driver {x['driver'] or '–'} · CUDA "
                              f"{x['cuda'] or '–'} · torch {x['torch'] or '–'} · {x['created']} · {x['path'] or ''}"))
-    t = Table(title="B / A per env and case" + (f" (every case: {escape(cmp['common'])})" if cmp["common"] else ""),
-              title_justify="left")
+    title = "B / A per env and case" + (f" (every case: {escape(cmp['common'])})" if cmp["common"] else "")
+
+    def verdict(w: dict) -> str:
+        return f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/]" + (f" · {escape(w['attribution'])}" if w.get("attribution") else "")
+
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col, j in (("env", "left"), ("case", "left"), ("op", "left"), ("A wall µs", "right"), ("B wall µs", "right"),
                    ("B/A wall [95% CI]", "left"), ("verdict · why", "left"), ("B/A host", "right"),
                    ("B/A dev", "right")):
-        t.add_column(col, justify=j, overflow="fold")
+        t.add_column(col, justify=j, no_wrap=True)
     for r in cmp["rows"]:
         w = r["wall"]
         env = r["env"] if r["env"] == r["env_b"] else f"{r['env']}→{r['env_b']}"
         t.add_row(escape(env), escape(r["short"]), escape(str(r["op"])), fmt_us(w["base_median"]), fmt_us(w["cand_median"]),
-                  fmt_ratio(w), f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/]" +
-                  (f" · {escape(w['attribution'])}" if w.get("attribution") else ""),
+                  fmt_ratio(w), verdict(w),
                   f"{r['host']['ratio']:.2f}x" if r["host"] else "–",
                   f"{r['device']['ratio']:.2f}x" if r["device"] else "–")
-    console.print(t)
+    if Measurement.get(console, console.options.update_width(1 << 16), t).maximum <= console.width:
+        console.print(t)
+    else:  # narrow (80 columns, a log): one block per env, wall only (host and device: -o DIR's report)
+        envs = list(dict.fromkeys((r["env"], r["env_b"]) for r in cmp["rows"]))
+        console.print(f"[italic]{title}[/]")
+        for ea, eb in envs:
+            b = Table(title=escape(ea if ea == eb else f"{ea}→{eb}"), title_justify="left", box=box.SIMPLE_HEAD,
+                      pad_edge=False, collapse_padding=True)
+            for col, j in (("case", "left"), ("op", "left"), ("A µs", "right"), ("B µs", "right")):
+                b.add_column(col, justify=j, no_wrap=True)
+            b.add_column("B/A wall [95% CI] · verdict", overflow="fold")
+            for r in cmp["rows"]:
+                if (r["env"], r["env_b"]) == (ea, eb):
+                    w = r["wall"]
+                    b.add_row(escape(r["short"]), escape(str(r["op"])), fmt_us(w["base_median"]),
+                              fmt_us(w["cand_median"]), f"{fmt_ratio(w)} {verdict(w)}")
+            console.print(b)
     colors = {"slower": "red", "faster": "green", "mixed": "yellow", "same": "white", "none": "dim"}
     for s in cmp["summaries"]:
         console.print(f"[bold {colors[s['cls']]}]{escape(s['text'])}[/] [dim]{escape(s['detail'])}[/]")

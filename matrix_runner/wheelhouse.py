@@ -20,6 +20,13 @@ REQUIREMENTS = ("uv", "setuptools", "wheel", "packaging", "ninja", "psutil", "ei
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
+def _copy(src: Path, dst: Path) -> None:
+    """Copy a file into the wheelhouse readable by all (0644), whatever the cache's mode (a cache
+    download was 0600): the node's user or a web server reading the wheelhouse is often another."""
+    shutil.copyfile(src, dst)
+    os.chmod(dst, 0o644)
+
+
 def collect(versions: list[str], dest: Path, *, python_version: str, cache: Path, index_url: str,
             include_cache: bool = True, requirements: tuple[str, ...] = REQUIREMENTS) -> list[dict]:
     """Fill ``dest``; returns one row per item: ``{item, file, status, detail}``.
@@ -30,17 +37,17 @@ def collect(versions: list[str], dest: Path, *, python_version: str, cache: Path
     for v in versions:
         try:
             sd = wheels.fetch_sdist(v, cache, index_url)
-            shutil.copy2(sd, dest / sd.name)
+            _copy(sd, dest / sd.name)
             rows.append({"item": f"flash-attn {v} sdist", "file": sd.name, "status": "ok",
                          "detail": f"sha256 {wheels.sha256_file(sd)[:16]}…"})
         except Exception as e:  # noqa: BLE001 - reported per item
             rows.append({"item": f"flash-attn {v} sdist", "file": None, "status": "failed", "detail": str(e)})
         if include_cache:
             for c in wheels.scan_wheels([cache / "wheels"], v, {}, origin="cache"):
-                shutil.copy2(c.path, dest / c.path.name)
+                _copy(c.path, dest / c.path.name)
                 side = c.path.with_name(c.path.name + wheels.SIDECAR_SUFFIX)
                 if side.exists():
-                    shutil.copy2(side, dest / side.name)
+                    _copy(side, dest / side.name)
                 rows.append({"item": f"flash-attn {v} wheel (cache)", "file": c.path.name, "status": "ok",
                              "detail": f"key {c.path.parent.name}"})
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version",

@@ -212,6 +212,7 @@ def download(url: str, dest: Path, timeout: float = 30.0) -> Path:
                 if not chunk:
                     break
                 f.write(chunk)
+        os.chmod(tmp, 0o644)  # a public file: readable like any download (mkstemp makes it 0600)
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):

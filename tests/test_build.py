@@ -391,3 +391,75 @@ def test_plan_fails_the_env_when_the_generator_cannot_handle_its_sdist(tmp_path)
     assert cp.returncode == 0 and item["method"] == "source-slim", cp.stdout + cp.stderr
     assert item["kernels"] == ["fwd_hdim32_fp16", "fwd_split_hdim32_fp16"]
     assert any(n.startswith("slim: 2 kernel files kept, 70 stubbed (70 specializations)") for n in item["notes"]), item["notes"]
+
+
+BUILD_LOG = """running bdist_wheel
+running build_ext
+[1/3] /usr/local/cuda/bin/nvcc -c /tmp/w/flash_attn-2.8.3/csrc/flash_attn/src/matrix_run_stubs.cu -o stubs.o
+FAILED: /tmp/w/flash_attn-2.8.3/build/temp.linux-x86_64-cpython-312/csrc/flash_attn/src/matrix_run_stubs.o
+/tmp/w/flash_attn-2.8.3/csrc/flash_attn/src/matrix_run_stubs.cu(6): error: run_mha_fwd_ is not a template
+  template<> void run_mha_fwd_<cutlass::half_t, 32, false>(Flash_fwd_params &params, cudaStream_t stream) {
+                  ^
+
+/tmp/w/flash_attn-2.8.3/csrc/flash_attn/src/matrix_run_stubs.cu(6): error: run_mha_fwd_ is not a template
+/tmp/w/flash_attn-2.8.3/csrc/flash_attn/src/matrix_run_stubs.cu(9): catastrophic error: cannot open source file "x.h"
+2 errors detected in the compilation of "/tmp/w/flash_attn-2.8.3/csrc/flash_attn/src/matrix_run_stubs.cu".
+[2/3] c++ -c /tmp/w/flash_attn-2.8.3/csrc/flash_attn/flash_api.cpp
+FAILED: flash_api.o
+/tmp/w/flash_attn-2.8.3/csrc/flash_attn/flash_api.cpp:41:5: error: 'foo' was not declared in this scope
+   41 |     foo();
+      |     ^~~
+/tmp/w/flash_attn-2.8.3/csrc/flash_attn/flash_api.cpp:50:1: error: expected ';' before '}' token
+ninja: build stopped: subcommand failed.
+""" + "".join(f"  building 'x{i}' ...\n" for i in range(190)) + """Traceback (most recent call last):
+  File "/env/lib/python3.12/site-packages/torch/utils/cpp_extension.py", line 2100, in _run_ninja_build
+    subprocess.run(
+subprocess.CalledProcessError: Command '['ninja', '-v', '-j', '5']' returned non-zero exit status 1.
+error: command '/usr/local/cuda/bin/nvcc' failed with exit code 1
+RuntimeError: Error compiling objects for extension
+"""
+
+
+def _failing_build(tmp_path, monkeypatch, log_text: str):
+    from matrix_runner import proc
+    sd_root = tmp_path / "sd" / "flash_attn-2.8.3"
+    sd_root.mkdir(parents=True)
+    (sd_root / "setup.py").write_text("raise SystemExit(1)\n")
+    sdist = tmp_path / "flash_attn-2.8.3.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        tf.add(sd_root, arcname="flash_attn-2.8.3")
+    log = tmp_path / "logs" / "b.log"
+    log.parent.mkdir()
+
+    def fake_run_logged(argv, *, cwd=None, env_extra=None, log=None, timeout=None):
+        Path(log).write_text(log_text)
+        return proc.Result(1, False, 1.0, proc.tail_of(log), log)
+
+    monkeypatch.setattr(build, "run_logged", fake_run_logged)
+    with pytest.raises(build.BuildError) as e:
+        build.source_build(python=Path("/nonexistent/python"), sdist=sdist, workdir=tmp_path / "w", version="2.8.3",
+                           kernels=["fwd_hdim32_fp16"], archs=["90"], jobs={"max_jobs": 1, "nvcc_threads": 1}, log=log)
+    return e.value, log
+
+
+def test_a_failed_build_shows_the_first_compiler_errors_not_the_traceback(tmp_path, monkeypatch):
+    err, log = _failing_build(tmp_path, monkeypatch, BUILD_LOG)
+    assert str(err) == ("source build of flash-attn 2.8.3 failed (exit code 1): matrix_run_stubs.cu(6): error: "
+                        f"run_mha_fwd_ is not a template; log: {log}")
+    assert err.tail.splitlines() == [
+        "first compiler errors:",
+        "matrix_run_stubs.cu(6): error: run_mha_fwd_ is not a template",
+        "  template<> void run_mha_fwd_<cutlass::half_t, 32, false>(Flash_fwd_params &params, cudaStream_t stream) {",
+        "                  ^",
+        'matrix_run_stubs.cu(9): catastrophic error: cannot open source file "x.h"',
+        "flash_api.cpp:41:5: error: 'foo' was not declared in this scope",
+        "   41 |     foo();",
+        "      |     ^~~",
+        f"full log: {log}"]
+    assert "Traceback" not in err.tail and "RuntimeError" not in err.tail
+
+
+def test_a_failed_build_without_compiler_errors_shows_the_logs_tail(tmp_path, monkeypatch):
+    err, log = _failing_build(tmp_path, monkeypatch, "running bdist_wheel\nerror: invalid command 'bdist_wheel'\n")
+    assert str(err) == f"source build of flash-attn 2.8.3 failed (exit code 1); log: {log}"
+    assert err.tail == "running bdist_wheel\nerror: invalid command 'bdist_wheel'"

@@ -100,7 +100,7 @@ def test_report_refuses_to_overwrite_another_runs_results(tmp_path):
 
 def test_plan_flags_an_env_dir_that_run_would_refuse(standins, tiny_config, tmp_path):
     (tmp_path / "envs" / "2.6.3").mkdir(parents=True)
-    cp = run_cli("plan", "--versions", "2.6.3", "--config", str(tiny_config), "--device", "cpu", "--quick",
+    cp = run_cli("plan", "--versions", "2.6.3", "--config", str(tiny_config),
                  "--find-links", str(standins["wheels"]), "--envs-dir", str(tmp_path / "envs"),
                  "--wheel-cache", str(tmp_path / "cache"))
     assert cp.returncode == 3
@@ -149,3 +149,106 @@ def test_fail_on_regression_leaves_out_the_sdpa_control_by_impl_not_by_name():
     doc = {"cases": cases, "comparisons": comps}
     assert [c["case"] for c in cli.regressions(doc, 10)] == ["my-flash-attn-case-vs-sdpa"]
     assert cli.regressions(doc, 60) == []  # 50 % slower is under a 60 % threshold
+
+
+def test_a_config_of_over_500_cases_needs_yes(standins, tmp_path):
+    big = tmp_path / "big.yaml"
+    big.write_text("dtype: [float16, torch.bfloat16]\ncausal: [false, true]\nops: [fwd, bwd]\n"
+                   "shapes:\n  - {batch: [1, 2, 4, 8], seqlen: [16, 32, 48, 64, 80, 96, 112, 128], nheads: [2, 4], head_dim: 16}\n")
+    common = ["--versions", "2.6.3", "--config", str(big), "--envs-dir", str(tmp_path / "envs"),
+              "--wheel-cache", str(tmp_path / "cache"), "--find-links", str(standins["wheels"]), "--offline"]
+    for cmd in (["plan"], ["--output", str(tmp_path / "o")]):
+        cp = run_cli(*cmd, *common)
+        assert cp.returncode == 2, cp.stderr
+        text = " ".join(cp.stderr.split())
+        assert "error: the config expands to 512 cases (axes: dtype 2; causal 2; shapes[0]: batch 4 x seqlen 8 x nheads 2;" in text
+        assert "pass --yes to time them all" in text and "Traceback" not in text
+    assert not (tmp_path / "o").exists()
+    cp = run_cli("plan", *common, "--yes", "--json")
+    assert cp.returncode == 0, cp.stderr
+    import json
+    (item,) = json.loads(cp.stdout)
+    assert item["method"] == "find-links"
+
+
+def _plan_lines(width: int) -> list[str]:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from matrix_runner import cli, envs
+    items = [envs.PlanItem(label="2.6.3", version="2.6.3", env_dir=Path("envs/2.6.3"), method="source-slim", key={},
+                           key_id="3f9a2c1d7e8b", kernels=["fwd_hdim32_fp16", "fwd_split_hdim32_fp16", "bwd_hdim32_fp16"],
+                           archs=["90"], estimate_s=360, jobs={"max_jobs": 5}, notes=["sdist from PyPI (sha256 checked)"]),
+             envs.PlanItem(label="new", version="2.7.0.post2", env_dir=Path("envs/new"), method="failed", key={},
+                           key_id="–", kernels="–", archs="–",
+                           error="flash_fwd_hdim224_fp16_sm80.cu:12: cannot parse [template] 'x'")]
+    con = Console(record=True, width=width, color_system=None)
+    cli._print_plan(items, con)
+    return [ln.rstrip() for ln in con.export_text().splitlines()]
+
+
+def test_plan_is_one_block_per_env_that_fits_narrow_terminals():
+    assert _plan_lines(80) == [
+        "Plan: where each env's flash-attn comes from",
+        "2.6.3",
+        "  method     source-slim · ~6.0 min (MAX_JOBS=5)",
+        "  wheel key  3f9a2c1d7e8b · archs 90",
+        "  kernels    3: fwd_hdim32_fp16, fwd_split_hdim32_fp16, bwd_hdim32_fp16",
+        "  note       sdist from PyPI (sha256 checked)",
+        "new  flash-attn 2.7.0.post2",
+        "  method  failed: flash_fwd_hdim224_fp16_sm80.cu:12: cannot parse [template] 'x'"]
+    narrow = _plan_lines(50)
+    assert max(map(len, narrow)) <= 50
+    # values wrap at spaces, never inside a word ("source-sl / im" in the 7-column table)
+    assert narrow[2:6] == ["  method     source-slim · ~6.0 min (MAX_JOBS=5)", "  wheel key  3f9a2c1d7e8b · archs 90",
+                           "  kernels    3: fwd_hdim32_fp16,", "             fwd_split_hdim32_fp16,"]
+
+
+def test_plan_output_fits_80_columns_when_not_a_tty(standins, tiny_config, tmp_path):
+    import os
+    import subprocess
+    import sys
+    e = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    cp = subprocess.run([sys.executable, "-m", "matrix_runner", "plan", "--versions", "2.6.3,b=2.7.0.post2",
+                         "--config", str(tiny_config), "--find-links", str(standins["wheels"]), "--offline",
+                         "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache")],
+                        capture_output=True, text=True, env=e, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert [ln for ln in lines if ln.startswith(("2.6.3", "b "))] == ["2.6.3", "b  flash-attn 2.7.0.post2"]
+    assert sum(ln.split() == ["method", "find-links"] for ln in lines) == 2
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--time-budget", "5"], "--time-budget"), (["--quick"], "--quick"), (["--device=cpu", "--max-sets", "2"], "--device, --max-sets"),
+    (["--output", "o"], "--output"),
+])
+def test_plan_refuses_the_runs_timing_options(extra, named, tmp_path):
+    cp = run_cli("plan", "--versions", "2.6.3", "--envs-dir", str(tmp_path / "envs"), "--offline", *extra)
+    assert cp.returncode == 2, cp.stderr
+    assert f"error: plan does not take {named}: timing options change how `run` times the cases" in " ".join(cp.stderr.split())
+    assert not (tmp_path / "envs").exists()
+    cp = run_cli("plan", "--versions", "2.6.3", "--bogus")
+    assert cp.returncode == 2 and "unrecognized arguments: --bogus" in cp.stderr
+
+
+def test_envs_and_wheelhouse_tables_become_blocks_when_narrow():
+    from rich.console import Console
+
+    from matrix_runner import cli
+    rows = [["2.7.0.post2", "2.7.0.post2", "ok", "2.11.0+cu130", "3.12.3",
+             "flash_attn-2.7.0.post2-cp312-cp312-linux_x86_64.whl", "2026-12-01T06:00:00+00:00", "912"]]
+    cols = ["label", "requested", "status", "torch", "python", "wheel", "created", "MB"]
+    narrow = Console(record=True, width=80, color_system=None)
+    cli._table_or_blocks("envs in envs", cols, rows, narrow)
+    lines = [ln.rstrip() for ln in narrow.export_text().splitlines()]
+    assert max(map(len, lines)) <= 80
+    assert lines == ["envs in envs", "2.7.0.post2", "  requested  2.7.0.post2", "  status     ok",
+                     "  torch      2.11.0+cu130", "  python     3.12.3",
+                     "  wheel      flash_attn-2.7.0.post2-cp312-cp312-linux_x86_64.whl",
+                     "  created    2026-12-01T06:00:00+00:00", "  MB         912"]
+    wide = Console(record=True, width=200, color_system=None)
+    cli._table_or_blocks("envs in envs", cols, rows, wide)
+    assert any(" ".join(ln.split()) == " ".join(r for r in rows[0]) for ln in wide.export_text().splitlines())

@@ -90,3 +90,83 @@ def test_empty_config_file_and_duplicate_keys_are_errors(tmp_path):
         load_config(f)
     f.write_text("ops: [fwd]\nshapes:\n  - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16}\n")
     assert [c.batch for c in load_config(f).cases] == [1]
+
+
+# -- axes: list values expand as a cartesian product ----------------------------------------------
+def test_axes_expand_in_a_stable_order():
+    cfg = parse_config({"dtype": ["fp16", "bf16"], "causal": [False, True], "ops": ["fwd"],
+                        "shapes": [{"batch": [2, 512], "seqlen": [50, 150, 300], "nheads": 16, "embed_dim": 256}]})
+    assert len(cfg.cases) == 2 * 3 * 2 * 2
+    # the entry's keys in the order written (first slowest), then the top-level axes dtype, causal
+    assert [c.id for c in cfg.cases[:6]] == [
+        "fwd-b2-sq50-sk50-h16-hk16-d16-fp16", "fwd-b2-sq50-sk50-h16-hk16-d16-fp16-causal",
+        "fwd-b2-sq50-sk50-h16-hk16-d16-bf16", "fwd-b2-sq50-sk50-h16-hk16-d16-bf16-causal",
+        "fwd-b2-sq150-sk150-h16-hk16-d16-fp16", "fwd-b2-sq150-sk150-h16-hk16-d16-fp16-causal"]
+    assert [(c.batch, c.seqlen_q) for c in cfg.cases[::4]] == [(2, 50), (2, 150), (2, 300),
+                                                               (512, 50), (512, 150), (512, 300)]
+    assert len({c.id for c in cfg.cases}) == 24
+    again = parse_config({"dtype": ["fp16", "bf16"], "causal": [False, True], "ops": ["fwd"],
+                          "shapes": [{"batch": [2, 512], "seqlen": [50, 150, 300], "nheads": 16, "embed_dim": 256}]})
+    assert [c.id for c in again.cases] == [c.id for c in cfg.cases]
+
+
+def test_seed_parametrization_as_axes_matches_the_flat_default():
+    """6 shapes x [fwd, bwd] written with axes are the default's 12 cases, ids and all."""
+    flat = load_config(None)
+    axes = parse_config({"shapes": [{"batch": [512, 2], "seqlen": [50, 150, 300], "nheads": 16, "embed_dim": 256}]})
+    assert [c.id for c in axes.cases] == [c.id for c in flat.cases]
+    assert [c.id for c in flat.cases][:2] == ["fwd-b512-sq50-sk50-h16-hk16-d16-fp16",
+                                              "bwd-b512-sq50-sk50-h16-hk16-d16-fp16"]
+    seed = parse_config({"dtype": ["float16", "bfloat16"],
+                         "shapes": [{"batch": [512, 2], "seqlen": [50, 150, 300], "nheads": 16, "embed_dim": 256}]})
+    assert len(seed.cases) == 24 and {c.dtype for c in seed.cases} == {"fp16", "bf16"}
+
+
+@pytest.mark.parametrize("name,short", [("float16", "fp16"), ("torch.float16", "fp16"), ("half", "fp16"),
+                                        ("bfloat16", "bf16"), ("torch.bfloat16", "bf16"), ("bf16", "bf16")])
+def test_torch_dtype_names_are_accepted(name, short):
+    cfg = parse_config({"dtype": name, "ops": ["fwd"], "shapes": [{"batch": 1, "seqlen": 8, "nheads": 2, "head_dim": 16}]})
+    assert cfg.cases[0].dtype == short
+    assert cfg.cases[0].id == f"fwd-b1-sq8-sk8-h2-hk2-d16-{short}"
+    cfg = parse_config({"ops": ["fwd"], "shapes": [{"batch": 1, "seqlen": 8, "nheads": 2, "head_dim": 16,
+                                                    "dtype": [name, "fp16" if short == "bf16" else "bf16"]}]})
+    assert sorted(c.dtype for c in cfg.cases) == ["bf16", "fp16"]
+
+
+def test_an_entrys_own_value_wins_over_a_top_level_axis():
+    cfg = parse_config({"dtype": ["fp16", "bf16"], "ops": ["fwd"],
+                        "shapes": [{"batch": 1, "seqlen": 8, "nheads": 2, "head_dim": 16, "dtype": "bf16"},
+                                   {"batch": 2, "seqlen": 8, "nheads": 2, "head_dim": 16}]})
+    assert [(c.batch, c.dtype) for c in cfg.cases] == [(1, "bf16"), (2, "fp16"), (2, "bf16")]
+
+
+def test_axis_errors_name_the_key_and_the_value():
+    shape = {"batch": 1, "seqlen": 8, "nheads": 2, "head_dim": 16}
+    with pytest.raises(ConfigError, match=r"shapes\[0\].batch = \[\]: an axis \(list\) needs at least one value"):
+        parse_config({"shapes": [{**shape, "batch": []}]})
+    with pytest.raises(ConfigError, match=r"shapes\[0\].batch = 0: must be a positive integer"):
+        parse_config({"shapes": [{**shape, "batch": [2, 0]}]})
+    with pytest.raises(ConfigError, match=r"^dtype = 'fp32': must be one of fp16, bf16 \(or torch's float16"):
+        parse_config({"dtype": ["fp16", "fp32"], "shapes": [shape]})
+    with pytest.raises(ConfigError, match=r"^causal = 'yes': must be true or false"):
+        parse_config({"causal": [False, "yes"], "shapes": [shape]})
+    with pytest.raises(ConfigError, match=r"shapes\[1\]: duplicate of an earlier shape \(B2 S8 H2 D16 fp16\)"):
+        parse_config({"shapes": [{**shape, "batch": [1, 2]}, {**shape, "batch": 2}]})
+
+
+def test_too_large_a_product_is_refused_unless_allowed():
+    big = {"dtype": ["fp16", "bf16"], "causal": [False, True],
+           "shapes": [{"batch": [1, 2, 4, 8], "seqlen": list(range(16, 16 * 17, 16)), "nheads": 2, "head_dim": 16}]}
+    with pytest.raises(ConfigError) as e:
+        parse_config(big)
+    msg = str(e.value)
+    assert msg.startswith("the config expands to 512 cases (axes: dtype 2; causal 2; shapes[0]: batch 4 x seqlen 16; "
+                          "ops 2, impls 1), more than 500: pass --yes")
+    assert "ops: [fwd]" in msg and "fewer values in a list" in msg
+    assert len(parse_config(big, max_cases=None).cases) == 512
+    assert len(parse_config({**big, "ops": ["fwd"]}).cases) == 256
+    # an astronomically large product is refused without being expanded
+    huge = {"shapes": [{"batch": list(range(1, 1001)), "seqlen": list(range(1, 1001)), "nheads": list(range(1, 101)),
+                        "head_dim": 16}]}
+    with pytest.raises(ConfigError, match="expands to 200,000,000 cases"):
+        parse_config(huge)

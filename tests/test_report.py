@@ -561,3 +561,140 @@ def test_a_full_run_is_never_called_quick(h200):
     quick = copy.deepcopy(one)
     quick["settings"]["quick"] = True
     assert all("a --quick run decides nothing" in s["text"] for s in report.compare_runs(h200, quick)["summaries"])
+
+
+# --------------------------------------------------------------------------------------------
+# axes: the heat map of ratios grouped by axis
+def axes_run() -> dict:
+    """2 dtypes x 2 causal x 4 shapes, fwd: the candidate 1.5x slower in bf16, equal in fp16."""
+    cases = []
+    for dt in ("fp16", "bf16"):
+        for causal in (False, True):
+            for i, (b, s) in enumerate([(2, 64), (2, 256), (64, 64), (64, 256)]):
+                for lab, wall in (("1.0", 100.0), ("2.0", 150.0 if dt == "bf16" else 100.0)):
+                    c = make_case(lab, "fwd", b, s, wall, 50.0, 40.0, seed=i + (7 if lab == "2.0" else 0))
+                    c.update(dtype=dt, causal=causal, id=c["id"].replace("fp16", dt) + ("-causal" if causal else ""),
+                             label=c["label"] + (" causal" if causal else ""))
+                    cases.append(c)
+    return make_results([env("1.0"), env("2.0")], cases)
+
+
+def test_many_cases_get_a_heat_map_grouped_by_axis():
+    res = axes_run()
+    hm = report.view_model(res)["heatmap"]
+    assert hm["axes"] == ["dtype", "causal"]
+    assert hm["columns"] == [("2.0", "fwd")] and hm["common"] == "H4 D32"
+    assert [g["name"] for g in hm["groups"]] == ["fp16 · non-causal", "fp16 · causal", "bf16 · non-causal", "bf16 · causal"]
+    assert [r["shape"] for r in hm["groups"][0]["rows"]] == ["B2 S64", "B2 S256", "B64 S64", "B64 S256"]
+    bf16 = [r["cells"][0] for g in hm["groups"][2:] for r in g["rows"]]
+    assert all(c["ratio"] == pytest.approx(1.5, rel=0.03) and c["verdict"] == "slower" for c in bf16)
+    assert bf16[0]["bg"] == report.ratio_color(bf16[0]["ratio"]) and bf16[0]["bg"].startswith("rgba(214, 39, 40, 0.")
+    fp16 = [r["cells"][0] for g in hm["groups"][:2] for r in g["rows"]]
+    assert all(c["ratio"] == pytest.approx(1.0, rel=0.03) for c in fp16)
+    assert report.ratio_color(0.5) == "rgba(44, 160, 44, 0.80)" and report.ratio_color(1.0).endswith("0.08)")
+    page = assert_self_contained(report.render_html(res, with_charts=False))
+    assert "heatmap" in page.ids
+    cells = [(a, t) for a, t in page.cells if a.get("class") == "hm"]
+    assert len(cells) == 16
+    assert [float(a["data-ratio"]) for a, _ in cells[8:]] == pytest.approx([1.5] * 8, rel=0.03)
+    assert cells[8][1].startswith("1.5") and cells[8][1].endswith("x ▲")
+    groups = [t for a, t in page.cells if a.get("class") == "group"]
+    assert groups == ["fp16 · non-causal", "fp16 · causal", "bf16 · non-causal", "bf16 · causal"]
+    # a run of few cases has no heat map (the verdict table is the overview)
+    assert report.view_model(gpu_run())["heatmap"] is None
+    assert 'id="heatmap"' not in report.render_html(gpu_run(), with_charts=False)
+
+
+# --------------------------------------------------------------------------------------------
+# the terminal table in 80 columns (a narrow terminal, a pipe, a CI log)
+def _terminal(res: dict, width: int) -> list[str]:
+    from rich.console import Console
+
+    con = Console(record=True, width=width, color_system=None)
+    report.terminal_table(res, con)
+    return con.export_text().splitlines()
+
+
+def _row(lines: list[str], start: str) -> str:
+    """The table row of a case (``B2 S300 bwd``), whitespace collapsed (not a headline naming it)."""
+    (hit,) = [" ".join(ln.split()) for ln in lines if re.match(re.escape(start) + r" (\d|wall)", " ".join(ln.split()))]
+    return hit
+
+
+def test_terminal_table_fits_80_columns_with_one_line_per_case(h200):
+    lines = _terminal(h200, 80)
+    assert max(map(len, lines)) <= 80
+    assert _row(lines, "B2 S300 bwd") == "B2 S300 bwd 175 371 slower 2.11x [1.13, 2.56] · host"
+    assert _row(lines, "B512 S150 fwd") == "B512 S150 fwd 557 550 same 0.99x [0.97, 1.02]"
+    assert _row(lines, "case op") == "case op wall µs wall µs wall ratio [95% CI]"
+    assert any("every case: H16 D16 · fp16" in ln for ln in lines[:3])
+    # wide: every clock per env, still one line per case
+    wide = _terminal(h200, 200)
+    assert _row(wide, "B2 S300 bwd") == "B2 S300 bwd 175 / 174 / 18.0 HB 371 / 215 / 18.0 HB slower 2.11x [1.13, 2.56] · host"
+    assert any(ln.startswith("HB: host-bound") for ln in wide)
+
+
+def test_terminal_table_of_three_versions_is_one_block_per_candidate():
+    cases = []
+    for i, (op, b, s) in enumerate([("fwd", 2, 64), ("fwd", 64, 256), ("bwd", 2, 64)]):
+        for lab, extra in (("2.6.3", 0.0), ("2.7.0.post2", 60.0), ("2.8.3", 0.0)):
+            cases.append(make_case(lab, op, b, s, 45.0 + extra, 35.0 + extra, 5.0, seed=i * 10 + len(lab)))
+    run = make_results([env("2.6.3"), env("2.7.0.post2"), env("2.8.3")], cases)
+    lines = _terminal(run, 80)
+    assert max(map(len, lines)) <= 80
+    heads = [" ".join(ln.split()) for ln in lines if ln.rstrip().endswith("vs 2.6.3")]
+    assert heads == ["2.6.3 2.7.0.post2 2.7.0.post2 vs 2.6.3", "2.6.3 2.8.3 2.8.3 vs 2.6.3"]
+    rows = [" ".join(ln.split()) for ln in lines if " ".join(ln.split()).startswith("B2 S64 fwd 4")]
+    # each case on one line: both envs' wall µs, the verdict, ratio and interval
+    assert rows == ["B2 S64 fwd 44.9 105 slower 2.34x [2.31, 2.36] · host", "B2 S64 fwd 44.9 44.9 same 1.00x [1.00, 1.00]"]
+
+
+def test_report_cli_output_fits_80_columns_when_not_a_tty(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    cp = subprocess.run([sys.executable, "-m", "matrix_runner", "report", str(H200), "-o", str(tmp_path / "r")],
+                        capture_output=True, text=True, env=e, cwd=ROOT, timeout=300)
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert _row(lines, "B2 S50 fwd") == "B2 S50 fwd 73.0 86.4 slower 1.18x [1.01, 3.11] · host"
+
+
+def test_compare_table_fits_80_columns_one_block_per_env(h200):
+    from rich.console import Console
+
+    b = _scaled(h200, "2.7.0.post2", {"wall_us": 2.0, "host_us": 2.0})
+    cmp = report.compare_runs(h200, b)
+    con = Console(record=True, width=80, color_system=None)
+    report.compare_terminal(cmp, con)
+    lines = con.export_text().splitlines()
+    assert max(map(len, lines)) <= 80
+    blocks = [ln.strip() for ln in lines if ln.strip() in ("2.6.3", "2.7.0.post2")]
+    assert blocks == ["2.6.3", "2.7.0.post2"]
+    rows = [" ".join(ln.split()) for ln in lines if " ".join(ln.split()).startswith("B512 S150 fwd ")]
+    assert rows == ["B512 S150 fwd 557 557 1.00x [0.95, 1.06] ambiguous",
+                    "B512 S150 fwd 550 1,100 2.00x [1.99, 2.01] slower · host"]
+    wide = Console(record=True, width=200, color_system=None)
+    report.compare_terminal(cmp, wide)
+    assert any(" ".join(ln.split()) == "2.7.0.post2 B512 S150 fwd 550 1,100 2.00x [1.99, 2.01] slower · host 2.00x 1.00x"
+               for ln in wide.export_text().splitlines())
+
+
+def test_sweep_groups_keep_axes_apart_and_say_which_is_which():
+    from matrix_runner import charts
+
+    rows = []
+    for impl in ("flash_attn", "sdpa"):
+        for dt in ("fp16", "bf16"):
+            for s in (64, 128, 256):
+                rows.append({"label": f"B2 S{s} H4 D32", "case": {
+                    "op": "fwd", "batch": 2, "seqlen_q": s, "seqlen_k": s, "nheads": 4, "nheads_k": 4, "head_dim": 32,
+                    "dtype": dt, "causal": False, "dropout_p": 0.0, "impl": impl}})
+    groups = charts.sweep_groups(rows, "seqlen")
+    assert [(g["title"], g["x"]) for g in groups] == [
+        ("fwd · B2 · fp16", [64, 128, 256]), ("fwd · B2 · bf16", [64, 128, 256]),
+        ("fwd · B2 [sdpa] · fp16", [64, 128, 256]), ("fwd · B2 [sdpa] · bf16", [64, 128, 256])]
+    assert all(len({r["case"]["impl"] for r in g["rows"]}) == 1 for g in groups)

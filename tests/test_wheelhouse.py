@@ -44,6 +44,9 @@ def test_wheelhouse_collects_sdists_and_keyed_cache_wheels(local_index, standins
     assert json.loads((out / names[1]).read_text())["key"] == key
     for n in ("flash_attn-2.6.3.tar.gz", "flash_attn-2.7.0.post2.tar.gz"):
         assert (out / n).read_bytes() == (standins["sdists"] / n).read_bytes()
+    # readable by the node's user (the cache's downloads were 0600)
+    assert {n: oct((out / n).stat().st_mode & 0o777) for n in names} == {n: "0o644" for n in names}
+    assert oct(next((cache / "sdists").rglob("flash_attn-2.6.3.tar.gz")).stat().st_mode & 0o777) == "0o644"
 
 
 def test_wheelhouse_rejects_a_corrupt_download(local_index, tmp_path):
