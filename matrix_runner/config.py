@@ -46,6 +46,13 @@ DTYPES = ("fp16", "bf16")
 IMPLS = ("flash_attn", "flash_attn+compile", "sdpa")
 IMPL_SUFFIX = {"flash_attn+compile": "compile", "sdpa": "sdpa"}
 OPS = ("fwd", "bwd")
+#: Entry points (a case's ``func``) -> the flash_attn function timed. ``func`` is the default, so
+#: configs without ``func`` keep their cases and case ids.
+FUNCS = {"func": "flash_attn_func", "varlen": "flash_attn_varlen_func", "kvcache": "flash_attn_with_kvcache",
+         "qkvpacked": "flash_attn_qkvpacked_func", "kvpacked": "flash_attn_kvpacked_func",
+         "varlen_qkvpacked": "flash_attn_varlen_qkvpacked_func", "varlen_kvpacked": "flash_attn_varlen_kvpacked_func"}
+#: Entry points without a backward (flash_attn_with_kvcache is inference only).
+FWD_ONLY_FUNCS = ("kvcache",)
 #: Head dims flash-attn 2.x dispatches to: a call runs the kernel of the smallest one that is >= its
 #: head_dim rounded up to a multiple of 8 (``HEADDIM_SWITCH`` in csrc/flash_attn/src/static_switch.h
 #: of 2.6.3 and 2.7.0.post2; 2.6.3 pads to a multiple of 8 in C++, 2.7 in Python). Both ship stale
@@ -81,6 +88,17 @@ class Case:
     softmax_scale: float | None = None
     layout: str = "embed"
     impl: str = "flash_attn"
+    #: Entry point (:data:`FUNCS`); the fields below belong to some of them (:func:`op_fields`).
+    func: str = "func"
+    #: varlen*: tokens per sequence (q and k alike); batch = len, seqlen_q = seqlen_k = max.
+    seqlens: tuple[int, ...] | None = None
+    #: kvcache: tokens already in the cache per batch entry (passed as an int32 tensor);
+    #: None: not passed, the whole cache (seqlen_k tokens) is attended.
+    cache_seqlens: tuple[int, ...] | None = None
+    #: kvcache: seqlen_q new k/v tokens are passed and written into the cache after cache_seqlens.
+    append_kv: bool = False
+    #: kvcache: paged cache of blocks of this many tokens, with a block_table (None: contiguous).
+    page_block_size: int | None = None
 
     @property
     def id(self) -> str:
@@ -95,6 +113,8 @@ class Case:
             s += f"-s{self.softmax_scale:g}"
         if self.impl != "flash_attn":
             s += "-" + IMPL_SUFFIX[self.impl]
+        if self.func != "func":  # ids of flash_attn_func cases are those of every earlier run
+            s = s.replace(f"{self.op}-", f"{self.op}-{self.func}-", 1) + _func_id_suffix(self)
         return s
 
     @property
@@ -121,17 +141,45 @@ class Case:
             s += " causal"
         if self.impl != "flash_attn":
             s += f" [{IMPL_SUFFIX[self.impl]}]"
+        if self.func != "func":
+            s = f"{self.func} " + s + _func_label_suffix(self)
         return s
 
     def flops(self) -> float:
         """FLOPs of one call: 4·B·Sq·Sk·H·D for fwd (two matmuls), halved when causal; bwd is 2.5x fwd.
 
-        The same convention as flash-attn's benchmarks/benchmark_flash_attention.py.
+        The same convention as flash-attn's benchmarks/benchmark_flash_attention.py. varlen*: the
+        sum over sequences of 4·L_i²·H·D (halved when causal). kvcache: the sum over batch entries
+        of 4·Sq·K_i·H·D with K_i the keys attended (cache_seqlens[i], + Sq when appending); when
+        causal (bottom-right aligned) query row r sees K_i - Sq + r + 1 keys, so Sq·K_i - Sq(Sq-1)/2.
         """
-        f = 4.0 * self.batch * self.seqlen_q * self.seqlen_k * self.nheads * self.head_dim
+        hd = 4.0 * self.nheads * self.head_dim
+        if self.func == "kvcache":
+            sq = self.seqlen_q
+            rows = sum(sq * k - (sq * (sq - 1) / 2 if self.causal else 0) for k in self.keys_attended())
+            return hd * rows
+        if self.seqlens is not None:
+            f = hd * sum(n * n for n in self.seqlens)
+        else:
+            f = hd * self.batch * self.seqlen_q * self.seqlen_k
         if self.causal:
             f /= 2
         return f * (2.5 if self.op == "bwd" else 1.0)
+
+    def keys_attended(self) -> list[int]:
+        """kvcache: keys each batch entry attends to: cache_seqlens[i] (seqlen_k when not passed),
+        + seqlen_q when the new k/v are appended."""
+        lens = list(self.cache_seqlens) if self.cache_seqlens is not None else [self.seqlen_k] * self.batch
+        return [n + (self.seqlen_q if self.append_kv else 0) for n in lens]
+
+    def kv_read_bytes(self) -> int | None:
+        """kvcache: bytes of k_cache and v_cache a call must read, given cache_seqlens: the sum over
+        batch entries of K_i (:meth:`keys_attended`) · nheads_k · head_dim · 2 (k and v) · 2 bytes
+        (fp16/bf16). A lower bound of the HBM traffic (q, the output and split-KV partial results
+        are not counted; a paged block is counted only for the tokens used). None for other funcs."""
+        if self.func != "kvcache":
+            return None
+        return sum(self.keys_attended()) * self.nheads_k * self.head_dim * 2 * 2
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -226,9 +274,10 @@ DEFAULT_CONFIG: dict[str, Any] = {
                  "alpha": 0.05},
 }
 
-_TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling", "impls"}
+_TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling", "impls",
+             "func"}
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
-               "causal", "dtype"}
+               "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
@@ -261,6 +310,153 @@ def _unknown(where: str, d: dict, allowed: set) -> None:
     extra = sorted(set(d) - allowed)
     if extra:
         raise ConfigError(f"{where}: unknown key {extra[0]!r}; allowed keys: {', '.join(sorted(allowed))}")
+
+
+def _lens_tag(lens: tuple[int, ...]) -> str:
+    """Up to 8 lengths spelled out (``512.1024``), else their count and a CRC-32 (``n64-1a2b3c4d``)."""
+    if len(lens) <= 8:
+        return ".".join(map(str, lens))
+    import zlib
+
+    return f"n{len(lens)}-{zlib.crc32(','.join(map(str, lens)).encode()):08x}"
+
+
+def _func_id_suffix(c: Case) -> str:
+    s = ""
+    if c.seqlens is not None:
+        s += "-L" + _lens_tag(c.seqlens)
+    if c.cache_seqlens is not None:
+        s += "-c" + (str(c.cache_seqlens[0]) if len(set(c.cache_seqlens)) == 1 else _lens_tag(c.cache_seqlens))
+    if c.append_kv:
+        s += "-append"
+    if c.page_block_size:
+        s += f"-page{c.page_block_size}"
+    return s
+
+
+def _func_label_suffix(c: Case) -> str:
+    s = ""
+    if c.seqlens is not None:
+        s += f" L{min(c.seqlens)}-{max(c.seqlens)} (sum {sum(c.seqlens)})"
+    if c.func == "kvcache":
+        k = c.keys_attended()
+        s += f" cache {min(k)}" + (f"-{max(k)}" if max(k) != min(k) else "")
+        if c.append_kv:
+            s += " +append"
+        if c.page_block_size:
+            s += f" paged {c.page_block_size}"
+    return s
+
+
+def _func(where: str, v: Any) -> str:
+    if v not in FUNCS:
+        raise _err(where, v, f"must be one of {', '.join(FUNCS)} (the flash_attn entry point timed)")
+    return v
+
+
+def varlen_shape(w: str, s: dict, func_default: str) -> dict:
+    """A varlen* shape's ``seqlens`` -> the shape with ``batch`` and ``seqlen`` filled in.
+
+    ``seqlens`` is a list of tokens per sequence, or a distribution ``{n, min, max, seed}``: n lengths
+    drawn uniformly from [min, max] with Python's ``random.Random(seed)`` (same lengths on every
+    machine and in every env; seed default 0). batch and seqlen(_q/_k) come from the lengths: a
+    shape that gives them too is refused."""
+    func = _func(f"{w}.func", s.get("func", func_default))
+    if not func.startswith("varlen"):
+        if "seqlens" in s:
+            raise _err(f"{w}.seqlens", s["seqlens"], f"is for func varlen, varlen_qkvpacked, varlen_kvpacked (this shape's func is {func})")
+        return s
+    if "seqlens" not in s:
+        raise ConfigError(f"{w}: func {func} needs seqlens: a list of tokens per sequence ([512, 1024, ...]) "
+                          "or a distribution {n: 8, min: 64, max: 2048, seed: 0}")
+    for k in ("batch", "seqlen", "seqlen_q", "seqlen_k"):
+        if k in s:
+            raise ConfigError(f"{w}: func {func} takes batch and seqlen from seqlens; remove {k!r}")
+    lens = s["seqlens"]
+    if isinstance(lens, dict):
+        _unknown(f"{w}.seqlens", lens, {"n", "min", "max", "seed"})
+        for k in ("n", "min", "max"):
+            if k not in lens:
+                raise ConfigError(f"{w}.seqlens: a distribution needs n, min and max (seed optional), e.g. "
+                                  "{n: 8, min: 64, max: 2048, seed: 0}")
+        n, lo, hi = (_pos_int(f"{w}.seqlens.{k}", lens[k]) for k in ("n", "min", "max"))
+        if lo > hi:
+            raise _err(f"{w}.seqlens.min", lo, f"must be <= max ({hi})")
+        seed = lens.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise _err(f"{w}.seqlens.seed", seed, "must be an integer")
+        import random
+
+        rng = random.Random(seed)
+        lens = [rng.randint(lo, hi) for _ in range(n)]
+    elif not isinstance(lens, list) or not lens:
+        raise _err(f"{w}.seqlens", lens, "must be a non-empty list of positive integers or {n, min, max, seed}")
+    lens = [_pos_int(f"{w}.seqlens[{i}]", x) for i, x in enumerate(lens)]
+    return {**s, "batch": len(lens), "seqlen": max(lens), "seqlens": lens}
+
+
+def op_fields(w: str, s: dict, func_default: str, batch: int, sq: int, sk: int, nheads: int, nheads_k: int,
+              ops: list, impls: list, dropout: float) -> dict:
+    """Validate one shape's entry-point fields (func, seqlens, cache_seqlens, append_kv,
+    page_block_size) against its sizes; returns the extra :class:`Case` keyword arguments.
+
+    The entry points other than ``func`` take their inputs as (..., nheads, head_dim) tensors
+    (``input: embed`` applies to ``func`` only) and are timed by flash-attn itself (no sdpa impl).
+    """
+    func = _func(f"{w}.func", s.get("func", func_default))
+    if func == "func":
+        for k in ("cache_seqlens", "append_kv", "page_block_size"):
+            if k in s:
+                raise _err(f"{w}.{k}", s[k], "is for func kvcache (flash_attn_with_kvcache)")
+        return {}
+    extra: dict = {"func": func, "layout": "heads"}
+    if "sdpa" in impls:
+        raise ConfigError(f"{w}: impl sdpa is an A/A control of func only; remove sdpa from impls for a config "
+                          f"with func {func}")
+    if func in FWD_ONLY_FUNCS:
+        if "bwd" in ops:
+            raise ConfigError(f"{w}: func {func} ({FUNCS[func]}) has no backward: use ops: [fwd] in a config "
+                              "with kvcache shapes")
+        if dropout:
+            raise _err("dropout_p", dropout, f"{FUNCS[func]} has no dropout: set dropout_p: 0")
+    if func.startswith("varlen"):
+        extra["seqlens"] = tuple(s["seqlens"])
+    if func in ("qkvpacked", "varlen_qkvpacked"):
+        if nheads_k != nheads or sq != sk:
+            raise ConfigError(f"{w}: func {func} packs q, k and v in one tensor: it needs nheads_k = nheads "
+                              f"({nheads_k} vs {nheads}) and seqlen_q = seqlen_k ({sq} vs {sk}); use kvpacked or func")
+    if func != "kvcache":
+        for k in ("cache_seqlens", "append_kv", "page_block_size"):
+            if k in s:
+                raise _err(f"{w}.{k}", s[k], f"is for func kvcache (this shape's func is {func})")
+        return extra
+    append = _bool(f"{w}.append_kv", s.get("append_kv", False))
+    cs = s.get("cache_seqlens")
+    if cs is None and append:
+        cs = sk - sq  # a full cache after the append
+        if cs < 0:
+            raise ConfigError(f"{w}: append_kv needs seqlen_k (the cache's size, {sk}) >= seqlen_q ({sq})")
+    if cs is not None:
+        lens = [cs] * batch if isinstance(cs, int) and not isinstance(cs, bool) else cs
+        if not isinstance(lens, list) or len(lens) != batch:
+            raise _err(f"{w}.cache_seqlens", cs, f"must be an integer or a list of {batch} (batch) integers, "
+                       "tokens already in each batch entry's cache; or null for the whole cache")
+        for i, n in enumerate(lens):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise _err(f"{w}.cache_seqlens[{i}]", n, "must be an integer >= 0")
+            if n + (sq if append else 0) > sk:
+                raise _err(f"{w}.cache_seqlens[{i}]", n, f"plus the {sq if append else 0} appended tokens must fit "
+                           f"the cache of seqlen_k = {sk} tokens")
+        extra["cache_seqlens"] = tuple(lens)
+    if append:
+        extra["append_kv"] = True
+    pb = s.get("page_block_size")
+    if pb is not None:
+        pb = _pos_int(f"{w}.page_block_size", pb)
+        if pb % 256:  # flash_api.cpp of 2.5.x-2.8.x: "Paged KV cache block size must be divisible by 256"
+            raise _err(f"{w}.page_block_size", pb, "must be a multiple of 256 (flash-attn 2.x's paged KV rule)")
+        extra["page_block_size"] = pb
+    return extra
 
 
 def parse_config(data: Any, source: str = "<dict>") -> Config:
@@ -303,6 +499,7 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
     layout = merged["input"]
     if layout not in ("embed", "heads"):
         raise _err("input", layout, "must be 'embed' (batch, seqlen, embed_dim) or 'heads' (batch, seqlen, nheads, head_dim)")
+    func_default = merged.get("func", "func")
     shapes = merged["shapes"]
     if not isinstance(shapes, list) or not shapes:
         raise _err("shapes", shapes, "must be a non-empty list of mappings")
@@ -314,6 +511,7 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
         if not isinstance(s, dict):
             raise _err(w, s, "must be a mapping like {batch: 2, seqlen: 50, nheads: 16, head_dim: 64}")
         _unknown(w, s, _SHAPE_KEYS)
+        s = varlen_shape(w, s, func_default)
         for k in ("batch", "nheads"):
             if k not in s:
                 raise ConfigError(f"{w}: missing key {k!r} (each shape needs batch, seqlen, nheads and head_dim or embed_dim)")
@@ -344,11 +542,13 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
             raise _err(f"{w}.head_dim", head_dim, f"must be <= {MAX_HEAD_DIM} (flash-attn 2.x's largest kernel)")
         s_causal = _bool(f"{w}.causal", s.get("causal", causal))
         s_dtype = _dtype(f"{w}.dtype", s.get("dtype", dtype))
+        extra = op_fields(w, s, func_default, batch, sq, sk, nheads, nheads_k, ops, impls, float(dropout))
         for impl in impls:
             for op in ops:
                 c = Case(op=op, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads, nheads_k=nheads_k,
                          head_dim=head_dim, dtype=s_dtype, causal=s_causal, dropout_p=float(dropout),
-                         softmax_scale=None if scale is None else float(scale), layout=layout, impl=impl)
+                         softmax_scale=None if scale is None else float(scale),
+                         **{"layout": layout, **extra}, impl=impl)
                 if c.id in seen:
                     raise ConfigError(f"{w}: duplicate of an earlier shape ({c.label}); remove one")
                 seen.add(c.id)
