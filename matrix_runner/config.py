@@ -33,6 +33,7 @@ Errors: :class:`ConfigError` (a ``ValueError``) naming the key, the value and th
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -583,6 +584,25 @@ def parse_config(data: Any, source: str = "<dict>") -> Config:
     return Config(title=title, cases=cases, sampling=sampling, source=source, raw=merged)
 
 
+#: Built-in example configs (package data): ``--config NAME`` finds ``configs/NAME.yaml`` here.
+BUILTIN_DIR = Path(__file__).with_name("configs")
+
+
+def builtin_configs() -> list[str]:
+    """Names of the built-in configs (``default``, ``kvcache-decode``, ``varlen``, ...)."""
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
+def builtin_config(name: str | Path) -> Path | None:
+    """The built-in config file for ``name`` (``varlen`` or ``varlen.yaml``) when ``name`` is not an
+    existing path and has no directory part; else None (a path is read as given)."""
+    n = str(name)
+    if Path(n).exists() or os.sep in n or "/" in n:
+        return None
+    p = BUILTIN_DIR / (n if n.endswith((".yaml", ".yml")) else n + ".yaml")
+    return p if p.is_file() else None
+
+
 def load_config(path: str | Path | None) -> Config:
     """Load ``path`` (YAML) over the built-in default; ``None`` gives the built-in default.
 
@@ -591,11 +611,12 @@ def load_config(path: str | Path | None) -> Config:
     """
     if path is None:
         return parse_config({}, "built-in default")
-    p = Path(path)
+    p = builtin_config(path) or Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"--config {path}: cannot read the file ({e.strerror})") from None
+        raise ConfigError(f"--config {path}: cannot read the file ({e.strerror}); built-in configs by name: "
+                          f"{', '.join(builtin_configs())}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"--config {path}: not UTF-8 text (byte {e.start}); save the YAML as UTF-8") from None
     try:
