@@ -315,6 +315,7 @@ def _env() -> Environment:
     env.filters["headline"] = headline
     env.filters["pct"] = lambda v: "–" if v is None else f"{v:.0%}"
     env.filters["tf"] = lambda v: "–" if v is None else f"{v:.2f}"
+    env.filters["gb"] = lambda v: "–" if v is None else f"{v:,.0f}"
     env.filters["sci"] = lambda v: "–" if v is None else f"{v:.1e}"
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, default=str)
     env.filters["shell"] = _shell_join
