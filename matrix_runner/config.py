@@ -98,7 +98,8 @@ class Case:
     cache_seqlens: tuple[int, ...] | None = None
     #: kvcache: seqlen_q new k/v tokens are passed and written into the cache after cache_seqlens.
     append_kv: bool = False
-    #: kvcache: paged cache of blocks of this many tokens, with a block_table (None: contiguous).
+    #: kvcache: paged cache of blocks of this many tokens (a multiple of 256), with a block_table
+    #: (None: contiguous); without cache_seqlens, cache_seqlens = seqlen_k is passed.
     page_block_size: int | None = None
 
     @property
@@ -437,6 +438,8 @@ def op_fields(w: str, s: dict, func_default: str, batch: int, sq: int, sk: int, 
         cs = sk - sq  # a full cache after the append
         if cs < 0:
             raise ConfigError(f"{w}: append_kv needs seqlen_k (the cache's size, {sk}) >= seqlen_q ({sq})")
+    if cs is None and s.get("page_block_size") is not None:
+        cs = sk  # paged without cache_seqlens would attend every token of the whole blocks: pass seqlen_k
     if cs is not None:
         lens = [cs] * batch if isinstance(cs, int) and not isinstance(cs, bool) else cs
         if not isinstance(lens, list) or len(lens) != batch:
