@@ -37,7 +37,8 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--versions", required=True, metavar="LIST",
                    help="comma list of flash-attn versions; LABEL=VERSION names an env (A/A: a=2.6.3,b=2.6.3); "
                         "a path to a local sdist or wheel is accepted. The first is the baseline.")
-    p.add_argument("--config", metavar="FILE", help="YAML config replacing any part of the built-in default")
+    p.add_argument("--config", metavar="FILE|NAME", help="YAML config replacing any part of the built-in default; "
+                   "or a built-in config by name: default, kvcache-decode, varlen (matrix_runner/configs/)")
     p.add_argument("--envs-dir", default="envs", metavar="DIR", help="where envs live (default: envs/)")
     p.add_argument("--wheel-cache", metavar="DIR", default=None,
                    help=f"matrix-run's wheel/sdist cache (default: {wheels.default_cache_dir()})")
