@@ -247,7 +247,8 @@ class Config:
         """One case per shape (the first op's), in config order."""
         seen, out = set(), []
         for c in self.cases:
-            key = (c.batch, c.seqlen_q, c.seqlen_k, c.nheads, c.nheads_k, c.head_dim, c.dtype, c.causal)
+            key = (c.batch, c.seqlen_q, c.seqlen_k, c.nheads, c.nheads_k, c.head_dim, c.dtype, c.causal, c.func,
+                   c.seqlens, c.cache_seqlens, c.append_kv, c.page_block_size)
             if key not in seen:
                 seen.add(key)
                 out.append(c)

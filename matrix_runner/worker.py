@@ -96,6 +96,8 @@ def probe() -> dict:
         from flash_attn import flash_attn_func
 
         fa["func_params"] = list(inspect.signature(flash_attn_func).parameters)
+        # the entry points of OPS this version has (a missing one fails its cases: not-in-version)
+        fa["entry_points"] = [o.fn for o in OPS.values() if hasattr(flash_attn, o.fn)]
     except Exception as e:  # noqa: BLE001
         info["error"] = f"import flash_attn failed: {type(e).__name__}: {e}"
     return info
