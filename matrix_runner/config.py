@@ -16,9 +16,14 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
                             # scaled_dot_product_attention: same torch in every env = an A/A control)
     input: embed            # embed: inputs are (batch, seqlen, embed_dim), split into heads in the call
                             # heads: inputs are already (batch, seqlen, nheads, head_dim)
+    func: func              # the entry point timed (FUNCS): func | varlen | kvcache | qkvpacked | kvpacked |
+                            # varlen_qkvpacked | varlen_kvpacked; also per shape (op_fields has the rules)
     shapes:
       - {batch: 2, seqlen: 50, nheads: 16, embed_dim: 256}
       - {batch: 4, seqlen_q: 128, seqlen_k: 512, nheads: 32, nheads_k: 8, head_dim: 64, causal: true}
+      - {func: varlen, seqlens: [128, 512, 64], nheads: 16, head_dim: 64}   # or {n, min, max, seed}
+      - {func: kvcache, batch: 8, seqlen_q: 1, seqlen_k: 4096, nheads: 16, nheads_k: 2, head_dim: 128,
+         cache_seqlens: 1000, append_kv: false, page_block_size: null}     # kvcache: ops [fwd] only
     sampling:
       time_budget_s: 60     # wall-clock budget for the timing phase (s)
       min_effect: 0.05      # smallest ratio change called faster/slower (0.05 = 5 %)
@@ -27,6 +32,8 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       burst_ms: 5           # each worker's turn in a cycle (ms of calls)
       alpha: 0.05           # family-wise error rate of a run's verdicts per clock
       workers_per_env: auto # worker processes per env in each set, averaged (auto: 2 with spare cores, else 1)
+
+Built-in configs (``matrix_runner/configs/*.yaml``) are found by name: ``load_config("varlen")``.
 
 Errors: :class:`ConfigError` (a ``ValueError``) naming the key, the value and the rule.
 """

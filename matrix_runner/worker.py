@@ -28,6 +28,10 @@ Clocks per case, all in µs per call:
 
 Inputs are rotated over several sets when one set is smaller than twice the GPU's L2, so the timed
 calls do not all hit a warm L2.
+
+The call timed is the case's entry point (``func``): :data:`OPS` is the builder table (inputs,
+keyword arguments filtered by the installed signature, fp32 reference per sequence); an entry point
+or argument the version lacks fails the case with error_kind ``not-in-version``.
 """
 from __future__ import annotations
 

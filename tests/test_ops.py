@@ -132,6 +132,17 @@ def test_kernel_files_per_op():
         ["fwd_hdim64_bf16_causal", "fwd_split_hdim64_bf16_causal", "bwd_hdim64_bf16_causal"]
 
 
+def test_plan_lists_kernel_files_per_case(tmp_path):
+    cp = run_cli("plan", "--versions", "2.6.3", "--config", "kvcache-decode", "--offline", "--archs", "90",
+                 "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"))
+    assert "Kernel files per case" in cp.stdout, cp.stdout + cp.stderr
+    assert "(flash_attn_with_kvcache): fwd_hdim128_bf16, fwd_split_hdim128_bf16" in cp.stdout.replace("\n", " ")
+    cp = run_cli("plan", "--versions", "2.6.3", "--config", "varlen", "--offline", "--archs", "90", "--json",
+                 "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"))
+    per = json.loads(cp.stdout)[0]["case_kernels"]
+    assert all(v[-1] == "bwd_hdim128_bf16" for k, v in per.items() if k.startswith("bwd-varlen-")), per
+
+
 def test_results_record_gbps_for_kvcache_only():
     from matrix_runner.runner import CaseData
 
