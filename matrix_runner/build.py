@@ -59,22 +59,40 @@ def read_dispatch(sdist: Path | None) -> tuple[int, ...]:
 
 
 def kernel_set(cases: list[Case], dispatch: tuple[int, ...] = KERNEL_HEAD_DIMS) -> list[str]:
-    """Kernel stems the cases need, sorted.
-
-    A fwd case needs ``fwd`` and, with dropout_p == 0, ``fwd_split`` (flash-attn's num_splits
-    heuristic may pick the split-KV kernel for small batch*nheads). A bwd case also runs its forward.
-    """
+    """Kernel stems the cases need, sorted (see :func:`case_kernels`)."""
     need = set()
     for c in cases:
-        if getattr(c, "impl", "flash_attn") == "sdpa":
-            continue  # torch's own kernels
-        tail = f"hdim{kernel_head_dim(c.head_dim, dispatch)}_{c.dtype}{'_causal' if c.causal else ''}"
-        need.add(f"fwd_{tail}")
-        if not c.dropout_p:
-            need.add(f"fwd_split_{tail}")
-        if c.op == "bwd":
-            need.add(f"bwd_{tail}")
+        need.update(case_kernels(c, dispatch))
     return sorted(need)
+
+
+def case_kernels(c: Case, dispatch: tuple[int, ...] = KERNEL_HEAD_DIMS) -> list[str]:
+    """Kernel stems one case dispatches to, from flash_api.cpp of 2.5.9-2.8.3 (same in each):
+
+    - every fwd runs ``fwd`` and, with dropout_p == 0, maybe ``fwd_split`` (``run_mha_fwd``: the
+      split-KV kernel when ``num_splits_heuristic`` picks > 1 split, e.g. small batch*nheads);
+      a bwd case also runs its forward, and ``bwd``;
+    - kvcache (``mha_fwd_kvcache``): always ``fwd_split`` when new k/v are appended or the cache is
+      paged (``force_split_kernel``; paged KV is a runtime branch of the split kernels, no files of
+      its own), else the heuristic decides, so ``fwd`` and ``fwd_split``;
+    - seqlen_q == 1 (decode; varlen: the longest sequence is 1) drops causal (``is_causal = false``
+      in mha_fwd, mha_varlen_fwd and mha_fwd_kvcache): the non-causal files.
+    """
+    if getattr(c, "impl", "flash_attn") == "sdpa":
+        return []  # torch's own kernels
+    causal = c.causal and c.seqlen_q > 1
+    tail = f"hdim{kernel_head_dim(c.head_dim, dispatch)}_{c.dtype}{'_causal' if causal else ''}"
+    func = getattr(c, "func", "func")
+    if func == "kvcache":
+        if c.append_kv or c.page_block_size:
+            return [f"fwd_split_{tail}"]
+        return [f"fwd_{tail}", f"fwd_split_{tail}"]
+    need = [f"fwd_{tail}"]
+    if not c.dropout_p:
+        need.append(f"fwd_split_{tail}")
+    if c.op == "bwd":
+        need.append(f"bwd_{tail}")
+    return need
 
 
 def slim_plan(sdist: Path, kernels: list[str], version: str) -> stubgen.SlimPlan:

@@ -23,7 +23,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import __version__, envs as envmod, lockstep, machine, proc, report, results, runner, wheels
-from .config import MAX_CASES, ConfigError, load_config, parse_config
+from .config import FUNCS, MAX_CASES, ConfigError, load_config, parse_config
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -38,7 +38,8 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--versions", required=True, metavar="LIST",
                    help="comma list of flash-attn versions; LABEL=VERSION names an env (A/A: a=2.6.3,b=2.6.3); "
                         "a path to a local sdist or wheel is accepted. The first is the baseline.")
-    p.add_argument("--config", metavar="FILE", help="YAML config replacing any part of the built-in default")
+    p.add_argument("--config", metavar="FILE|NAME", help="YAML config replacing any part of the built-in default; "
+                   "or a built-in config by name: default, kvcache-decode, varlen (matrix_runner/configs/)")
     p.add_argument("--yes", action="store_true",
                    help=f"accept a config whose axes (list values) expand to more than {MAX_CASES} cases")
     p.add_argument("--envs-dir", default="envs", metavar="DIR", help="where envs live (default: envs/)")
@@ -269,6 +270,14 @@ def _plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
     return items
 
 
+def _case_kernels(cases, sdist) -> dict:
+    """case id -> the kernel stems it dispatches to (with the sdist's HEADDIM_SWITCH when known)."""
+    from . import build as buildmod
+
+    dispatch = buildmod.read_dispatch(Path(sdist) if sdist else None)
+    return {c.id: buildmod.case_kernels(c, dispatch) for c in cases}
+
+
 def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> None:
     """The plan, one block per env (a title line, then field / value rows): it fits an 80-column
     terminal or log, where a table of 7 columns folded every cell into many lines. Long values
@@ -335,10 +344,15 @@ def cmd_plan(args) -> int:
             console.print(f"[yellow]warning:[/] {w}")
     dprobe = envmod.probe(sys.executable)
     items = _plan_all(reqs, cfg.cases, opts, dprobe)
+    per_case = _case_kernels(cfg.cases, next((i.sdist for i in items if i.sdist), None))
     if args.json:
-        print(json.dumps([i.to_dict() for i in items], indent=1, default=str))
+        print(json.dumps([{**i.to_dict(), "case_kernels": per_case} for i in items], indent=1, default=str))
     else:  # the plan is this command's output: stdout (run prints it to stderr, with its progress)
-        _print_plan(items, Console(highlight=False))
+        out = Console(highlight=False)
+        _print_plan(items, out)
+        out.print("Kernel files per case (slim builds compile the union; build.case_kernels):")
+        for c in cfg.cases:
+            out.print(f"  {c.label} {c.op} ({FUNCS[c.func]}): {', '.join(per_case[c.id]) or 'none (torch)'}")
     return EXIT_FAILED if any(i.method == "failed" for i in items) else EXIT_OK
 
 

@@ -17,9 +17,14 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
                             # scaled_dot_product_attention: same torch in every env = an A/A control)
     input: embed            # embed: inputs are (batch, seqlen, embed_dim), split into heads in the call
                             # heads: inputs are already (batch, seqlen, nheads, head_dim)
+    func: func              # the entry point timed (FUNCS): func | varlen | kvcache | qkvpacked | kvpacked |
+                            # varlen_qkvpacked | varlen_kvpacked; also per shape (op_fields has the rules)
     shapes:
       - {batch: 2, seqlen: 50, nheads: 16, embed_dim: 256}
       - {batch: 4, seqlen_q: 128, seqlen_k: 512, nheads: 32, nheads_k: 8, head_dim: 64, causal: true}
+      - {func: varlen, seqlens: [128, 512, 64], nheads: 16, head_dim: 64}   # or {n, min, max, seed}
+      - {func: kvcache, batch: 8, seqlen_q: 1, seqlen_k: 4096, nheads: 16, nheads_k: 2, head_dim: 128,
+         cache_seqlens: 1000, append_kv: false, page_block_size: null}     # kvcache: ops [fwd] only
     sampling:
       time_budget_s: 60     # wall-clock budget for the timing phase (s)
       min_effect: 0.05      # smallest ratio change called faster/slower (0.05 = 5 %)
@@ -35,7 +40,10 @@ axis: the config expands to every combination (cartesian product; :func:`expand_
 order). ``ops`` and ``impls`` were lists already: every value is its own case. E.g.
 ``{batch: [2, 512], seqlen: [50, 150, 300], nheads: 16, embed_dim: 256}`` with ``dtype: [fp16, bf16]``
 is 2 x 3 x 2 = 12 shapes, 24 cases with ``ops: [fwd, bwd]``. More than :data:`MAX_CASES` cases are
-refused unless the caller allows them (``--yes``).
+refused unless the caller allows them (``--yes``). ``seqlens`` and ``cache_seqlens`` are lists by
+nature (one length per sequence / batch entry): they are axes only as a list of lists.
+
+Built-in configs (``matrix_runner/configs/*.yaml``) are found by name: ``load_config("varlen")``.
 
 Errors: :class:`ConfigError` (a ``ValueError``) naming the key, the value and the rule.
 """
@@ -43,6 +51,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -66,6 +75,13 @@ MAX_CASES = 500
 IMPLS = ("flash_attn", "flash_attn+compile", "sdpa")
 IMPL_SUFFIX = {"flash_attn+compile": "compile", "sdpa": "sdpa"}
 OPS = ("fwd", "bwd")
+#: Entry points (a case's ``func``) -> the flash_attn function timed. ``func`` is the default, so
+#: configs without ``func`` keep their cases and case ids.
+FUNCS = {"func": "flash_attn_func", "varlen": "flash_attn_varlen_func", "kvcache": "flash_attn_with_kvcache",
+         "qkvpacked": "flash_attn_qkvpacked_func", "kvpacked": "flash_attn_kvpacked_func",
+         "varlen_qkvpacked": "flash_attn_varlen_qkvpacked_func", "varlen_kvpacked": "flash_attn_varlen_kvpacked_func"}
+#: Entry points without a backward (flash_attn_with_kvcache is inference only).
+FWD_ONLY_FUNCS = ("kvcache",)
 #: Head dims flash-attn 2.x dispatches to: a call runs the kernel of the smallest one that is >= its
 #: head_dim rounded up to a multiple of 8 (``HEADDIM_SWITCH`` in csrc/flash_attn/src/static_switch.h
 #: of 2.6.3 and 2.7.0.post2; 2.6.3 pads to a multiple of 8 in C++, 2.7 in Python). Both ship stale
@@ -101,6 +117,18 @@ class Case:
     softmax_scale: float | None = None
     layout: str = "embed"
     impl: str = "flash_attn"
+    #: Entry point (:data:`FUNCS`); the fields below belong to some of them (:func:`op_fields`).
+    func: str = "func"
+    #: varlen*: tokens per sequence (q and k alike); batch = len, seqlen_q = seqlen_k = max.
+    seqlens: tuple[int, ...] | None = None
+    #: kvcache: tokens already in the cache per batch entry (passed as an int32 tensor);
+    #: None: not passed, the whole cache (seqlen_k tokens) is attended.
+    cache_seqlens: tuple[int, ...] | None = None
+    #: kvcache: seqlen_q new k/v tokens are passed and written into the cache after cache_seqlens.
+    append_kv: bool = False
+    #: kvcache: paged cache of blocks of this many tokens (a multiple of 256), with a block_table
+    #: (None: contiguous); without cache_seqlens, cache_seqlens = seqlen_k is passed.
+    page_block_size: int | None = None
 
     @property
     def id(self) -> str:
@@ -115,6 +143,8 @@ class Case:
             s += f"-s{self.softmax_scale:g}"
         if self.impl != "flash_attn":
             s += "-" + IMPL_SUFFIX[self.impl]
+        if self.func != "func":  # ids of flash_attn_func cases are those of every earlier run
+            s = s.replace(f"{self.op}-", f"{self.op}-{self.func}-", 1) + _func_id_suffix(self)
         return s
 
     @property
@@ -141,17 +171,45 @@ class Case:
             s += " causal"
         if self.impl != "flash_attn":
             s += f" [{IMPL_SUFFIX[self.impl]}]"
+        if self.func != "func":
+            s = f"{self.func} " + s + _func_label_suffix(self)
         return s
 
     def flops(self) -> float:
         """FLOPs of one call: 4·B·Sq·Sk·H·D for fwd (two matmuls), halved when causal; bwd is 2.5x fwd.
 
-        The same convention as flash-attn's benchmarks/benchmark_flash_attention.py.
+        The same convention as flash-attn's benchmarks/benchmark_flash_attention.py. varlen*: the
+        sum over sequences of 4·L_i²·H·D (halved when causal). kvcache: the sum over batch entries
+        of 4·Sq·K_i·H·D with K_i the keys attended (cache_seqlens[i], + Sq when appending); when
+        causal (bottom-right aligned) query row r sees K_i - Sq + r + 1 keys, so Sq·K_i - Sq(Sq-1)/2.
         """
-        f = 4.0 * self.batch * self.seqlen_q * self.seqlen_k * self.nheads * self.head_dim
+        hd = 4.0 * self.nheads * self.head_dim
+        if self.func == "kvcache":
+            sq = self.seqlen_q
+            rows = sum(sq * k - (sq * (sq - 1) / 2 if self.causal else 0) for k in self.keys_attended())
+            return hd * rows
+        if self.seqlens is not None:
+            f = hd * sum(n * n for n in self.seqlens)
+        else:
+            f = hd * self.batch * self.seqlen_q * self.seqlen_k
         if self.causal:
             f /= 2
         return f * (2.5 if self.op == "bwd" else 1.0)
+
+    def keys_attended(self) -> list[int]:
+        """kvcache: keys each batch entry attends to: cache_seqlens[i] (seqlen_k when not passed),
+        + seqlen_q when the new k/v are appended."""
+        lens = list(self.cache_seqlens) if self.cache_seqlens is not None else [self.seqlen_k] * self.batch
+        return [n + (self.seqlen_q if self.append_kv else 0) for n in lens]
+
+    def kv_read_bytes(self) -> int | None:
+        """kvcache: bytes of k_cache and v_cache a call must read, given cache_seqlens: the sum over
+        batch entries of K_i (:meth:`keys_attended`) · nheads_k · head_dim · 2 (k and v) · 2 bytes
+        (fp16/bf16). A lower bound of the HBM traffic (q, the output and split-KV partial results
+        are not counted; a paged block is counted only for the tokens used). None for other funcs."""
+        if self.func != "kvcache":
+            return None
+        return sum(self.keys_attended()) * self.nheads_k * self.head_dim * 2 * 2
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -217,7 +275,8 @@ class Config:
         """One case per shape (the first op's), in config order."""
         seen, out = set(), []
         for c in self.cases:
-            key = (c.batch, c.seqlen_q, c.seqlen_k, c.nheads, c.nheads_k, c.head_dim, c.dtype, c.causal)
+            key = (c.batch, c.seqlen_q, c.seqlen_k, c.nheads, c.nheads_k, c.head_dim, c.dtype, c.causal, c.func,
+                   c.seqlens, c.cache_seqlens, c.append_kv, c.page_block_size)
             if key not in seen:
                 seen.add(key)
                 out.append(c)
@@ -246,9 +305,10 @@ DEFAULT_CONFIG: dict[str, Any] = {
                  "alpha": 0.05},
 }
 
-_TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling", "impls"}
+_TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling", "impls",
+             "func"}
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
-               "causal", "dtype"}
+               "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
@@ -281,8 +341,17 @@ def _dtype(where: str, v: Any) -> str:
     return v
 
 
+#: Shape keys whose value is a list by nature (one length per sequence / per batch entry): an axis
+#: of them is a list of such lists.
+LIST_VALUED = {"seqlens", "cache_seqlens"}
+
+
 def _axis(where: str, v: Any) -> list:
-    """The values of one key: a list is an axis (>= 1 value), anything else is one value."""
+    """The values of one key: a list is an axis (>= 1 value), anything else is one value. For the
+    :data:`LIST_VALUED` keys only a list of lists (or of distributions) is an axis."""
+    if where.rsplit(".", 1)[-1] in LIST_VALUED and not (isinstance(v, list) and v and
+                                                         all(isinstance(x, (list, dict)) for x in v)):
+        return [v]
     if isinstance(v, list):
         if not v:
             raise _err(where, v, "an axis (list) needs at least one value; give a value or a list of values")
@@ -325,7 +394,7 @@ def _too_many(top: dict, shapes: list, n_ops: int, n_impls: int, n: int, limit: 
     """The refusal of a config of ``n`` > ``limit`` cases: its axes, and how to narrow or accept it."""
     axes = [f"{k} {len(top[k])}" for k in TOP_AXES if isinstance(top.get(k), list) and len(top[k]) > 1]
     for i, s in enumerate(shapes):
-        ax = [f"{k} {len(v)}" for k, v in s.items() if isinstance(v, list) and len(v) > 1]
+        ax = [f"{k} {m}" for k, v in s.items() if (m := len(_axis(f"shapes[{i}].{k}", v))) > 1]
         if ax:
             axes.append(f"shapes[{i}]: " + " x ".join(ax))
     ax_s = "; ".join(axes) if axes else "no list values"
@@ -352,6 +421,155 @@ def _unknown(where: str, d: dict, allowed: set) -> None:
     extra = sorted(set(d) - allowed)
     if extra:
         raise ConfigError(f"{where}: unknown key {extra[0]!r}; allowed keys: {', '.join(sorted(allowed))}")
+
+
+def _lens_tag(lens: tuple[int, ...]) -> str:
+    """Up to 8 lengths spelled out (``512.1024``), else their count and a CRC-32 (``n64-1a2b3c4d``)."""
+    if len(lens) <= 8:
+        return ".".join(map(str, lens))
+    import zlib
+
+    return f"n{len(lens)}-{zlib.crc32(','.join(map(str, lens)).encode()):08x}"
+
+
+def _func_id_suffix(c: Case) -> str:
+    s = ""
+    if c.seqlens is not None:
+        s += "-L" + _lens_tag(c.seqlens)
+    if c.cache_seqlens is not None:
+        s += "-c" + (str(c.cache_seqlens[0]) if len(set(c.cache_seqlens)) == 1 else _lens_tag(c.cache_seqlens))
+    if c.append_kv:
+        s += "-append"
+    if c.page_block_size:
+        s += f"-page{c.page_block_size}"
+    return s
+
+
+def _func_label_suffix(c: Case) -> str:
+    s = ""
+    if c.seqlens is not None:
+        s += f" L{min(c.seqlens)}-{max(c.seqlens)} (sum {sum(c.seqlens)})"
+    if c.func == "kvcache":
+        k = c.keys_attended()
+        s += f" cache {min(k)}" + (f"-{max(k)}" if max(k) != min(k) else "")
+        if c.append_kv:
+            s += " +append"
+        if c.page_block_size:
+            s += f" paged {c.page_block_size}"
+    return s
+
+
+def _func(where: str, v: Any) -> str:
+    if v not in FUNCS:
+        raise _err(where, v, f"must be one of {', '.join(FUNCS)} (the flash_attn entry point timed)")
+    return v
+
+
+def varlen_shape(w: str, s: dict, func_default: str) -> dict:
+    """A varlen* shape's ``seqlens`` -> the shape with ``batch`` and ``seqlen`` filled in.
+
+    ``seqlens`` is a list of tokens per sequence, or a distribution ``{n, min, max, seed}``: n lengths
+    drawn uniformly from [min, max] with Python's ``random.Random(seed)`` (same lengths on every
+    machine and in every env; seed default 0). batch and seqlen(_q/_k) come from the lengths: a
+    shape that gives them too is refused."""
+    func = _func(f"{w}.func", s.get("func", func_default))
+    if not func.startswith("varlen"):
+        if "seqlens" in s:
+            raise _err(f"{w}.seqlens", s["seqlens"], f"is for func varlen, varlen_qkvpacked, varlen_kvpacked (this shape's func is {func})")
+        return s
+    if "seqlens" not in s:
+        raise ConfigError(f"{w}: func {func} needs seqlens: a list of tokens per sequence ([512, 1024, ...]) "
+                          "or a distribution {n: 8, min: 64, max: 2048, seed: 0}")
+    for k in ("batch", "seqlen", "seqlen_q", "seqlen_k"):
+        if k in s:
+            raise ConfigError(f"{w}: func {func} takes batch and seqlen from seqlens; remove {k!r}")
+    lens = s["seqlens"]
+    if isinstance(lens, dict):
+        _unknown(f"{w}.seqlens", lens, {"n", "min", "max", "seed"})
+        for k in ("n", "min", "max"):
+            if k not in lens:
+                raise ConfigError(f"{w}.seqlens: a distribution needs n, min and max (seed optional), e.g. "
+                                  "{n: 8, min: 64, max: 2048, seed: 0}")
+        n, lo, hi = (_pos_int(f"{w}.seqlens.{k}", lens[k]) for k in ("n", "min", "max"))
+        if lo > hi:
+            raise _err(f"{w}.seqlens.min", lo, f"must be <= max ({hi})")
+        seed = lens.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise _err(f"{w}.seqlens.seed", seed, "must be an integer")
+        import random
+
+        rng = random.Random(seed)
+        lens = [rng.randint(lo, hi) for _ in range(n)]
+    elif not isinstance(lens, list) or not lens:
+        raise _err(f"{w}.seqlens", lens, "must be a non-empty list of positive integers or {n, min, max, seed}")
+    lens = [_pos_int(f"{w}.seqlens[{i}]", x) for i, x in enumerate(lens)]
+    return {**s, "batch": len(lens), "seqlen": max(lens), "seqlens": lens}
+
+
+def op_fields(w: str, s: dict, func_default: str, batch: int, sq: int, sk: int, nheads: int, nheads_k: int,
+              ops: list, impls: list, dropout: float) -> dict:
+    """Validate one shape's entry-point fields (func, seqlens, cache_seqlens, append_kv,
+    page_block_size) against its sizes; returns the extra :class:`Case` keyword arguments.
+
+    The entry points other than ``func`` take their inputs as (..., nheads, head_dim) tensors
+    (``input: embed`` applies to ``func`` only) and are timed by flash-attn itself (no sdpa impl).
+    """
+    func = _func(f"{w}.func", s.get("func", func_default))
+    if func == "func":
+        for k in ("cache_seqlens", "append_kv", "page_block_size"):
+            if k in s:
+                raise _err(f"{w}.{k}", s[k], "is for func kvcache (flash_attn_with_kvcache)")
+        return {}
+    extra: dict = {"func": func, "layout": "heads"}
+    if "sdpa" in impls:
+        raise ConfigError(f"{w}: impl sdpa is an A/A control of func only; remove sdpa from impls for a config "
+                          f"with func {func}")
+    if func in FWD_ONLY_FUNCS:
+        if "bwd" in ops:
+            raise ConfigError(f"{w}: func {func} ({FUNCS[func]}) has no backward: use ops: [fwd] in a config "
+                              "with kvcache shapes")
+        if dropout:
+            raise _err("dropout_p", dropout, f"{FUNCS[func]} has no dropout: set dropout_p: 0")
+    if func.startswith("varlen"):
+        extra["seqlens"] = tuple(s["seqlens"])
+    if func in ("qkvpacked", "varlen_qkvpacked"):
+        if nheads_k != nheads or sq != sk:
+            raise ConfigError(f"{w}: func {func} packs q, k and v in one tensor: it needs nheads_k = nheads "
+                              f"({nheads_k} vs {nheads}) and seqlen_q = seqlen_k ({sq} vs {sk}); use kvpacked or func")
+    if func != "kvcache":
+        for k in ("cache_seqlens", "append_kv", "page_block_size"):
+            if k in s:
+                raise _err(f"{w}.{k}", s[k], f"is for func kvcache (this shape's func is {func})")
+        return extra
+    append = _bool(f"{w}.append_kv", s.get("append_kv", False))
+    cs = s.get("cache_seqlens")
+    if cs is None and append:
+        cs = sk - sq  # a full cache after the append
+        if cs < 0:
+            raise ConfigError(f"{w}: append_kv needs seqlen_k (the cache's size, {sk}) >= seqlen_q ({sq})")
+    if cs is None and s.get("page_block_size") is not None:
+        cs = sk  # paged without cache_seqlens would attend every token of the whole blocks: pass seqlen_k
+    if cs is not None:
+        lens = [cs] * batch if isinstance(cs, int) and not isinstance(cs, bool) else cs
+        if not isinstance(lens, list) or len(lens) != batch:
+            raise _err(f"{w}.cache_seqlens", cs, f"must be an integer or a list of {batch} (batch) integers, "
+                       "tokens already in each batch entry's cache; or null for the whole cache")
+        for i, n in enumerate(lens):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise _err(f"{w}.cache_seqlens[{i}]", n, "must be an integer >= 0")
+            if n + (sq if append else 0) > sk:
+                raise _err(f"{w}.cache_seqlens[{i}]", n, f"plus the {sq if append else 0} appended tokens must fit "
+                           f"the cache of seqlen_k = {sk} tokens")
+        extra["cache_seqlens"] = tuple(lens)
+    if append:
+        extra["append_kv"] = True
+    pb = s.get("page_block_size")
+    if pb is not None:
+        pb = _pos_int(f"{w}.page_block_size", pb)
+        if pb % 256:  # flash_api.cpp of 2.5.x-2.8.x: "Paged KV cache block size must be divisible by 256"
+            raise _err(f"{w}.page_block_size", pb, "must be a multiple of 256 (flash-attn 2.x's paged KV rule)")
+        extra["page_block_size"] = pb
+    return extra
 
 
 def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_CASES) -> Config:
@@ -394,6 +612,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
     layout = merged["input"]
     if layout not in ("embed", "heads"):
         raise _err("input", layout, "must be 'embed' (batch, seqlen, embed_dim) or 'heads' (batch, seqlen, nheads, head_dim)")
+    func_default = merged.get("func", "func")
     shapes = merged["shapes"]
     if not isinstance(shapes, list) or not shapes:
         raise _err("shapes", shapes, "must be a non-empty list of mappings")
@@ -410,6 +629,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
     cases: list[Case] = []
     seen: set[str] = set()
     for w, s in expand_axes(merged, shapes):
+        s = varlen_shape(w, s, func_default)
         for k in ("batch", "nheads"):
             if k not in s:
                 raise ConfigError(f"{w}: missing key {k!r} (each shape needs batch, seqlen, nheads and head_dim or embed_dim)")
@@ -442,11 +662,12 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         s_causal = _bool(f"{w}.causal", s["causal"])
         s_dtype = _dtype(f"{w}.dtype", s["dtype"])
         dropout, scale = _dropout("dropout_p", s["dropout_p"]), _scale("softmax_scale", s["softmax_scale"])
+        extra = op_fields(w, s, func_default, batch, sq, sk, nheads, nheads_k, ops, impls, float(dropout))
         for impl in impls:
             for op in ops:
                 c = Case(op=op, batch=batch, seqlen_q=sq, seqlen_k=sk, nheads=nheads, nheads_k=nheads_k,
                          head_dim=head_dim, dtype=s_dtype, causal=s_causal, dropout_p=dropout,
-                         softmax_scale=scale, layout=layout, impl=impl)
+                         softmax_scale=scale, **{"layout": layout, **extra}, impl=impl)
                 if c.id in seen:
                     raise ConfigError(f"{w}: duplicate of an earlier shape ({c.label} {c.dtype}); remove one")
                 seen.add(c.id)
@@ -481,6 +702,25 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
     return Config(title=title, cases=cases, sampling=sampling, source=source, raw=merged)
 
 
+#: Built-in example configs (package data): ``--config NAME`` finds ``configs/NAME.yaml`` here.
+BUILTIN_DIR = Path(__file__).with_name("configs")
+
+
+def builtin_configs() -> list[str]:
+    """Names of the built-in configs (``default``, ``kvcache-decode``, ``varlen``, ...)."""
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
+def builtin_config(name: str | Path) -> Path | None:
+    """The built-in config file for ``name`` (``varlen`` or ``varlen.yaml``) when ``name`` is not an
+    existing path and has no directory part; else None (a path is read as given)."""
+    n = str(name)
+    if Path(n).exists() or os.sep in n or "/" in n:
+        return None
+    p = BUILTIN_DIR / (n if n.endswith((".yaml", ".yml")) else n + ".yaml")
+    return p if p.is_file() else None
+
+
 def load_config(path: str | Path | None, max_cases: int | None = MAX_CASES) -> Config:
     """Load ``path`` (YAML) over the built-in default; ``None`` gives the built-in default.
     ``max_cases``: as :func:`parse_config` (None with ``--yes``).
@@ -490,11 +730,12 @@ def load_config(path: str | Path | None, max_cases: int | None = MAX_CASES) -> C
     """
     if path is None:
         return parse_config({}, "built-in default")
-    p = Path(path)
+    p = builtin_config(path) or Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"--config {path}: cannot read the file ({e.strerror})") from None
+        raise ConfigError(f"--config {path}: cannot read the file ({e.strerror}); built-in configs by name: "
+                          f"{', '.join(builtin_configs())}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"--config {path}: not UTF-8 text (byte {e.start}); save the YAML as UTF-8") from None
     try:

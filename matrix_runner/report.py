@@ -24,6 +24,16 @@ METRIC_NAMES = {"wall_us": "wall", "host_us": "host", "device_us": "device", "gr
 ATTR_PHRASE = {"host": "host overhead", "device": "kernel (device) time", "mixed": "host and kernel time"}
 
 
+def fmt_bytes(n) -> str:
+    """Bytes in decimal units: 537 MB, 13.8 kB, 1.07 GB."""
+    if n is None:
+        return "–"
+    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= f:
+            return f"{n / f:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
 def fmt_us(v) -> str:
     """µs with sensible precision: 5.31, 41.5, 1056."""
     if v is None:
@@ -385,6 +395,8 @@ def _env() -> Environment:
     env.filters["headline"] = headline
     env.filters["pct"] = lambda v: "–" if v is None else f"{v:.0%}"
     env.filters["tf"] = lambda v: "–" if v is None else f"{v:.2f}"
+    env.filters["gb"] = lambda v: "–" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.3g}")
+    env.filters["bytes"] = fmt_bytes
     env.filters["sci"] = lambda v: "–" if v is None else f"{v:.1e}"
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, default=str)
     env.filters["shell"] = _shell_join

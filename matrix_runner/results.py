@@ -10,7 +10,7 @@ Schema ``matrix-runner/results/1`` (top-level keys)::
                     causal, dropout_p, softmax_scale, status, error, error_kind,
                     metrics: {wall_us|host_us|device_us|graph_us: {median, pooled_median, iqr, q1, q3,
                               n, n_rounds, round_medians, samples}},
-                    tflops: {wall, device}, host_bound, kernels, correctness, notes}]
+                    tflops: {wall, device, graph}, kv_read_bytes, gbps: {wall, device, graph} (kvcache; else null), host_bound, kernels, correctness, notes}]
     comparisons:  [{baseline, candidate, case, label, op, metric, ratio, ci_low, ci_high, delta_us,
                     delta_ci_low, delta_ci_high, p_value, verdict, attribution, attribution_why,
                     host_bound: {baseline, candidate}, n_rounds}]
@@ -57,8 +57,11 @@ def case_record(cd, case: Case) -> dict:
             metrics[m] = s
     d["metrics"] = metrics
     med = {m: v["median"] for m, v in metrics.items()}
-    d["tflops"] = {"wall": stats.tflops(case.flops(), med.get("wall_us")),
-                   "device": stats.tflops(case.flops(), med.get("device_us"))}
+    d["tflops"] = {k: stats.tflops(case.flops(), med.get(f"{k}_us")) for k in ("wall", "device", "graph")}
+    # kvcache decode is memory-bound: GB/s of KV read (Case.kv_read_bytes), None for other funcs
+    kvb = case.kv_read_bytes()
+    d["kv_read_bytes"] = kvb
+    d["gbps"] = None if kvb is None else {k: stats.gbps(kvb, med.get(f"{k}_us")) for k in ("wall", "device", "graph")}
     d["host_bound"] = stats.host_bound(med.get("host_us"), med.get("device_us"))
     d["correctness"] = _worst_correctness(cd.correctness, case.dtype)
     if cd.status == "pending":

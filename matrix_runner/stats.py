@@ -290,6 +290,14 @@ def tflops(flops: float, us: float | None) -> float | None:
     return flops / (us * 1e-6) / 1e12
 
 
+def gbps(nbytes: float | None, us: float | None) -> float | None:
+    """GB/s (10^9 bytes per second) for ``nbytes`` moved in ``us`` microseconds (kvcache decode:
+    the KV bytes a call must read, config.Case.kv_read_bytes)."""
+    if nbytes is None or not us or us <= 0:
+        return None
+    return nbytes / (us * 1e-6) / 1e9
+
+
 # -- anytime-valid comparison of lockstep process sets (the current method) ---------------------
 #: Family-wise error rate of a run's verdicts on one clock (Bonferroni over its comparisons).
 FAMILY_ALPHA = 0.05
