@@ -67,7 +67,11 @@ LOOP_FRAME = "_explain_loop"
 
 
 def find_pyspy() -> str | None:
-    """The py-spy executable: on PATH, or next to this interpreter (a venv's bin/ that is not on PATH)."""
+    """The py-spy executable: ``$MATRIX_RUN_PYSPY`` where set (a path; one that does not exist counts
+    as missing), else on PATH, else next to this interpreter (a venv's bin/ that is not on PATH)."""
+    env = os.environ.get("MATRIX_RUN_PYSPY")
+    if env is not None:
+        return env if env and Path(env).exists() else None
     p = shutil.which("py-spy")
     if p:
         return p
