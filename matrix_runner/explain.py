@@ -28,7 +28,9 @@ What it measures, per env (one fresh worker per env, all pinned to one set core 
    py-spy (an out-of-process sampler; ``py-spy record --format raw --function --nonblocking``, needs
    ptrace) samples it from the driver; the same loop without the sampler gives the wall time side by
    side (the sampler's effect). Folded stacks are kept per env. A frame's µs per call = its share of
-   the samples under ``_explain_loop`` x the sampled loop's µs per call; *self* counts samples where
+   the samples under ``_explain_loop`` x the sampled loop's µs per call (the median of its ~1 ms
+   samples: a preemption lands in whatever frame runs, so it leaves the shares alone but inflates a
+   mean); *self* counts samples where
    it is the innermost Python frame, *total* where it is anywhere on the stack. The differential view
    lists frames that appear, vanish, grow or shrink (self µs per call, candidate - baseline), with a
    binomial sampling error.
@@ -55,7 +57,7 @@ from . import lockstep, proc, stats
 SCHEMA = "matrix-runner/explain/1"
 #: Defaults: layer rounds, ms per layer burst, seconds sampled per env, py-spy samples per second,
 #: cProfile'd calls per env, set-up warm-up seconds per case.
-DEFAULTS = {"rounds": 12, "burst_ms": 5.0, "profile_s": 3, "rate": 1000, "count_calls": 200, "warmup_s": 0.05}
+DEFAULTS = {"rounds": 20, "burst_ms": 5.0, "profile_s": 3, "rate": 1000, "count_calls": 200, "warmup_s": 0.05}
 #: Segment names: the cost between a layer and the next inner layer that exists.
 SEGMENTS = {"public": "Python wrapper (flash_attn_func)",
             "autograd": "autograd Function (FlashAttnFunc.apply + forward)",
@@ -195,7 +197,7 @@ def _profile(workers, ok, fcases, raw, st, work, case_timeout, say) -> dict | No
         try:
             say(f"explain: steady loop of {case.label} fwd in {lab} (no sampler)")
             rep = w.request({"cmd": "loop", "case": case.id, "seconds": secs}, case_timeout + secs)
-            e["loop_off"] = {"us_per_call": rep.get("us_per_call"), "calls": rep.get("calls")}
+            e["loop_off"] = {k: rep.get(k) for k in ("us_per_call", "mean_us_per_call", "calls")}
             if pyspy is not None:
                 say(f"explain: py-spy on {lab} ({secs:g} s at {st['rate']} Hz)")
                 folded = work / f"explain-{lab}.folded"
@@ -207,7 +209,7 @@ def _profile(workers, ok, fcases, raw, st, work, case_timeout, say) -> dict | No
                                        "--nonblocking", "-o", str(folded)],
                                       log=work / f"explain-{lab}.py-spy.log", timeout=secs + 60)
                 rep = w.reply(case_timeout + secs)
-                e["loop_on"] = {"us_per_call": rep.get("us_per_call"), "calls": rep.get("calls")}
+                e["loop_on"] = {k: rep.get(k) for k in ("us_per_call", "mean_us_per_call", "calls")}
                 if res.returncode != 0 or not folded.exists():
                     tail = " ".join(res.tail.split())[-400:]
                     out["error"] = (f"py-spy failed on {lab} (exit {res.returncode}; ptrace refused? as non-root "

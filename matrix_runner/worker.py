@@ -548,17 +548,24 @@ def host_burst(fn, args, kwargs, sync, ms: float) -> float:
     return statistics.median(out)
 
 
-def _explain_loop(b: "Bench", seconds: float) -> tuple:
-    """Steady state for an out-of-process sampler: synchronized calls of the case for ``seconds``;
-    returns (calls, µs per call). The driver keeps only sampled stacks under this frame."""
+def _explain_loop(b: "Bench", seconds: float, inner: int = 1) -> tuple:
+    """Steady state for an out-of-process sampler: synchronized calls of the case for ``seconds``,
+    timed in samples of ``inner`` calls; returns (calls, mean µs per call, median of the samples' µs
+    per call). The median is what a frame's sampled share is scaled by: on a loaded machine the mean
+    carries the time the process was preempted (2.7x on the 2-core CI machine under load), which
+    scales every frame alike. The driver keeps only sampled stacks under this frame."""
     pc = time.perf_counter_ns
     n, t0 = 0, pc()
     end = t0 + int(seconds * 1e9)
+    samples = []
     while pc() < end:
-        b.call()
-        b.sync()
-        n += 1
-    return n, (pc() - t0) / 1e3 / max(n, 1)
+        ts = pc()
+        for _ in range(inner):
+            b.call()
+            b.sync()
+        samples.append((pc() - ts) / inner / 1e3)
+        n += inner
+    return n, (pc() - t0) / 1e3 / max(n, 1), statistics.median(samples)
 
 
 def call_counts(b: "Bench", calls: int) -> dict:
@@ -693,8 +700,9 @@ class Server:
             elif op == "loop":
                 b = self.benches[cid]
                 b.warmup(0.0, min_calls=3)
-                n, per = _explain_loop(b, float(cmd["seconds"]))
-                rec.update(calls=n, us_per_call=per)
+                inner = max(1, int(round(1000.0 / max(self.per_call[cid], 1e-3))))  # ~1 ms samples
+                n, mean, med = _explain_loop(b, float(cmd["seconds"]), inner)
+                rec.update(calls=n, us_per_call=med, mean_us_per_call=mean, inner=inner)
             elif op == "counts":
                 rec["counts"] = call_counts(self.benches[cid], int(cmd.get("calls", 200)))
             elif op == "release":
@@ -752,7 +760,7 @@ def serve() -> int:
     host burst of ~``ms`` per layer of :func:`discover_layers`, in order or reversed -> ``us`` {kind:
     µs per call, median of the burst's samples} and ``layers`` [{kind, name, exists, note}]);
     ``loop {case, seconds}`` (synchronized calls for ``seconds`` while the driver samples the process
-    with py-spy -> ``calls``, ``us_per_call``); ``counts {case, calls}`` (cProfile call counts per
+    with py-spy -> ``calls``, ``us_per_call`` (median of ~1 ms samples), ``mean_us_per_call``); ``counts {case, calls}`` (cProfile call counts per
     call, :func:`call_counts`). ``setup`` replies also give ``first_call_ms``: the case's first
     synchronized call in this process, ms (the first case of a process also pays its lazy imports).
     A reply with ``status: error`` fails that case only; the worker goes on."""
