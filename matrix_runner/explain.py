@@ -425,8 +425,11 @@ def analyze(doc: dict) -> dict | None:
                 continue
             off = (e.get("loop_off") or {}).get("us_per_call")
             on = (e.get("loop_on") or {}).get("us_per_call")
+            mean_on = (e.get("loop_on") or {}).get("mean_us_per_call")
+            # mean / median of the sampled loop: ~1 on a quiet core; well above 1 the process was
+            # preempted much of the time and the frames' µs are less sure (2-core CI under load: 3x)
             ev = {"off_us": off, "on_us": on, "effect": (on / off - 1) if on and off else None,
-                  "samples": None, "folded_lines": 0}
+                  "contention": (mean_on / on) if mean_on and on else None, "samples": None, "folded_lines": 0}
             if e.get("folded"):
                 parsed[lab] = parse_folded(e["folded"])
                 ev["samples"] = parsed[lab]["n"]
@@ -452,6 +455,11 @@ def analyze(doc: dict) -> dict | None:
             for comp in doc.get("comparisons") or []:
                 if comp.get("case") == prof["case"] and comp.get("candidate") == lab and comp.get("baseline", base) == base:
                     d[f"main_{comp['metric']}"] = comp.get("delta_us")
+            # the profile explains what the clocks saw: sampled delta (the sum of every frame's self
+            # delta) over the timing phase's host delta of the same case
+            mh = d.get("main_host_us")
+            if d.get("sampled_delta_us") is not None and mh:
+                d["explained_fraction"] = d["sampled_delta_us"] / mh
             pv["diffs"].append(d)
     return {"base": base, "labels": labels, "layers": layers, "first_call": first, "profile": pv,
             "notes": raw.get("notes") or [], "seconds": raw.get("seconds"), "settings": raw.get("settings")}
@@ -483,6 +491,17 @@ def summary_lines(view: dict | None) -> list[str]:
             if t:
                 out.append(f"  {p['label']}: {d['candidate']} vs {view['base']}: top grown frame {t['frame']} "
                            f"{t['delta_self_us']:+.1f} µs per call (self, sampled; {t['status']})")
+                more = [r for r in d["frames"] if r["delta_self_us"] > 0][1:4]
+                if more:
+                    out.append("    next: " + "; ".join(f"{r['frame']} {r['delta_self_us']:+.1f} µs ({r['status']})"
+                                                     for r in more))
+            if d.get("sampled_delta_us") is not None:
+                s = f"  frames add up to {d['sampled_delta_us']:+.1f} µs per call (sampled loop, wall)"
+                if d.get("main_host_us") is not None:
+                    s += f"; the timing phase's host delta {d['main_host_us']:+.1f} µs"
+                    if d.get("explained_fraction") is not None:
+                        s += f" ({d['explained_fraction'] * 100:.0f} % explained)"
+                out.append(s)
             c = d.get("counts")
             if c:
                 out.append(f"  calls per call (cProfile): {view['base']} {c['base_total']:.0f}, {d['candidate']} "
@@ -490,7 +509,9 @@ def summary_lines(view: dict | None) -> list[str]:
         for lab, e in p["envs"].items():
             if e.get("effect") is not None:
                 out.append(f"  sampler effect on wall time, {lab}: {e['effect'] * 100:+.1f} % "
-                           f"({e['off_us']:.1f} -> {e['on_us']:.1f} µs per call)")
+                           f"({e['off_us']:.1f} -> {e['on_us']:.1f} µs per call, medians of ~1 ms samples)"
+                           + (f"; preempted: mean/median {e['contention']:.1f}x" if (e.get("contention") or 0) > 1.2
+                              else ""))
     for n in view["notes"]:
         out.append(f"  note: {n}")
     return out

@@ -164,7 +164,10 @@ def test_explain_names_the_planted_function_as_the_top_grown_frame(explained_run
     print(f"top grown frame {top['frame']} {top['delta_self_us']:+.2f} µs per call (planted {PLANT_US} µs); "
           f"samples {[e['samples'] for e in p['envs'].values()]}")
     assert top["frame"].startswith(PLANT_FN + " "), d["frames"][:3]
-    assert top["delta_self_us"] == pytest.approx(PLANT_US, rel=0.25)
+    # on a loaded machine (other processes on the worker's core: mean/median of the sampled loop >> 1)
+    # the shares move; the failure message says how loaded it was
+    load = {lab: e.get("contention") for lab, e in p["envs"].items()}
+    assert top["delta_self_us"] == pytest.approx(PLANT_US, rel=0.25), (load, os.getloadavg())
     assert all(e["samples"] > 500 for e in p["envs"].values())
     assert d["counts"]["cand_total"] > 0
     # the folded stacks are kept per env, the terminal and the report say it
