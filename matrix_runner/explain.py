@@ -293,7 +293,12 @@ def layer_view(rec: dict, base: str, labels: list) -> dict:
                 continue
             segs.append({"kind": k, "segment": SEGMENTS[k], "in_base": in_b, "in_cand": in_c, **(_ci(d) or {})})
         comps.append({"candidate": lab, "total": total, "segments": segs, "sentence": _sentence(total, segs)})
-    return {"envs": envs, "comparisons": comps}
+    names: dict = {}
+    for e in envs.values():
+        for x in e["layers"]:
+            if x["exists"] and x["name"] not in names.setdefault(x["kind"], []):
+                names[x["kind"]].append(x["name"])
+    return {"envs": envs, "comparisons": comps, "names": names}
 
 
 def _fmt_ci(x: dict | None) -> str:
