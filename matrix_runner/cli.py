@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="matrix-run",
         description="Time flash_attn_func across flash-attn versions, each in its own env; say per shape which "
                     "version is faster, by how much, how sure, and whether it is host overhead or kernel time.",
-        epilog="Subcommands: run (default), plan, report, compare, publish, envs, wheelhouse; `matrix-run SUBCOMMAND -h` "
+        epilog="Subcommands: run (default), plan, report, compare, publish, envs, wheelhouse, explain; `matrix-run SUBCOMMAND -h` "
                "for each. " + EXIT_HELP)
     ap.add_argument("--version", action="version", version=f"matrix-run {__version__}")
     sub = ap.add_subparsers(dest="cmd")
