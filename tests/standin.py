@@ -137,17 +137,19 @@ class FlashAttnFunc(torch.autograd.Function):
         out, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_forward(
             q, k, v, dropout_p, softmax_scale, causal, window_size[0], window_size[1], alibi_slopes,
             return_softmax and dropout_p > 0)
-        ctx.save_for_backward(q, k, v)
-        ctx.dropout_p, ctx.softmax_scale, ctx.causal = dropout_p, softmax_scale, causal
+        if any(ctx.needs_input_grad[:3]):
+            # the reference's own graph, for the backward: a backward then costs what torch's SDPA
+            # backward costs (recomputing the forward in it, as flash-attn does, doubled the bwd call
+            # and its noise on a loaded 2-core machine)
+            with torch.enable_grad():
+                qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+                ctx.ref = (qq, kk, vv, flash_attn_gpu.reference(qq, kk, vv, dropout_p, softmax_scale, causal))
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v = ctx.saved_tensors
-        with torch.enable_grad():
-            qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
-            o = flash_attn_gpu.reference(qq, kk, vv, ctx.dropout_p, ctx.softmax_scale, ctx.causal)
-            dq, dk, dv = torch.autograd.grad(o, (qq, kk, vv), dout)
+        qq, kk, vv, o = ctx.ref
+        dq, dk, dv = torch.autograd.grad(o, (qq, kk, vv), dout, retain_graph=True)
         return dq, dk, dv, None, None, None, None, None, None, None
 
 
