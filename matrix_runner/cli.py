@@ -22,10 +22,10 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import __version__, envs as envmod, lockstep, machine, proc, report, results, runner, wheels
+from . import __version__, envs as envmod, explain, lockstep, machine, proc, report, results, runner, wheels
 from .config import FUNCS, MAX_CASES, ConfigError, load_config, parse_config
 
-SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish")
+SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish", "explain")
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_HELP = ("Exit codes: 0 done; 1 a wall-time regression over --fail-on-regression; 2 usage or config error; "
              "3 some env or case failed, or nothing could be timed (e.g. no GPU; results still written); "
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="matrix-run",
         description="Time flash_attn_func across flash-attn versions, each in its own env; say per shape which "
                     "version is faster, by how much, how sure, and whether it is host overhead or kernel time.",
-        epilog="Subcommands: run (default), plan, report, compare, publish, envs, wheelhouse; `matrix-run SUBCOMMAND -h` "
+        epilog="Subcommands: run (default), plan, report, compare, publish, envs, wheelhouse, explain; `matrix-run SUBCOMMAND -h` "
                "for each. " + EXIT_HELP)
     ap.add_argument("--version", action="version", version=f"matrix-run {__version__}")
     sub = ap.add_subparsers(dest="cmd")
@@ -115,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "sets are run, with the settings stored in RUN_DIR/results.json (give no "
                         "other option)")
     _add_timing_args(r)
+    r.add_argument("--explain", action="store_true",
+                   help="after the timing, explain the overhead in separate worker processes (never in a verdict): "
+                        "each layer of the forward call timed (public function, autograd Function, custom op, "
+                        "Python body, extension), a py-spy frame profile diffed between versions, cProfile call "
+                        "counts, and each case's first-call cost; ~10-30 s per env more")
+
+    ex = sub.add_parser("explain", help="re-render a run's explanation (--explain) from its saved data",
+                        description="Re-render RUN_DIR/index.html, with its 'Explain the overhead' section, from "
+                                    "RUN_DIR/results.json (a run made with --explain) and print the terminal "
+                                    "summary. Nothing is measured.")
+    ex.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (or its results.json)")
+    ex.add_argument("-o", "--output", metavar="DIR", help="write index.html here instead of RUN_DIR")
 
     p = sub.add_parser("plan", help="show, per env, where flash-attn will come from; builds nothing",
                        description="Show, per env, where its flash-attn will come from (reuse, --find-links, "
@@ -217,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_compare(args)
         if args.cmd == "publish":
             return cmd_publish(args)
+        if args.cmd == "explain":
+            return cmd_explain(args)
     except (ConfigError, envmod.UsageError, results.ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -505,6 +519,22 @@ def cmd_compare(args) -> int:
     if args.markdown:
         Path(args.markdown).write_text(report.compare_markdown(cmp))
     return EXIT_OK if cmp["rows"] else EXIT_FAILED
+
+
+def cmd_explain(args) -> int:
+    """``matrix-run explain RUN_DIR``: the explanation re-rendered from saved data (exit 2 when the
+    run has none)."""
+    path = _results_path(args.run_dir)
+    doc = results.load(path)
+    if not doc.get("explain"):
+        print(f"error: {path} has no explanation: run matrix-run with --explain", file=sys.stderr)
+        return EXIT_USAGE
+    out = Path(args.output) if args.output else Path(path).parent
+    p = report.write_html(doc, out, "results.json" if out == Path(path).parent else None)
+    for line in explain.summary_lines(explain.analyze(doc)):
+        print(line)
+    print(f"report: {p}")
+    return EXIT_OK
 
 
 def cmd_publish(args) -> int:
@@ -801,8 +831,13 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         if e.status == "failed":  # failed the import check in its first worker
             console.print(f"  [red]✗ {escape(e.label)}: {escape(str(e.error))}[/]")
     ok_envs = [e for e in ok_envs if e.status == "ok"]
+    if getattr(args, "explain", False) and ok_envs and reason != "interrupted" and not stop.is_set():
+        base_doc["explain"] = _explain(ok_envs, cfg.cases, device, out_dir, args, base_doc["settings"].get("cpus"))
     doc = _finish_doc(base_doc, env_results, data, cfg, sets, reason, env_s, timing_s, t_start)
     _write(doc, out_dir, args)
+    if doc.get("explain"):
+        for line in explain.summary_lines(explain.analyze(doc)):
+            console.print(line, markup=False)
     per_clock: dict = {}
     for c in doc["cases"]:
         for k, v in (c.get("clock_seconds") or {}).items():
@@ -834,6 +869,26 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                           ", ".join(f"{c['candidate']} {c['label']} {c['op']} {c['ratio']:.2f}x" for c in bad))
             code = EXIT_REGRESSION
     return code
+
+
+def _explain(envs, cases, device, out_dir, args, cpus) -> dict | None:
+    """The explain pass (explain.run) after the timing phase, with a progress line; a failure of the
+    pass itself is reported and never fails the run."""
+    console.print("[dim]explain: layers, frame profile, call counts, first calls (own worker processes)[/]")
+    try:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as prog:
+            task = prog.add_task("explain", total=None)
+            raw = explain.run(envs, cases, device=device, work=out_dir / ".work", case_timeout=args.case_timeout,
+                              cpus=cpus, on_progress=lambda m: prog.update(task, description=m))
+    except proc.Stopped:
+        return None
+    except Exception as ex:  # noqa: BLE001 - the explanation is extra: never lose the run for it
+        console.print(f"[yellow]explain pass failed: {type(ex).__name__}: {ex}[/]")
+        return {"schema": explain.SCHEMA, "envs": [e.label for e in envs], "notes": [f"explain pass failed: {ex}"]}
+    err = (raw.get("profile") or {}).get("error")
+    if err:
+        console.print(f"[yellow]explain: {err}[/]")
+    return raw
 
 
 def regressions(doc: dict, pct: float) -> list[dict]:

@@ -421,6 +421,9 @@ def render_html(res: dict, json_name: str | None = "results.json", with_charts: 
     vm = view_model(res, with_charts=with_charts)
     vm["json_name"] = json_name
     vm["svg"] = {k: _svg(v) for k, v in (vm.get("charts") or {}).items()}
+    from . import explain  # the explain stage's view (matrix-run --explain); None without its data
+
+    vm["explain"] = explain.analyze(res)
     return _env().get_template("report.html.j2").render(**vm)
 
 

@@ -373,6 +373,7 @@ class Bench:
         else:
             fa = flash_attn_func
         self.fa = fa
+        self.first_call_ms = None
 
         def split(xq, xk, xv):
             # the split into heads is part of the timed call (a view, as in the user's model code)
@@ -460,6 +461,8 @@ class Bench:
             times.append(pc() - t0)
             if len(times) >= 100000:
                 break
+        if getattr(self, "first_call_ms", None) is None:  # this case's first synchronized call in this process
+            self.first_call_ms = times[0] / 1e6
         return statistics.median(times[len(times) // 2:]) / 1e3
 
     def wall_samples(self, inner: int, budget_s: float) -> list:
@@ -723,6 +726,187 @@ def _die_with_parent() -> None:
         pass
 
 
+# -- the explain pass (driver: matrix_runner/explain.py) ------------------------------------------
+#: Layers of a forward call, outermost first: ``public`` flash_attn_func; ``autograd``
+#: FlashAttnFunc.apply; ``custom_op`` torch.ops.flash_attn._flash_attn_forward (flash-attn 2.7+ with
+#: torch >= 2.4: torch.library.custom_op); ``python`` the Python body of _flash_attn_forward;
+#: ``extension`` the compiled extension's ``fwd`` (flash_attn_2_cuda, called as flash_attn_gpu in 2.7+).
+LAYER_KINDS = ("public", "autograd", "custom_op", "python", "extension")
+
+
+def _frame_args(frame) -> list:
+    """The positional arguments a Python frame was called with (at its ``call`` event)."""
+    c = frame.f_code
+    return [frame.f_locals[n] for n in c.co_varnames[:c.co_argcount]]
+
+
+def discover_layers(b: "Bench") -> list:
+    """Find the layers of the installed flash_attn's forward call for the case of ``b`` (a fwd
+    flash_attn case), from the module itself: one call of ``flash_attn_func`` is traced with
+    ``sys.setprofile`` (the arguments that ``FlashAttnFunc.forward`` and the Python
+    ``_flash_attn_forward`` body receive are read from their frames) while the extension module's
+    ``fwd`` attribute is swapped for a recorder (its arguments). Returns one dict per kind of
+    :data:`LAYER_KINDS`, outermost first: ``{kind, name, exists, note, fn, args, kwargs}`` (``fn``
+    etc. only where it exists; ``note`` says why a layer does not exist). Each layer is later called
+    with the arguments its version passed it in that call: the same work, one layer less."""
+    import types
+
+    import flash_attn
+    from flash_attn import flash_attn_interface as fi
+    import torch
+
+    q, k, v = b.split(*b.sets[0][:3])
+    ext_alias, ext = None, None
+    for name, obj in vars(fi).items():
+        if isinstance(obj, types.ModuleType) and callable(getattr(obj, "fwd", None)):
+            ext_alias, ext = name, obj
+            break
+    fcls = getattr(fi, "FlashAttnFunc", None)
+    fwd_code = getattr(getattr(fcls, "forward", None), "__code__", None)
+    body = getattr(fi, "_flash_attn_forward", None)
+    raw = getattr(body, "_init_fn", body)  # torch.library.custom_op's CustomOpDef keeps the function as _init_fn
+    raw_code = raw.__code__ if inspect.isfunction(raw) else None
+    wrapped = getattr(fi, "_wrapped_flash_attn_forward", None)
+    got: dict = {}
+
+    def prof(frame, event, arg):
+        if event == "call":
+            if frame.f_code is fwd_code and "autograd" not in got:
+                got["autograd"] = _frame_args(frame)[1:]  # without ctx
+            elif frame.f_code is raw_code and "python" not in got:
+                got["python"] = _frame_args(frame)
+
+    orig = getattr(ext, "fwd", None)
+    if ext is not None:
+        def recorder(*a, **kw):
+            got.setdefault("extension", (a, kw))
+            return orig(*a, **kw)
+
+        ext.fwd = recorder
+    sys.setprofile(prof)
+    try:
+        flash_attn.flash_attn_func(q, k, v, **b.kwargs)
+        b.sync()
+    finally:
+        sys.setprofile(None)
+        if ext is not None:
+            ext.fwd = orig
+
+    def layer(kind, name, fn=None, args=(), kwargs=None, note=None):
+        return {"kind": kind, "name": name, "exists": fn is not None, "note": note, "fn": fn,
+                "args": list(args), "kwargs": dict(kwargs or {})}
+
+    out = [layer("public", "flash_attn.flash_attn_func", flash_attn.flash_attn_func, (q, k, v), b.kwargs)]
+    if fcls is None:
+        out.append(layer("autograd", "FlashAttnFunc.apply", note="flash_attn_interface has no FlashAttnFunc"))
+    elif "autograd" not in got:
+        out.append(layer("autograd", "FlashAttnFunc.apply", note="FlashAttnFunc.forward is not on this call's path"))
+    else:
+        out.append(layer("autograd", "FlashAttnFunc.apply", fcls.apply, got["autograd"]))
+    op_name = "torch.ops.flash_attn._flash_attn_forward"
+    if wrapped is not None and not inspect.isfunction(wrapped) and "python" in got:
+        out.append(layer("custom_op", op_name + " (torch.library.custom_op)", wrapped, got["python"]))
+    elif wrapped is not None or body is not raw:
+        out.append(layer("custom_op", op_name, note=f"not on the call path with torch {torch.__version__}: "
+                         "the wrapper calls the Python function (flash-attn 2.7+ uses its custom op only "
+                         "with torch >= 2.4)"))
+    else:
+        out.append(layer("custom_op", op_name, note="this version has no custom op (no "
+                         "torch.library.custom_op in flash_attn_interface)"))
+    if "python" in got:
+        out.append(layer("python", "flash_attn_interface._flash_attn_forward (Python body)", raw, got["python"]))
+    else:
+        out.append(layer("python", "flash_attn_interface._flash_attn_forward",
+                         note="no Python _flash_attn_forward on this call's path"))
+    ename = f"{ext.__name__}.fwd" + (f" (as {ext_alias})" if ext is not None and ext_alias != ext.__name__ else "") \
+        if ext is not None else "extension fwd"
+    if "extension" in got:
+        a, kw = got["extension"]
+        out.append(layer("extension", ename, orig, a, kw))
+    else:
+        out.append(layer("extension", ename, note="no extension module with fwd found in flash_attn_interface"
+                         if ext is None else "the extension's fwd is not on this call's path"))
+    return out
+
+
+def host_burst(fn, args, kwargs, sync, ms: float) -> float:
+    """Host µs per call of ``fn(*args, **kwargs)`` (the device synchronized before each call, outside
+    the timing, as :meth:`Bench.host_samples`): 3 untimed calls, a calibration of calls per sample,
+    then ~``ms`` of samples of ~ms/8 each; returns the median of the samples."""
+    pc = time.perf_counter_ns
+    t0 = pc()
+    for _ in range(3):
+        sync()
+        fn(*args, **kwargs)
+    sync()
+    per = max((pc() - t0) / 3 / 1e3, 1e-3)
+    inner = max(1, int(round(ms * 1e3 / BURST_SAMPLES / per)))
+    out = []
+    t_end = pc() + int(ms * 1e6)
+    while not out or pc() < t_end:
+        tot = 0
+        for _ in range(inner):
+            sync()
+            t0 = pc()
+            fn(*args, **kwargs)
+            tot += pc() - t0
+        sync()
+        out.append(tot / inner / 1e3)
+    return statistics.median(out)
+
+
+def _explain_loop(b: "Bench", seconds: float, inner: int = 1) -> tuple:
+    """Steady state for an out-of-process sampler: synchronized calls of the case for ``seconds``,
+    timed in samples of ``inner`` calls; returns (calls, mean µs per call, median of the samples' µs
+    per call). The median is what a frame's sampled share is scaled by: on a loaded machine the mean
+    carries the time the process was preempted (2.7x on the 2-core CI machine under load), which
+    scales every frame alike. The driver keeps only sampled stacks under this frame."""
+    pc = time.perf_counter_ns
+    n, t0 = 0, pc()
+    end = t0 + int(seconds * 1e9)
+    samples = []
+    while pc() < end:
+        ts = pc()
+        for _ in range(inner):
+            b.call()
+            b.sync()
+        samples.append((pc() - ts) / inner / 1e3)
+        n += inner
+    return n, (pc() - t0) / 1e3 / max(n, 1), statistics.median(samples)
+
+
+def call_counts(b: "Bench", calls: int) -> dict:
+    """Deterministic call counts (cProfile) of ``calls`` synchronized calls of the case: per function
+    (Python and C, the worker's own frames left out) ``calls`` per timed call; ``total``: their sum.
+    cProfile's own time inflation is irrelevant here: only counts are kept."""
+    import cProfile
+    import pstats
+
+    b.warmup(0.0, min_calls=3)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(calls):
+        b.call()
+        b.sync()
+    pr.disable()
+    me = os.path.abspath(__file__)
+    rows = {}
+    for (fname, line, func), (cc, nc, tt, ct, callers) in pstats.Stats(pr).stats.items():
+        if fname == me or func == "<method 'disable' of '_lsprof.Profiler' objects>":
+            continue
+        key = func if fname == "~" else f"{func} ({_short_path(fname)})"
+        rows[key] = rows.get(key, 0.0) + nc / calls
+    return {"calls": calls, "per_call": rows, "total": sum(rows.values())}
+
+
+def _short_path(path: str) -> str:
+    """A file path as it reads across envs: the part after site-packages/ (or the last two parts)."""
+    p = path.replace("\\", "/")
+    if "site-packages/" in p:
+        return p.rsplit("site-packages/", 1)[1]
+    return "/".join(p.split("/")[-2:])
+
+
 # -- lockstep serving (the current protocol) ----------------------------------------------------
 SERVE_SCHEMA = "matrix-runner/lockstep/1"
 #: Samples per burst: a burst of B ms is timed as samples of ~B/8 ms (at least one call each).
@@ -741,6 +925,7 @@ class Server:
         self.device = "cpu"
         self.seed = 0
         self.quick = False
+        self.layers: dict = {}
 
     def handle(self, cmd: dict) -> dict:
         op = cmd.get("cmd")
@@ -767,7 +952,7 @@ class Server:
                 self.per_call[cid] = b.warmup(BUDGETS["setup_warmup"] if ws is None else float(ws))
                 self.benches[cid] = b
                 rec.update(per_call_us=self.per_call[cid], input_sets=b.nsets,
-                           seconds=round(time.perf_counter() - t0, 3))
+                           seconds=round(time.perf_counter() - t0, 3), first_call_ms=b.first_call_ms)
             elif op == "burst":
                 if self.device_started:
                     raise RuntimeError("burst after the profiler pass: the profiler slows later calls")
@@ -821,6 +1006,26 @@ class Server:
                 d = b.device(int(cmd.get("calls") or BUDGETS["device_calls"]))
                 rec["kernels"] = d.pop("kernels")
                 rec["device_us"] = d
+            elif op == "layers":
+                b = self.benches[cid]
+                if b.case["op"] != "fwd" or b.case.get("impl", "flash_attn") != "flash_attn":
+                    raise ValueError("layers: forward flash_attn cases only")
+                if cid not in self.layers:
+                    self.layers[cid] = discover_layers(b)
+                ls = [x for x in self.layers[cid] if x["exists"]]
+                order = ls[::-1] if cmd.get("reverse") else ls
+                us = {x["kind"]: host_burst(x["fn"], x["args"], x["kwargs"], b.sync, float(cmd.get("ms", 5.0)))
+                      for x in order}
+                rec["us"] = {x["kind"]: us[x["kind"]] for x in ls}
+                rec["layers"] = [{k: x[k] for k in ("kind", "name", "exists", "note")} for x in self.layers[cid]]
+            elif op == "loop":
+                b = self.benches[cid]
+                b.warmup(0.0, min_calls=3)
+                inner = max(1, int(round(1000.0 / max(self.per_call[cid], 1e-3))))  # ~1 ms samples
+                n, mean, med = _explain_loop(b, float(cmd["seconds"]), inner)
+                rec.update(calls=n, us_per_call=med, mean_us_per_call=mean, inner=inner)
+            elif op == "counts":
+                rec["counts"] = call_counts(self.benches[cid], int(cmd.get("calls", 200)))
             elif op == "release":
                 self.benches.pop(cid, None)
             else:
@@ -872,6 +1077,14 @@ def serve() -> int:
     - ``device {case}``: kernel time from the profiler; after it or ``device_init``, bursts are
       refused (one profiler session slowed every later 2.6.3 call 2.4x on the H200);
     - ``release {case}``; ``quit``.
+    The explain pass (``--explain``; its own worker processes, after the timing phase; driver:
+    ``matrix_runner/explain.py``) adds: ``layers {case, ms, reverse?}`` (a fwd flash_attn case: one
+    host burst of ~``ms`` per layer of :func:`discover_layers`, in order or reversed -> ``us`` {kind:
+    µs per call, median of the burst's samples} and ``layers`` [{kind, name, exists, note}]);
+    ``loop {case, seconds}`` (synchronized calls for ``seconds`` while the driver samples the process
+    with py-spy -> ``calls``, ``us_per_call`` (median of ~1 ms samples), ``mean_us_per_call``); ``counts {case, calls}`` (cProfile call counts per
+    call, :func:`call_counts`). ``setup`` replies also give ``first_call_ms``: the case's first
+    synchronized call in this process, ms (the first case of a process also pays its lazy imports).
     A reply with ``status: error`` fails that case only; the worker goes on."""
     proto = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
     os.dup2(2, 1)

@@ -38,28 +38,124 @@ for _n in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache
 '''
 
 EXT = '''
-"""Stand-in for flash-attn's compiled extension (the real one is a CUDA .so)."""
+"""Stand-in for flash-attn's compiled extension (the real one is a CUDA .so): ``fwd`` has the
+real ``flash_attn_2_cuda.fwd`` argument list (2.6/2.7: q, k, v, out, alibi_slopes, dropout_p,
+softmax_scale, causal, window_size_left, window_size_right, return_softmax, gen) and returns
+(out, softmax_lse, S_dmask, rng_state); only ``out`` carries data here."""
+import torch
+import torch.nn.functional as F
+
 STANDIN = True
+
+
+def fwd(q, k, v, out, alibi_slopes, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
+        return_softmax, gen):
+    o = reference(q, k, v, dropout_p, softmax_scale, causal)
+    # distinct tensors: a custom op's outputs may not alias each other
+    return o.contiguous(), torch.empty(0), torch.empty(0), torch.empty(0)
+
+
+def reference(q, k, v, dropout_p, softmax_scale, causal):
+    """q: (batch, seqlen_q, nheads, head_dim); k, v: (batch, seqlen_k, nheads_k, head_dim); computed in
+    fp32 with torch's SDPA, returned in q's dtype and layout."""
+    h, hk = q.shape[2], k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    if hk != h:
+        kt = kt.repeat_interleave(h // hk, dim=1)
+        vt = vt.repeat_interleave(h // hk, dim=1)
+    sq, sk = q.shape[1], k.shape[1]
+    mask = None
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        mask = j <= i + (sk - sq)
+    o = F.scaled_dot_product_attention(qt.float(), kt.float(), vt.float(), attn_mask=mask,
+                                       dropout_p=dropout_p, scale=softmax_scale)
+    return o.to(q.dtype).transpose(1, 2)
 '''
 
 INTERFACE = '''
+"""Stand-in flash_attn_interface with flash-attn 2.x's layers: ``flash_attn_func`` (public) ->
+``FlashAttnFunc.apply`` (autograd Function) -> ``_wrapped_flash_attn_forward`` (2.7+: the custom op
+``torch.ops.flash_attn._flash_attn_forward`` made by ``torch.library.custom_op`` where torch >= 2.4;
+else the Python function) -> ``_flash_attn_forward`` (Python body) -> ``flash_attn_gpu.fwd`` (the
+"extension"). The planted host cost is a busy-wait in the function named @PLANT_FN@, called from
+the layer @PLANT_AT@."""
 import os
 import time
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-import flash_attn_2_cuda  # noqa: F401  (the real package imports its extension here too)
+import flash_attn_2_cuda as flash_attn_gpu
 from flash_attn import PLANTED_HOST_OVERHEAD_US
 
 _FAULT = @FAULT@
 _FAULT_BATCH = @FAULT_BATCH@
+_PLANT_AT = @PLANT_AT@
 
 
-def _spin(us):
+def @PLANT_FN_NAME@(us):
+    """The planted host cost: a busy-wait of ``us`` µs in this function's own frame."""
     end = time.perf_counter_ns() + int(us * 1000)
     while time.perf_counter_ns() < end:
         pass
+
+
+def _plant(where):
+    if PLANTED_HOST_OVERHEAD_US and _PLANT_AT == where:
+        @PLANT_FN_NAME@(PLANTED_HOST_OVERHEAD_US)
+
+
+def maybe_contiguous(x):
+    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
+
+
+def _flash_attn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float, softmax_scale: float,
+                        causal: bool, window_size_left: int, window_size_right: int,
+                        alibi_slopes: Optional[torch.Tensor], return_softmax: bool
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _plant("python")
+    q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
+    out, softmax_lse, S_dmask, rng_state = flash_attn_gpu.fwd(
+        q, k, v, None, alibi_slopes, dropout_p, softmax_scale, causal, window_size_left, window_size_right,
+        return_softmax, None)
+    return out, softmax_lse, S_dmask, rng_state
+
+
+if @CUSTOM_OP@ and hasattr(torch, "library") and hasattr(torch.library, "custom_op"):
+    _flash_attn_forward = torch.library.custom_op("flash_attn::_flash_attn_forward", mutates_args=())(
+        _flash_attn_forward)
+    _wrapped_flash_attn_forward = torch.ops.flash_attn._flash_attn_forward
+else:
+    _wrapped_flash_attn_forward = _flash_attn_forward
+
+
+class FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+                return_softmax):
+        _plant("autograd")
+        if softmax_scale is None:
+            softmax_scale = q.shape[-1] ** (-0.5)
+        out, softmax_lse, S_dmask, rng_state = _wrapped_flash_attn_forward(
+            q, k, v, dropout_p, softmax_scale, causal, window_size[0], window_size[1], alibi_slopes,
+            return_softmax and dropout_p > 0)
+        if any(ctx.needs_input_grad[:3]):
+            # the reference's own graph, for the backward: a backward then costs what torch's SDPA
+            # backward costs (recomputing the forward in it, as flash-attn does, doubled the bwd call
+            # and its noise on a loaded 2-core machine)
+            with torch.enable_grad():
+                qq, kk, vv = (t.detach().requires_grad_(True) for t in (q, k, v))
+                ctx.ref = (qq, kk, vv, flash_attn_gpu.reference(qq, kk, vv, dropout_p, softmax_scale, causal))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        qq, kk, vv, o = ctx.ref
+        dq, dk, dv = torch.autograd.grad(o, (qq, kk, vv), dout, retain_graph=True)
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -72,9 +168,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
             time.sleep(3600)
         if _FAULT == "raise":
             raise RuntimeError("stand-in: planted error")
-    if PLANTED_HOST_OVERHEAD_US:
-        _spin(PLANTED_HOST_OVERHEAD_US)
-    return _attn(q, k, v, dropout_p, softmax_scale, causal)
+    _plant("public")
+    return FlashAttnFunc.apply(q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+                               return_attn_probs)
 
 
 def _attn(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False):
@@ -106,16 +202,14 @@ def _varlen(q, k, v, cu_q, cu_k, dropout_p, softmax_scale, causal):
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
-    if PLANTED_HOST_OVERHEAD_US:
-        _spin(PLANTED_HOST_OVERHEAD_US)
+    _plant("public")
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, softmax_scale, causal)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """qkv (batch, seqlen, 3, nheads, head_dim)."""
-    if PLANTED_HOST_OVERHEAD_US:
-        _spin(PLANTED_HOST_OVERHEAD_US)
+    _plant("public")
     q, k, v = qkv.unbind(2)
     return _attn(q, k, v, dropout_p, softmax_scale, causal)
 
@@ -123,8 +217,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """kv (batch, seqlen_k, 2, nheads_k, head_dim)."""
-    if PLANTED_HOST_OVERHEAD_US:
-        _spin(PLANTED_HOST_OVERHEAD_US)
+    _plant("public")
     k, v = kv.unbind(2)
     return _attn(q, k, v, dropout_p, softmax_scale, causal)
 
@@ -133,8 +226,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      causal=False, window_size=(-1, -1), alibi_slopes=None,
                                      deterministic=False, return_attn_probs=False):
     """qkv (total, 3, nheads, head_dim)."""
-    if PLANTED_HOST_OVERHEAD_US:
-        _spin(PLANTED_HOST_OVERHEAD_US)
+    _plant("public")
     q, k, v = qkv.unbind(1)
     return _varlen(q, k, v, cu_seqlens, cu_seqlens, dropout_p, softmax_scale, causal)
 
@@ -143,8 +235,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """kv (total_k, 2, nheads_k, head_dim)."""
-    if PLANTED_HOST_OVERHEAD_US:
-        _spin(PLANTED_HOST_OVERHEAD_US)
+    _plant("public")
     k, v = kv.unbind(1)
     return _varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, dropout_p, softmax_scale, causal)
 
@@ -156,8 +247,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     """q (batch, seqlen_q, h, d); k_cache/v_cache (batch, seqlen_cache, hk, d), or paged
     (num_blocks, page_block_size, hk, d) with block_table (batch, blocks per sequence); k/v new
     tokens (batch, seqlen_new, hk, d) written into the cache in place after cache_seqlens."""
-    if PLANTED_HOST_OVERHEAD_US:
-        _spin(PLANTED_HOST_OVERHEAD_US)
+    _plant("public")
     b = q.shape[0]
     if cache_seqlens is None:
         lens = [k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]] * b
@@ -191,15 +281,26 @@ for _n in @OMIT@:  # entry points this stand-in version lacks ("not in this vers
 
 
 def make_source(root: Path, version: str, overhead_us: float = 0.0, fault: str | None = None,
-                fault_batch: int = 13, omit: tuple = ()) -> Path:
-    """Write a stand-in source tree for ``version`` under ``root``; returns its directory. Every
-    entry point of flash-attn 2.x is there (computed with torch), less those named in ``omit``;
-    each forward call spins ``overhead_us`` µs first (the planted host cost)."""
+                fault_batch: int = 13, plant_fn: str = "_spin", plant_at: str = "public",
+                custom_op: bool = False, omit: tuple = ()) -> Path:
+    """Write a stand-in source tree for ``version`` under ``root``; returns its directory.
+
+    ``overhead_us``: µs of busy-wait per forward call, in a function named ``plant_fn`` (a Python
+    identifier) called from the layer ``plant_at``: ``public`` (``flash_attn_func``), ``autograd``
+    (``FlashAttnFunc.forward``) or ``python`` (``_flash_attn_forward``). ``custom_op``: wrap
+    ``_flash_attn_forward`` with ``torch.library.custom_op`` as flash-attn 2.7+ does (where torch
+    has it, >= 2.4). Every entry point of flash-attn 2.x is there (computed with torch), less those named
+    in ``omit`` ("not in this version"). ValueError for an unknown ``plant_at`` or a ``plant_fn`` that is no identifier."""
+    if plant_at not in ("public", "autograd", "python"):
+        raise ValueError(f"plant_at {plant_at!r}: give public, autograd or python")
+    if not plant_fn.isidentifier():
+        raise ValueError(f"plant_fn {plant_fn!r} is not a Python identifier")
     d = Path(root) / f"flash_attn-{version}"
     (d / "flash_attn").mkdir(parents=True, exist_ok=True)
     subst = {"@VERSION@": repr(version), "@OVERHEAD@": repr(float(overhead_us)), "@FAULT@": repr(fault),
              "@FAULT_BATCH@": repr(fault_batch),
-             "@OMIT@": repr(tuple(omit))}
+             "@PLANT_FN_NAME@": plant_fn, "@PLANT_FN@": plant_fn, "@PLANT_AT@": repr(plant_at),
+             "@CUSTOM_OP@": repr(bool(custom_op)), "@OMIT@": repr(tuple(omit))}
 
     def fill(text: str) -> str:
         for k, v in subst.items():
