@@ -103,7 +103,8 @@ def main() -> int:
 
     cc = st.get("compile_cache")
     if cc:
-        wrap = compiler_env(cc["sccache"], ce.CUDA_HOME, os.path.join(os.path.dirname(st["manifest"]), "bin"))
+        cuda_home = ce.CUDA_HOME or os.environ.get("CUDA_HOME")  # a CPU torch leaves ce.CUDA_HOME None
+        wrap = compiler_env(cc["sccache"], cuda_home, os.path.join(os.path.dirname(st["manifest"]), "bin"))
         os.environ.update(wrap)
         manifest["compile_cache"] = {"sccache": cc["sccache"], "dir": cc["dir"], "env": wrap}
     orig = ce.CUDAExtension

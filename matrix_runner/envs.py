@@ -912,8 +912,10 @@ def _build_into_cache(req, item, key, opts, py, progress, log, info) -> Path:
                                                     log=log, extra_env=extra, compile_cache=cc,
                                                     cache_root=opts.cache_dir)
             if cc and keys:
-                secs = {(buildmod.stubgen.stem(n) or ("stubs" if n.startswith("matrix_run_stubs") else n)): t
-                        for n, t in (manifest.get("compile_seconds") or {}).items()}
+                secs = {}  # ninja's log names objects: flash_fwd_hdim32_fp16_sm80.o, matrix_run_stubs.o
+                for n, t in (manifest.get("compile_seconds") or {}).items():
+                    src = n[:-2] + ".cu" if n.endswith(".o") else n
+                    secs[buildmod.stubgen.stem(src) or ("stubs" if n.startswith("matrix_run_stubs") else n)] = t
                 compcache.record(opts.cache_dir, keys, item.version, secs)
                 manifest.setdefault("compile_cache", {})["expected_hits"] = sorted(plan_cc.get("expected_hits") or {})
             info.update({"source_build": manifest, "jobs": jobs, "sdist": str(sdist),

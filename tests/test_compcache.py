@@ -72,6 +72,54 @@ def test_second_build_of_an_identical_unit_is_an_sccache_hit(tmp_path, cache_roo
     assert (cache_root / "sccache").is_dir()
 
 
+CU_SETUP = '''import os
+import torch.utils.cpp_extension as ce
+ce.CUDA_HOME = ce.CUDA_HOME or os.environ["CUDA_HOME"]  # a CPU torch finds no CUDA_HOME by itself
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+ext = CUDAExtension("tinycu", ["csrc/k.cu"], extra_compile_args={{"cxx": [], "nvcc": ["-gencode", "arch=compute_90,code=sm_90"]}})
+ext.libraries = [lib for lib in ext.libraries if lib == "cudart"]  # no c10_cuda in a CPU torch
+setup(name="tinycu", version="{v}", packages=[], ext_modules=[ext], cmdclass={{"build_ext": BuildExtension}})
+'''
+CU_SOURCE = "__global__ void add1(float* x) { x[threadIdx.x] += 1.0f; }\nextern \"C\" void launch(float* x) { add1<<<1, 32>>>(x); }\n"
+
+
+def _cuda_home():
+    import glob
+    homes = [os.environ.get("CUDA_HOME", "")] + sorted(glob.glob("/usr/local/cuda*"), reverse=True)
+    return next((h for h in homes if h and os.access(os.path.join(h, "bin", "nvcc"), os.X_OK)), None)
+
+
+@needs_sccache
+@pytest.mark.skipif(_cuda_home() is None, reason="no CUDA toolkit (nvcc) under CUDA_HOME or /usr/local/cuda*")
+def test_second_build_of_an_identical_cuda_unit_is_an_sccache_hit_through_pytorch_nvcc(tmp_path, cache_root):
+    """The nvcc path of the slim build (PYTORCH_NVCC set by the shim) with the real nvcc and an sm_90
+    kernel: the second version's compile is a hit for CUDA, device code, PTX and CUBIN."""
+    import sys
+    cc = compcache.shim_settings(SCCACHE, cache_root)
+    slot = compcache.slot_dirs(cache_root)[0]
+    got = {}
+    for v in ("1.0", "2.0"):
+        sd = tmp_path / f"tinycu-{v}.tar.gz"
+        with tarfile.open(sd, "w:gz") as tf:
+            for name, text in (("setup.py", CU_SETUP.format(v=v)), ("csrc/k.cu", CU_SOURCE)):
+                data = text.encode()
+                info = tarfile.TarInfo(f"tinycu-{v}/{name}")
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        wheel, manifest = build.source_build(
+            python=Path(sys.executable), sdist=sd, workdir=slot, version=v, kernels="all", archs="all",
+            jobs={"max_jobs": 1, "nvcc_threads": 1}, log=tmp_path / f"cu-{v}.log", compile_cache=cc,
+            cache_root=cache_root, extra_env={"CUDA_HOME": _cuda_home()}, timeout=600)
+        got[v] = manifest["compile_cache"]
+    print("sccache counters per CUDA build:", json.dumps({v: g["stats"] for v, g in got.items()}))
+    assert got["1.0"]["env"]["PYTORCH_NVCC"].endswith("/bin/nvcc")
+    cuda = ("CUDA", "CUDA (Device code)", "PTX", "CUBIN")
+    assert all(got["1.0"]["stats"]["misses"].get(k, 0) >= 1 for k in cuda), got["1.0"]
+    assert all(got["2.0"]["stats"]["hits"].get(k, 0) >= 1 for k in cuda), got["2.0"]
+    assert not got["2.0"]["stats"]["misses"], got["2.0"]
+
+
 @needs_sccache
 def test_without_the_cache_nothing_goes_through_sccache(tmp_path, cache_root):
     """--no-compile-cache: the build's manifest has no compile_cache and the server sees no request."""
