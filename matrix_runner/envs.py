@@ -41,7 +41,7 @@ from filelock import FileLock, Timeout
 from packaging.version import InvalidVersion, Version
 
 from . import build as buildmod
-from . import compcache
+from . import compcache, subjects
 from . import wheels
 from .config import Case
 from .lockstep import WORKER
@@ -73,14 +73,25 @@ class UsageError(ValueError):
 class EnvRequest:
     label: str
     version: str  # PEP 440 version, or a local path to an sdist/wheel/dir
+    package: str = subjects.DEFAULT  # the subject's distribution (subjects.py)
 
     @property
     def is_path(self) -> bool:
         return "/" in self.version or self.version.endswith((".whl", ".tar.gz"))
 
+    @property
+    def subject(self) -> "subjects.Subject":
+        return subjects.get(self.package)
+
+    @property
+    def spec(self) -> str:
+        """What was asked for, as a requirement where it is one (``flash-attn-4==4.0.0b36``)."""
+        return self.version if self.package == subjects.DEFAULT else f"{self.package}=={self.version}"
+
 
 def parse_versions(text: str) -> list[EnvRequest]:
-    """Parse ``--versions``: comma list of ``VERSION`` or ``LABEL=VERSION`` (A/A runs use two labels).
+    """Parse ``--versions``: comma list of ``VERSION`` or ``LABEL=VERSION`` (A/A runs use two labels),
+    or ``[LABEL=]PACKAGE==VERSION`` for a subject (``fa4=flash-attn-4==4.0.0b36``; subjects.py).
 
     A version is a PEP 440 version (normalized: ``2.7.0-post2`` becomes ``2.7.0.post2``), ``here``
     (``--backend here``), or the path of an existing flash-attn sdist (``.tar.gz``) or wheel
@@ -94,6 +105,30 @@ def parse_versions(text: str) -> list[EnvRequest]:
     if not items:
         raise UsageError("--versions: give at least one flash-attn version, e.g. --versions 2.6.3,2.7.0.post2")
     for it in items:
+        package = subjects.DEFAULT
+        if "==" in it:  # [LABEL=]PACKAGE==VERSION (subjects.py)
+            left, _, ver = it.partition("==")
+            label, _, pkg = left.rpartition("=")
+            try:
+                package = subjects.get(pkg).package
+            except KeyError as e:
+                raise UsageError(f"--versions: {it!r}: {e.args[0]}; write [LABEL=]PACKAGE==VERSION, e.g. "
+                                 "fa4=flash-attn-4==4.0.0b36") from None
+            ver = ver.strip()
+            if not ver or any(c in ver for c in "<>=!~*, ;"):
+                raise UsageError(f"--versions: {it!r}: give one exact version after == (like 4.0.0b36)")
+            try:
+                ver = str(Version(ver))
+            except InvalidVersion:
+                raise UsageError(f"--versions: {it!r}: {ver!r} is not a PEP 440 version") from None
+            label = label.strip() or (ver if package == subjects.DEFAULT else f"{package}-{ver}")
+            if any(r.label == label for r in out):
+                raise UsageError(f"--versions: label {label!r} appears twice; use LABEL=PACKAGE==VERSION to name each env")
+            if not LABEL_RE.match(label) or label in (".", ".."):
+                raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + -, must start "
+                                 "with a letter or digit and have at most 64 characters (it names the env directory)")
+            out.append(EnvRequest(label, ver, package))
+            continue
         label, _, ver = it.partition("=") if "=" in it else (it, "", it)
         label, ver = label.strip(), ver.strip()
         if not ver:
@@ -162,7 +197,7 @@ def check_versions(reqs: list[EnvRequest], opts: "Options", timeout: float = 15.
         if r.version == "here":
             raise UsageError(f"--versions: {r.label}=here means the interpreter running matrix-run; "
                              "use it with --backend here")
-    want = [r for r in reqs if not r.is_path]
+    want = [r for r in reqs if not r.is_path and r.package == subjects.DEFAULT]  # uv checks other subjects
     if opts.offline or not want:
         return []
     missing = [r for r in want if not _version_here(r.version, opts)]
@@ -359,8 +394,58 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
     return item
 
 
+def _plan_subject(req: EnvRequest, opts: Options, driver_probe: dict) -> PlanItem:
+    """Plan of a subject other than flash-attn (subjects.py): uv resolves ``PACKAGE==VERSION`` and its
+    dependencies into the env, the inherited torch excluded; reuse when the env's record matches."""
+    env_dir = env_dir_for(opts, req.label)
+    tid = torch_identity(opts, driver_probe)
+    py = driver_probe.get("python") or sys.version.split()[0]
+    key = {"package": req.package, "version": req.version, "torch": tid["version"], "torch_cuda": tid.get("cuda"),
+           "python_tag": python_tag(py)}
+    item = PlanItem(req.label, req.version, env_dir, "resolve", key, wheels.key_id(key),
+                    "none (JIT)" if req.subject.jit else "none", "all")
+    item.notes.append(f"{req.spec}: uv resolves it and its dependencies into the env"
+                      + (" (the inherited torch excluded)" if tid["mode"] == "inherit" else "")
+                      + (f"; {req.subject.note}" if req.subject.note else ""))
+    if req.subject.jit:
+        item.notes.append("kernels are compiled on each shape's first call (during set-up, never in the samples)")
+    rec = load_record(env_dir)
+    if rec and not opts.rebuild and rec.get("status") == "ok" and rec.get("subject_key") == key and rec.get("torch") == tid:
+        item.method = "reuse"
+        return item
+    if opts.offline and not opts.find_links:
+        item.method = "failed"
+        item.error = (f"{req.spec} is installed from wheels and --offline allows no index: pass --find-links DIR "
+                      f"holding its wheels and their dependencies (`matrix-run wheelhouse --versions {req.label}={req.spec}` "
+                      "on a connected machine)")
+    item.estimate_s = 30
+    return item
+
+
+def install_subject(py: Path, req: EnvRequest, tid: dict, opts: Options, log: Path, dry_run: bool = False) -> None:
+    """``uv pip install PACKAGE==VERSION`` into the env with its dependencies (--find-links first,
+    then the index unless --offline); with an inherited torch, ``torch`` is excluded from the
+    resolution (``--excludes``) so the env keeps seeing the driver's. Raises EnvError."""
+    args = ["pip", "install", "--python", str(py), req.spec]
+    if tid["mode"] == "inherit":
+        ex = Path(log).with_name(f"{req.label}.excludes.txt")
+        ex.write_text("torch\n")
+        args += ["--excludes", str(ex)]
+    for d in opts.find_links:
+        args += ["--find-links", str(d)]
+    if opts.offline:
+        args += ["--no-index"]
+    elif opts.index_url != wheels.DEFAULT_INDEX:
+        args += ["--index-url", opts.index_url]
+    if dry_run:
+        args += ["--dry-run"]
+    _uv(args, log, offline=opts.offline)
+
+
 def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int,
               planned_units: dict) -> PlanItem:
+    if req.package != subjects.DEFAULT:
+        return _plan_subject(req, opts, driver_probe)
     env_dir = env_dir_for(opts, req.label)
     tid = torch_identity(opts, driver_probe)
     py = driver_probe.get("python") or sys.version.split()[0]
@@ -675,14 +760,17 @@ def fingerprint(env_dir: Path) -> str | None:
 
 STATIC_PROBE = r"""
 import importlib.metadata, importlib.util, json, sys
+mod, dist, extname = (sys.argv[1:4] + [None, None, None])[:3] if len(sys.argv) > 1 else ("flash_attn", "flash_attn", "flash_attn_2_cuda")
 out = {"python": sys.version.split()[0], "executable": sys.executable, "prefix": sys.prefix, "error": None}
 try:
-    fa = importlib.util.find_spec("flash_attn")
-    ext = importlib.util.find_spec("flash_attn_2_cuda")
-    out["flash_attn"] = {"version": importlib.metadata.version("flash_attn") if fa else None,
+    fa = importlib.util.find_spec(mod)
+    ext = importlib.util.find_spec(extname) if extname else None
+    out["flash_attn"] = {"version": importlib.metadata.version(dist) if fa else None,
                          "file": fa.origin if fa else None, "ext_file": ext.origin if ext else None}
+    if dist != "flash_attn":
+        out["flash_attn"]["subject"] = dist
     if fa is None:
-        out["error"] = "flash_attn is not installed in this env"
+        out["error"] = f"{mod} is not installed in this env"
 except Exception as e:
     out["error"] = f"{type(e).__name__}: {e}"
 print(json.dumps(out))
@@ -697,6 +785,12 @@ def check_probe(p: dict, env_dir: Path | str, version: str | None) -> str | None
         return str(p["error"])
     fa = p.get("flash_attn") or {}
     root = Path(env_dir).resolve()
+    if fa.get("subject") not in (None, "flash_attn", subjects.DEFAULT):  # a pure-Python subject (subjects.py)
+        if not Path(fa.get("file") or "/").resolve().is_relative_to(root):
+            return f"{fa['subject']} was imported from {fa.get('file')}, not from the env {root}"
+        if version not in (None, "local") and not wheels.same_version(str(fa.get("version")), version):
+            return f"the env has {fa['subject']} {fa.get('version')}, not the requested {version}"
+        return None
     if not Path(fa.get("file") or "/").resolve().is_relative_to(root):
         return f"flash_attn was imported from {fa.get('file')}, not from the env {root}"
     if not fa.get("ext_file"):
@@ -720,13 +814,17 @@ def preflight(py: Path, env_dir: Path, req: EnvRequest, version: str) -> dict:
     return p
 
 
-def static_preflight(py: Path, env_dir: Path, version: str, torch_info: dict | None) -> dict:
+def static_preflight(py: Path, env_dir: Path, version: str, torch_info: dict | None,
+                     subject: "subjects.Subject | None" = None) -> dict:
     """Preflight without importing torch (:data:`STATIC_PROBE`, ~0.05 s): finds flash_attn and its
     extension inside the env with the requested version. Returns a probe-shaped dict (``torch``:
     ``torch_info``, the torch the env was made with) with ``import_checked`` False: the import itself
     is checked by the env's first worker (module doc). Raises EnvError when the check fails."""
     try:
-        cp = capture([str(py), "-c", STATIC_PROBE], timeout=60)
+        argv = [str(py), "-c", STATIC_PROBE]
+        if subject is not None and subject.package != subjects.DEFAULT:
+            argv += [subject.module, subject.package, *([subject.ext] if subject.ext else [])]
+        cp = capture(argv, timeout=60)
         p = json.loads(cp.stdout.strip().splitlines()[-1])
     except Exception as e:  # noqa: BLE001
         raise EnvError(f"preflight: the env's python could not run ({type(e).__name__}: {e})") from None
@@ -824,6 +922,8 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
     progress(req.label, "creating venv (uv)")
     py = create_venv(env_dir, driver_probe.get("executable") or sys.executable, tid, opts, log)
     res.python = str(py)
+    if req.package != subjects.DEFAULT:
+        return _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log, res)
     key = item.key
     tp: dict = {}
     if tid["mode"] == "pinned":
@@ -857,6 +957,26 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
               "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "build": info}
     _atomic_json(env_dir / RECORD, record)
     return {"wheel": str(wheel), "wheel_sha256": sha, **info}
+
+
+def _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log, res) -> dict:
+    """Install a subject other than flash-attn (:func:`install_subject`), write the worker's subject
+    marker and the env record, and run the static preflight on the subject's module."""
+    progress(req.label, f"installing {req.spec} with uv")
+    t0 = time.monotonic()
+    install_subject(py, req, tid, opts, log)
+    _atomic_json(item.env_dir / subjects.MARKER, subjects.marker(req.subject, req.version))
+    progress(req.label, f"preflight: finding {req.subject.module} in the env")
+    res.probe = static_preflight(py, item.env_dir, req.version,
+                                 driver_probe.get("torch") if tid["mode"] == "inherit" else None, req.subject)
+    res.import_checked = False
+    info = {"method": "resolve", "subject": req.package, "seconds": round(time.monotonic() - t0, 1)}
+    record = {"schema": RECORD_SCHEMA, "label": req.label, "requested": req.spec, "torch": tid,
+              "subject_key": item.key, "fingerprint": fingerprint(item.env_dir), "probe": res.probe,
+              "python": res.probe.get("python"), "status": "ok",
+              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "build": info}
+    _atomic_json(item.env_dir / RECORD, record)
+    return info
 
 
 def _build_into_cache(req, item, key, opts, py, progress, log, info) -> Path:

@@ -52,6 +52,32 @@ TARGET_SAMPLE_US = 1000.0
 MIN_SAMPLES = 5
 
 
+#: ``<env>/matrix-run-subject.json`` (written by the env builder, matrix_runner/subjects.py): which
+#: package of the flash_attn namespace this env times; absent = flash-attn 2.x.
+SUBJECT_MARKER = "matrix-run-subject.json"
+
+
+def subject() -> dict:
+    """This env's subject: ``{package, module, func ("module:attr"), ext}``; flash-attn 2.x by default."""
+    try:
+        with open(os.path.join(sys.prefix, SUBJECT_MARKER), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"package": "flash-attn", "module": "flash_attn", "func": "flash_attn:flash_attn_func",
+                "ext": "flash_attn_2_cuda"}
+
+
+def attention_func():
+    """The function timed in this env (``flash_attn.flash_attn_func``, or the subject's, e.g. FA4's
+    ``flash_attn.cute.interface.flash_attn_func``, which returns ``(out, lse)``)."""
+    import importlib
+
+    mod, _, attr = subject()["func"].partition(":")
+    if mod != "flash_attn" and not mod.startswith("flash_attn."):
+        raise RuntimeError(f"subject function {mod}:{attr} is outside the flash_attn namespace")
+    return getattr(importlib.import_module(mod), attr)
+
+
 def probe() -> dict:
     """Describe this interpreter, its torch and its flash_attn; errors are reported, never raised."""
     info: dict = {
@@ -85,6 +111,20 @@ def probe() -> dict:
     except Exception as e:  # noqa: BLE001 - reported to the driver
         info["error"] = f"import torch failed: {type(e).__name__}: {e}"
         return info
+    sub = subject()
+    if sub["package"] != "flash-attn":  # a pure-Python subject inside the flash_attn namespace (FA4)
+        try:
+            import importlib
+            import importlib.metadata
+
+            m = importlib.import_module(sub["module"])
+            fa = {"version": importlib.metadata.version(sub["package"]), "file": getattr(m, "__file__", None),
+                  "ext_file": None, "subject": sub["package"]}
+            info["flash_attn"] = fa
+            fa["func_params"] = list(inspect.signature(attention_func()).parameters)
+        except Exception as e:  # noqa: BLE001
+            info["error"] = f"import {sub['module']} failed: {type(e).__name__}: {e}"
+        return info
     try:
         import flash_attn
 
@@ -106,8 +146,8 @@ class Bench:
 
     def __init__(self, case: dict, device: str, seed: int):
         import torch
-        from flash_attn import flash_attn_func
 
+        flash_attn_func = attention_func()
         self.torch = torch
         self.case = case
         self.cuda = device == "cuda"
