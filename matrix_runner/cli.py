@@ -265,7 +265,8 @@ def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> Non
     for it in items:
         kern = (it.kernels if isinstance(it.kernels, str) else "none (no CUDA)" if not it.kernels
                 else f"{len(it.kernels)}: " + ", ".join(it.kernels))
-        est = f"~{it.estimate_s / 60:.1f} min (MAX_JOBS={it.jobs['max_jobs']})" if it.estimate_s else "–"
+        est = (f"~{it.estimate_s / 60:.1f} min" + (f" (MAX_JOBS={it.jobs['max_jobs']})" if it.jobs else "")
+               if it.estimate_s else "–")
         cold = (it.compile_cache or {}).get("estimate_cold_s")
         if cold and it.estimate_s:
             est += f", {len(it.compile_cache['expected_hits'])} cache hits (cold ~{cold / 60:.1f} min)"

@@ -682,7 +682,7 @@ class EnvResult:
             "label": self.label, "requested_version": self.requested, "env_dir": self.env_dir,
             "python": p.get("python"), "python_executable": self.python,
             "flash_attn_version": fa.get("version"), "flash_attn_file": fa.get("file"),
-            "flash_attn_ext_file": fa.get("ext_file"),
+            "flash_attn_ext_file": fa.get("ext_file"), "subject": fa.get("subject") or subjects.DEFAULT,
             "torch": t.get("version"), "torch_cuda": t.get("cuda"), "gpu": (t.get("gpu") or {}).get("name"),
             "status": self.status, "error": self.error, "error_tail": self.error_tail,
             "import_checked": self.import_checked, "build": self.build, "plan": self.plan,
