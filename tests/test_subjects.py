@@ -131,3 +131,16 @@ def test_fa4_env_is_timed_by_the_worker(tmp_path, fa4_links, standins, tiny_conf
     assert (site / "nvidia_cutlass_dsl_standin.py").exists() and not (site / "torch").exists()
     fa4_cases = [c for c in doc["cases"] if c["env"] == "fa4"]
     assert fa4_cases and all(c["status"] == "ok" for c in fa4_cases), fa4_cases[:1]
+
+
+def test_wheelhouse_collects_fa4_and_its_dependencies_but_not_torch(tmp_path, fa4_links):
+    """`matrix-run wheelhouse` for a subject: uv resolves its pins (torch excluded), pip downloads
+    each wheel; here both read only the stand-in find-links directory (--no-index)."""
+    out = tmp_path / "house"
+    cp = run_cli("wheelhouse", "--versions", "fa4=flash-attn-4==4.0.0b36", "-o", str(out), "--requirements", "",
+                 "--wheel-cache", str(tmp_path / "cache"), "--python-version", "3.12", "--find-links", str(fa4_links),
+                 "--no-index")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["flash_attn_4-4.0.0b36-py3-none-any.whl",
+                                                     "nvidia_cutlass_dsl-4.6.2-py3-none-any.whl"]
+    assert "nvidia-cutlass-dsl==4.6.2 wheel (for flash-attn-4==4.0.0b36)" in " ".join(cp.stdout.split())
