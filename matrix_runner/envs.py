@@ -965,7 +965,7 @@ def _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log, res)
     progress(req.label, f"installing {req.spec} with uv")
     t0 = time.monotonic()
     install_subject(py, req, tid, opts, log)
-    _atomic_json(item.env_dir / subjects.MARKER, subjects.marker(req.subject, req.version))
+    _atomic_json(item.env_dir / subjects.MARKER, subjects.marker(req.subject, req.version, str(item.env_dir)))
     progress(req.label, f"preflight: finding {req.subject.module} in the env")
     res.probe = static_preflight(py, item.env_dir, req.version,
                                  driver_probe.get("torch") if tid["mode"] == "inherit" else None, req.subject)

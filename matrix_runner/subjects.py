@@ -61,6 +61,15 @@ def get(package: str) -> Subject:
     return SUBJECTS[p]
 
 
-def marker(subject: Subject, version: str) -> dict:
-    """The env's subject record the worker reads (``<env>/matrix-run-subject.json``)."""
-    return {**asdict(subject), "version": version}
+#: Environment a JIT subject's worker sets (if unset) before importing it, ``{env}`` = the env dir:
+#: FA4 keeps its compiled kernels on disk, so the fresh workers of later process sets (and later
+#: runs) load them instead of compiling each shape again (issue #11: FLASH_ATTENTION_CUTE_DSL_CACHE_*).
+JIT_ENV = {"flash-attn-4": {"FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
+                            "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "{env}/cute-dsl-cache"}}
+
+
+def marker(subject: Subject, version: str, env_dir: str = "") -> dict:
+    """The env's subject record the worker reads (``<env>/matrix-run-subject.json``): the subject,
+    its version and the environment its worker sets before importing it (:data:`JIT_ENV`)."""
+    env = {k: v.replace("{env}", str(env_dir)) for k, v in JIT_ENV.get(subject.package, {}).items()}
+    return {**asdict(subject), "version": version, "env": env}

@@ -72,7 +72,10 @@ def attention_func():
     ``flash_attn.cute.interface.flash_attn_func``, which returns ``(out, lse)``)."""
     import importlib
 
-    mod, _, attr = subject()["func"].partition(":")
+    sub = subject()
+    for k, v in (sub.get("env") or {}).items():  # e.g. FA4's kernel disk cache (subjects.JIT_ENV)
+        os.environ.setdefault(k, v)
+    mod, _, attr = sub["func"].partition(":")
     if mod != "flash_attn" and not mod.startswith("flash_attn."):
         raise RuntimeError(f"subject function {mod}:{attr} is outside the flash_attn namespace")
     return getattr(importlib.import_module(mod), attr)
@@ -117,11 +120,12 @@ def probe() -> dict:
             import importlib
             import importlib.metadata
 
+            func = attention_func()  # sets the subject's environment before the first import
             m = importlib.import_module(sub["module"])
             fa = {"version": importlib.metadata.version(sub["package"]), "file": getattr(m, "__file__", None),
                   "ext_file": None, "subject": sub["package"]}
             info["flash_attn"] = fa
-            fa["func_params"] = list(inspect.signature(attention_func()).parameters)
+            fa["func_params"] = list(inspect.signature(func).parameters)
         except Exception as e:  # noqa: BLE001
             info["error"] = f"import {sub['module']} failed: {type(e).__name__}: {e}"
         return info

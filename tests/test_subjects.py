@@ -127,6 +127,9 @@ def test_fa4_env_is_timed_by_the_worker(tmp_path, fa4_links, standins, tiny_conf
     assert fa4["subject"] == "flash-attn-4" and fa4["flash_attn_version"] == "4.0.0b36"
     assert fa4["flash_attn_file"].endswith("flash_attn/cute/__init__.py") and fa4["build"]["method"] == "resolve"
     assert next(e for e in doc["envs"] if e["label"] == "2.6.3")["subject"] == "flash-attn"
+    marker = json.loads((tmp_path / "envs" / "fa4" / subjects.MARKER).read_text())
+    assert marker["func"] == "flash_attn.cute.interface:flash_attn_func"
+    assert marker["env"]["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] == str(tmp_path / "envs" / "fa4" / "cute-dsl-cache")
     site = next((tmp_path / "envs" / "fa4" / "lib").glob("python*/site-packages"))
     assert (site / "nvidia_cutlass_dsl_standin.py").exists() and not (site / "torch").exists()
     fa4_cases = [c for c in doc["cases"] if c["env"] == "fa4"]
