@@ -624,12 +624,15 @@ def _plan_compile_cache(item: PlanItem, slim, tid: dict, py: str, opts: Options,
     hits = {u: f"{e['version']} (earlier build)" for u, e in compcache.expected_hits(opts.cache_dir, keys).items()}
     for u, k in keys.items():
         if u not in hits and k in planned:
-            hits[u] = f"env {planned[k]} (this run, built first)"
+            hits[u] = f"env {planned[k]} (this run; one build waits for the other)"
     for k in keys.values():
         planned.setdefault(k, item.label)
     out["expected_hits"] = hits
+    by_src: dict[str, list[str]] = {}
+    for u, src in sorted(hits.items()):
+        by_src.setdefault(src, []).append(u)
     out["note"] = (f"compile cache: {len(hits)} of {len(keys)} compile units expected from the cache"
-                   + (f" ({', '.join(f'{u} from {v}' for u, v in sorted(hits.items()))})" if hits else ""))
+                   + "".join(f"; {', '.join(us)} from {src}" for src, us in by_src.items()))
     return out
 
 
