@@ -684,8 +684,12 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     for e in env_results:
         if e.status == "ok":
             how = "reused" if e.build.get("reused") else e.build.get("method")
-            console.print(f"  [green]✓[/] {e.label}: flash_attn {e.probe['flash_attn']['version']} ({how}, "
-                          f"{e.build.get('seconds', 0):.1f} s)")
+            cc = ((e.build.get("source_build") or {}).get("compile_cache") or {}).get("stats")
+            hits = (f", compile cache {sum(cc['hits'].values())} hits / {sum(cc['misses'].values())} misses"
+                    if cc else "")
+            pkg = (e.probe["flash_attn"].get("subject") or "flash_attn").replace("-", "_")
+            console.print(f"  [green]✓[/] {e.label}: {pkg} {e.probe['flash_attn']['version']} ({how}, "
+                          f"{e.build.get('seconds', 0):.1f} s{hits})")
         else:
             console.print(f"  [red]✗ {e.label}: {e.error}[/]")
             if e.error_tail:
