@@ -48,8 +48,12 @@ def cache_root(tmp_path, monkeypatch):
         compcache.stop_server(SCCACHE, root)
 
 
+needs_ninja = pytest.mark.skipif(shutil.which("ninja") is None or shutil.which("c++") is None,
+                                 reason="needs ninja and c++ (torch's ninja build is what the wrappers go into)")
+
+
 @needs_sccache
-@pytest.mark.skipif(shutil.which("ninja") is None and shutil.which("c++") is None, reason="needs ninja and c++")
+@needs_ninja
 def test_second_build_of_an_identical_unit_is_an_sccache_hit(tmp_path, cache_root):
     """Two versions built one after the other in the same slot directory: the first compiles
     (a C/C++ miss), the second gets its object from the cache (a C/C++ hit), per sccache's counters."""
@@ -91,6 +95,7 @@ def _cuda_home():
 
 
 @needs_sccache
+@needs_ninja
 @pytest.mark.skipif(_cuda_home() is None, reason="no CUDA toolkit (nvcc) under CUDA_HOME or /usr/local/cuda*")
 def test_second_build_of_an_identical_cuda_unit_is_an_sccache_hit_through_pytorch_nvcc(tmp_path, cache_root):
     """The nvcc path of the slim build (PYTORCH_NVCC set by the shim) with the real nvcc and an sm_90
