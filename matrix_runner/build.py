@@ -199,12 +199,18 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
     # torch.utils.cpp_extension runs `ninja --version`: the env's and matrix-run's bin dirs go first
     path_dirs = [str(Path(python).parent), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
     env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in path_dirs if p))
-    before = None
+    before, cache_note = None, None
     if compile_cache:
         sccache, root = compile_cache["sccache"], Path(cache_root or Path(compile_cache["dir"]).parent)
-        env.update(compcache.server_env(root))
         if compcache.start_server(sccache, root, log):
+            env.update(compcache.server_env(root))
             before = compcache.stats(sccache, root)
+        else:  # a client without its server fails every compile: build without the cache instead
+            cache_note = (f"sccache's server did not start (port {compcache.server_env(root)['SCCACHE_SERVER_PORT']}; "
+                          f"see {log}): built without the compile cache; MATRIX_RUN_SCCACHE_PORT picks another port")
+            compile_cache = None
+            settings["compile_cache"] = None
+            (workdir / "settings.json").write_text(json.dumps(settings))
     env.update(extra_env or {})
     t0 = time.monotonic()
     res = run_logged([str(python), str(shim), str(workdir / "settings.json")], cwd=src, env_extra=env,
@@ -213,6 +219,8 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
     if compile_cache:
         after = compcache.stats(sccache, root)
         manifest.setdefault("compile_cache", {})["stats"] = compcache.delta(before, after)
+    elif cache_note:
+        manifest["compile_cache"] = {"off": cache_note}
     manifest["seconds"] = round(time.monotonic() - t0, 1)
     manifest["compile_seconds"] = ninja_times(src)
     wheels = sorted(dist.glob("*.whl")) if dist.is_dir() else []

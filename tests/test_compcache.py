@@ -139,6 +139,21 @@ def test_without_the_cache_nothing_goes_through_sccache(tmp_path, cache_root):
     assert compcache.stats(SCCACHE, cache_root)["requests"] == before["requests"]
 
 
+@needs_ninja
+def test_an_sccache_whose_server_cannot_start_leaves_the_build_uncached_not_failed(tmp_path, cache_root):
+    """A client without its server fails every compile: the build goes on without the cache and says why."""
+    import sys
+    broken = tmp_path / "sccache"
+    broken.write_text("#!/bin/sh\necho 'sccache: error: Server startup failed' >&2\nexit 2\n")
+    broken.chmod(0o755)
+    wheel, manifest = build.source_build(
+        python=Path(sys.executable), sdist=tiny_sdist(tmp_path, "1.0"), workdir=compcache.slot_dirs(cache_root)[0],
+        version="1.0", kernels="all", archs="all", jobs={"max_jobs": 1, "nvcc_threads": 1}, log=tmp_path / "b.log",
+        compile_cache=compcache.shim_settings(str(broken), cache_root), cache_root=cache_root, timeout=600)
+    assert wheel.name.startswith("tinyext-1.0-")
+    assert "did not start" in manifest["compile_cache"]["off"] and "MATRIX_RUN_SCCACHE_PORT" in manifest["compile_cache"]["off"]
+
+
 def test_shim_wraps_nvcc_through_pytorch_nvcc_and_cxx_through_a_launcher(tmp_path, monkeypatch):
     """torch writes PYTORCH_NVCC verbatim as ninja's nvcc command; CXX must be one word (a launcher)."""
     monkeypatch.setenv("CXX", "g++")
