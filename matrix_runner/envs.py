@@ -74,6 +74,7 @@ class EnvRequest:
     label: str
     version: str  # PEP 440 version, or a local path to an sdist/wheel/dir
     package: str = subjects.DEFAULT  # the subject's distribution (subjects.py)
+    extras: tuple[str, ...] = ()  # its extras as written (flash-attn-4[cu13]); () = the subject's default
 
     @property
     def is_path(self) -> bool:
@@ -86,7 +87,9 @@ class EnvRequest:
     @property
     def spec(self) -> str:
         """What was asked for, as a requirement where it is one (``flash-attn-4==4.0.0b36``)."""
-        return self.version if self.package == subjects.DEFAULT else f"{self.package}=={self.version}"
+        if self.package == subjects.DEFAULT:
+            return self.version
+        return f"{self.package}{'[' + ','.join(self.extras) + ']' if self.extras else ''}=={self.version}"
 
 
 def parse_versions(text: str) -> list[EnvRequest]:
@@ -109,6 +112,11 @@ def parse_versions(text: str) -> list[EnvRequest]:
         if "==" in it:  # [LABEL=]PACKAGE==VERSION (subjects.py)
             left, _, ver = it.partition("==")
             label, _, pkg = left.rpartition("=")
+            extras: tuple[str, ...] = ()
+            m = re.fullmatch(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([A-Za-z0-9._,\s-]*)\])?\s*", pkg)
+            if m:
+                pkg = m.group(1)
+                extras = tuple(sorted(x.strip() for x in (m.group(2) or "").split(",") if x.strip()))
             try:
                 package = subjects.get(pkg).package
             except KeyError as e:
@@ -127,7 +135,9 @@ def parse_versions(text: str) -> list[EnvRequest]:
             if not LABEL_RE.match(label) or label in (".", ".."):
                 raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + -, must start "
                                  "with a letter or digit and have at most 64 characters (it names the env directory)")
-            out.append(EnvRequest(label, ver, package))
+            if extras and package == subjects.DEFAULT:
+                raise UsageError(f"--versions: {it!r}: flash-attn takes no extras here")
+            out.append(EnvRequest(label, ver, package, extras))
             continue
         label, _, ver = it.partition("=") if "=" in it else (it, "", it)
         label, ver = label.strip(), ver.strip()
@@ -400,13 +410,22 @@ def _plan_subject(req: EnvRequest, opts: Options, driver_probe: dict) -> PlanIte
     env_dir = env_dir_for(opts, req.label)
     tid = torch_identity(opts, driver_probe)
     py = driver_probe.get("python") or sys.version.split()[0]
-    key = {"package": req.package, "version": req.version, "torch": tid["version"], "torch_cuda": tid.get("cuda"),
-           "python_tag": python_tag(py)}
+    auto_note = None
+    if not req.extras:  # the extra that matches the torch's CUDA major (FA4: [cu13] for a CUDA 13 torch)
+        extra = req.subject.cuda_extras.get(str(tid.get("cuda") or "").split(".")[0])
+        if extra:
+            req.extras = (extra,)
+            auto_note = (f"torch {tid['version']} is CUDA {tid.get('cuda')}: installing {req.spec} "
+                         "(write the extras yourself to choose others)")
+    key = {"package": req.package, "extras": list(req.extras), "version": req.version, "torch": tid["version"],
+           "torch_cuda": tid.get("cuda"), "python_tag": python_tag(py)}
     item = PlanItem(req.label, req.version, env_dir, "resolve", key, wheels.key_id(key),
                     "none (JIT)" if req.subject.jit else "none", "all")
     item.notes.append(f"{req.spec}: uv resolves it and its dependencies into the env"
                       + (" (the inherited torch excluded)" if tid["mode"] == "inherit" else "")
                       + (f"; {req.subject.note}" if req.subject.note else ""))
+    if auto_note:
+        item.notes.append(auto_note)
     if req.subject.jit:
         item.notes.append("kernels are compiled on each shape's first call (during set-up, never in the samples)")
     rec = load_record(env_dir)

@@ -6,6 +6,7 @@
     fa2=2.8.3                     the same, labelled
     fa2=flash-attn==2.8.3         the same, spelled as a requirement
     fa4=flash-attn-4==4.0.0b36    another subject: PACKAGE==VERSION (exact pins only), labelled fa4
+    fa4=flash-attn-4[cu13]==4.0.0b36   with extras (default: the extra for the torch's CUDA major, cu13 for 13.x)
     flash-attn-4==4.0.0b36        unlabelled: the label is flash-attn-4-4.0.0b36
 
 A subject other than flash-attn is pure Python from wheels: uv resolves ``PACKAGE==VERSION`` with its
@@ -19,7 +20,7 @@ The worker (stdlib + torch + flash_attn only) learns its env's subject from ``<e
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 DEFAULT = "flash-attn"
 MARKER = "matrix-run-subject.json"
@@ -34,6 +35,8 @@ class Subject:
     source_build: bool  # matrix-run builds it from an sdist (slim builds, compile cache)
     jit: bool           # compiles kernels on first call per compile key
     note: str = ""
+    #: extra installed when none is written, by the torch's CUDA major version
+    cuda_extras: dict = field(default_factory=dict, hash=False, compare=False)
 
 
 SUBJECTS = {
@@ -42,8 +45,10 @@ SUBJECTS = {
     # PyPI flash-attn-4 (4.0.0b36 checked): package flash_attn.cute on nvidia-cutlass-dsl, apache-tvm-ffi,
     # quack-kernels, torch-c-dlpack-ext; flash_attn_func(q, k, v, softmax_scale=None, causal=False, ...)
     # returns (out, lse). SM90 forward and backward.
+    # Its [cu13] extra adds nvidia-cutlass-dsl-libs-cu13 (uv pip compile, 2026-12-01); without it only
+    # the cu12 libraries come.
     "flash-attn-4": Subject("flash-attn-4", "flash_attn.cute", "flash_attn.cute.interface:flash_attn_func", None,
-                            False, True, "FlashAttention 4 (CuTe DSL, JIT)"),
+                            False, True, "FlashAttention 4 (CuTe DSL, JIT)", {"13": "cu13"}),
 }
 
 

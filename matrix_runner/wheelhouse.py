@@ -84,7 +84,10 @@ def collect(versions: list, dest: Path, *, python_version: str, cache: Path, ind
     rows: list[dict] = []
     for req in versions:
         if getattr(req, "package", "flash-attn") != "flash-attn":
-            rows += subject_wheels(req.spec, dest, python_version=python_version, index_url=index_url,
+            spec = req.spec
+            if not req.extras and req.subject.cuda_extras:  # the node's torch CUDA is unknown here: every variant
+                spec = f"{req.package}[{','.join(sorted(set(req.subject.cuda_extras.values())))}]=={req.version}"
+            rows += subject_wheels(spec, dest, python_version=python_version, index_url=index_url,
                                    work=cache / "wheelhouse" / req.label, find_links=find_links, no_index=no_index)
             continue
         v = getattr(req, "version", req)

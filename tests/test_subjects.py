@@ -36,11 +36,12 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None
 '''
 
 
-def _wheel(dest: Path, name: str, version: str, files: dict, requires: list) -> Path:
+def _wheel(dest: Path, name: str, version: str, files: dict, requires: list, extras: tuple = ()) -> Path:
     """A minimal pure-Python wheel (zip with METADATA, WHEEL, RECORD)."""
     dist = name.replace("-", "_")
     di = f"{dist}-{version}.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    meta = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Provides-Extra: {e}\n" for e in extras)
+            + "".join(f"Requires-Dist: {r}\n" for r in requires))
     files = {**files, f"{di}/METADATA": meta, f"{di}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     rec = []
     for n, t in files.items():
@@ -58,8 +59,9 @@ def _wheel(dest: Path, name: str, version: str, files: dict, requires: list) -> 
 def fa4_links(tmp_path_factory):
     d = tmp_path_factory.mktemp("fa4-links")
     _wheel(d, "flash-attn-4", "4.0.0b36", {"flash_attn/cute/__init__.py": "", "flash_attn/cute/interface.py": FA4_INTERFACE},
-           ["nvidia-cutlass-dsl>=4.6.2", "torch"])
+           ["nvidia-cutlass-dsl>=4.6.2", "torch", 'nvidia-cutlass-dsl-libs-cu13==4.6.2; extra == "cu13"'], ("cu13",))
     _wheel(d, "nvidia-cutlass-dsl", "4.6.2", {"nvidia_cutlass_dsl_standin.py": "X = 1\n"}, [])
+    _wheel(d, "nvidia-cutlass-dsl-libs-cu13", "4.6.2", {"cu13_standin.py": ""}, [])
     return d
 
 
@@ -70,6 +72,7 @@ def test_versions_syntax_names_the_package_per_env():
         ("fa4", "flash-attn-4", "4.0.0b36", "flash-attn-4==4.0.0b36"),
         ("flash-attn-4-4.0.0b35", "flash-attn-4", "4.0.0b35", "flash-attn-4==4.0.0b35"),
         ("x", "flash-attn", "2.6.3", "2.6.3")]
+    assert envs.parse_versions("fa4=flash-attn-4[cu13]==4.0.0b36")[0].spec == "flash-attn-4[cu13]==4.0.0b36"
     assert got[1].subject.module == "flash_attn.cute" and got[1].subject.jit and not got[1].subject.source_build
     for bad, why in (("fa4=flash-attn-5==1.0", "not a known subject (known: flash-attn, flash-attn-4)"),
                      ("fa4=flash-attn-4>=4.0", "not a PEP 440 version"),
@@ -96,6 +99,20 @@ def test_plan_of_fa4_offline_needs_find_links(tmp_path, fa4_links):
     (item,) = json.loads(cp.stdout)
     assert cp.returncode == 0 and item["method"] == "resolve" and item["key"]["package"] == "flash-attn-4"
     assert any("the inherited torch excluded" in n for n in item["notes"])
+
+
+def test_fa4_gets_the_cuda_13_extra_under_a_cuda_13_torch(tmp_path):
+    """FA4's cutlass-dsl ships CUDA 12 libraries unless [cu13] is asked for: under a CUDA 13 torch the
+    plan adds it (and says so); extras written by the user are kept."""
+    opts = envs.Options(envs_dir=tmp_path / "envs", cache_dir=tmp_path / "cache")
+    dprobe = {"python": "3.12.3", "torch": {"version": "2.11.0+cu130", "cuda": "13.0", "cxx11abi": True}}
+    req = envs.parse_versions("fa4=flash-attn-4==4.0.0b36")[0]
+    item = envs.plan_env(req, [], opts, dprobe)
+    assert item.method == "resolve" and req.spec == "flash-attn-4[cu13]==4.0.0b36" and item.key["extras"] == ["cu13"]
+    assert any("is CUDA 13.0: installing flash-attn-4[cu13]==4.0.0b36" in n for n in item.notes)
+    req12 = envs.parse_versions("fa4=flash-attn-4==4.0.0b36")[0]
+    envs.plan_env(req12, [], opts, {**dprobe, "torch": {**dprobe["torch"], "cuda": "12.8"}})
+    assert req12.extras == ()
 
 
 def test_uv_resolves_fa4_with_its_dependencies_but_never_torch(tmp_path, fa4_links):
@@ -144,6 +161,7 @@ def test_wheelhouse_collects_fa4_and_its_dependencies_but_not_torch(tmp_path, fa
                  "--wheel-cache", str(tmp_path / "cache"), "--python-version", "3.12", "--find-links", str(fa4_links),
                  "--no-index")
     assert cp.returncode == 0, cp.stdout + cp.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["flash_attn_4-4.0.0b36-py3-none-any.whl",
-                                                     "nvidia_cutlass_dsl-4.6.2-py3-none-any.whl"]
+    assert sorted(p.name for p in out.iterdir()) == ["flash_attn_4-4.0.0b36-py3-none-any.whl",  # + every CUDA variant
+                                                     "nvidia_cutlass_dsl-4.6.2-py3-none-any.whl",
+                                                     "nvidia_cutlass_dsl_libs_cu13-4.6.2-py3-none-any.whl"]
     assert "nvidia-cutlass-dsl==4.6.2 wheel (for flash-attn-4==4.0.0b36)" in " ".join(cp.stdout.split())
