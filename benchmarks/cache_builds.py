@@ -2,9 +2,10 @@
 plan's expected cache hits and estimate, the build's seconds, per-file compile seconds and sccache's
 counters (issue #11: a second version whose kernel files match an already built one in <= 90 s).
 
-    python benchmarks/cache_builds.py --find-links SDISTS --cache DIR --envs DIR [--archs 90] [--plan-only] V1 V2 ...
+    python benchmarks/cache_builds.py --find-links SDISTS --cache DIR --envs DIR [--archs 90] [--config FILE]
+        [--plan-only] [LABEL=]V1 [LABEL=]V2 ...
 
-Uses the default config (3 hdim32 fp16 kernel files), --torch inherit, --offline, matrix-run's
+Uses the default config (3 hdim32 fp16 kernel files) unless --config, --torch inherit, --offline, matrix-run's
 envs.plan_env / envs.prepare_env (the code path of `matrix-run run`), one version at a time so the
 second plan reads the first build's keys from the ledger.
 """
@@ -24,15 +25,16 @@ from matrix_runner import envs as E  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("versions", nargs="+")
-    ap.add_argument("--find-links", required=True)
+    ap.add_argument("--find-links", action="append", required=True)
+    ap.add_argument("--config", default=None)
     ap.add_argument("--cache", required=True)
     ap.add_argument("--envs", required=True)
     ap.add_argument("--archs", default=None)
     ap.add_argument("--plan-only", action="store_true")
     a = ap.parse_args()
-    cfg = config.load_config(None)
+    cfg = config.load_config(a.config)
     opts = E.Options(envs_dir=Path(a.envs).resolve(), cache_dir=Path(a.cache).resolve(),
-                     find_links=[Path(a.find_links).resolve()], offline=True, build="slim",
+                     find_links=[Path(d).resolve() for d in a.find_links], offline=True, build="slim",
                      archs=a.archs.split(",") if a.archs else None)
     dprobe = E.probe(sys.executable)
     sccache = compcache.find_sccache()
