@@ -73,6 +73,10 @@ def compiler_env(sccache: str, cuda_home: str | None, bindir: str) -> dict:
     env = {"CXX": launcher, "TORCH_NO_COMPILER_WRAPPER": "1"}
     if cuda_home:
         env["PYTORCH_NVCC"] = f"{sccache} {os.path.join(cuda_home, 'bin', 'nvcc')}"
+        # a CUDA torch adds `-MD -MF $out.d` to nvcc for ninja's header deps, "not supported by sccache"
+        # per torch's own comment (sccache 0.16 caches it: checked with nvcc 13.0); a one-shot build
+        # needs no header deps, so leave the flag out for older sccache versions
+        env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
     return env
 
 

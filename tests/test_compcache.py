@@ -159,6 +159,7 @@ def test_shim_wraps_nvcc_through_pytorch_nvcc_and_cxx_through_a_launcher(tmp_pat
     monkeypatch.setenv("CXX", "g++")
     env = _build_shim.compiler_env("/opt/sccache", "/usr/local/cuda", str(tmp_path / "bin"))
     assert env["PYTORCH_NVCC"] == "/opt/sccache /usr/local/cuda/bin/nvcc"
+    assert env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] == "1"  # no -MD for sccache (CUDA torch)
     assert env["TORCH_NO_COMPILER_WRAPPER"] == "1" and " " not in env["CXX"]
     text = Path(env["CXX"]).read_text()
     assert text.startswith("#!/bin/sh\nexec \"/opt/sccache\" ") and text.rstrip().endswith('"$@"')
