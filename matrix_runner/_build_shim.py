@@ -66,7 +66,7 @@ def compiler_env(sccache: str, cuda_home: str | None, bindir: str) -> dict:
     os.makedirs(bindir, exist_ok=True)
     cxx = os.environ.get("CXX", "c++")
     real = shutil.which(cxx) or cxx
-    launcher = os.path.join(bindir, "cxx-sccache")
+    launcher = os.path.join(bindir, "sccache-c++")  # torch's compiler check runs it with -v: sccache passes that on
     with open(launcher, "w", encoding="utf-8") as f:
         f.write(f'#!/bin/sh\nexec "{sccache}" "{real}" "$@"\n')
     os.chmod(launcher, 0o755)
