@@ -241,7 +241,8 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     return out
 
 
-def merge_shards(docs: list[dict], extra_cases: list[dict] | None = None) -> dict:
+def merge_shards(docs: list[dict], extra_cases: list[dict] | None = None,
+                 case_order: list[str] | None = None) -> dict:
     """One run from the results of its shards (shard module: each shard timed its own share of the
     cases, every version of a case on one GPU, with the same envs and settings).
 
@@ -250,7 +251,8 @@ def merge_shards(docs: list[dict], extra_cases: list[dict] | None = None) -> dic
     :func:`comparisons` over the union of the cases -- what an unsharded run with the same data
     gives, Bonferroni over the whole run's comparisons. ``extra_cases``: records of cases no shard
     measured (a lost job: status error). An env is ok if it is ok in some shard. Set records get
-    their shard's index (``shard``); ``shards`` lists each shard's run id, GPU and stop reason."""
+    their shard's index (``shard``); ``shards`` lists each shard's run id, GPU and stop reason.
+    ``case_order``: case ids in config order (the merged cases follow it, then env order)."""
     if not docs:
         raise ResultsError("no shard results to merge")
     out = json.loads(json.dumps(docs[0], default=_default))
@@ -277,6 +279,9 @@ def merge_shards(docs: list[dict], extra_cases: list[dict] | None = None) -> dic
     out["cases"].extend(extra_cases or [])
     out.pop("shard", None)
     labels = [e["label"] for e in out["envs"] if e.get("status") == "ok"]
+    if case_order:
+        pos, lpos = {cid: i for i, cid in enumerate(case_order)}, {e["label"]: i for i, e in enumerate(out["envs"])}
+        out["cases"].sort(key=lambda c: (pos.get(c["id"], len(pos)), lpos.get(c["env"], 0)))
     out["comparisons"] = comparisons(out["cases"], labels, (out.get("settings") or {}).get("min_effect", 0.05),
                                      settings=out.get("settings"))
     return out

@@ -416,7 +416,7 @@ def submit(args, argv: list[str], out_dir: Path, cases: list[Case], stop: thread
                 extra.append(results.case_record(cd, c))
     if not docs:
         raise UsageError("no shard wrote results: " + "; ".join(lost.values()))
-    merged = results.merge_shards(docs, extra)
+    merged = results.merge_shards(docs, extra, [c.id for c in cases])
     for s in merged["shards"]:
         s["lost"] = lost.get(s.get("index"))
     for i in lost:
