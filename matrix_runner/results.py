@@ -16,6 +16,9 @@ Schema ``matrix-runner/results/1`` (top-level keys)::
                     host_bound: {baseline, candidate}, n_rounds}]
     rounds:       [{round, env, seconds, status, error, restarts, gpu: {sm_clock_mhz_min, ...}}]
     timing:       {env_phase_s, timing_phase_s, total_s, stop_reason}
+    sharded runs (shard module): cases[].gpu {index, uuid, name, shard, sm_clock_mhz_min/max};
+    sets[].shard; shards: [{index, count, gpu, cases, cpus, stop_reason, timing_phase_s, lost}];
+    a job's own results: shard {index, count, host, gpu}
 
 All times are µs per call unless a key ends in ``_s`` (seconds). ``ratio`` is candidate/baseline:
 above 1 the candidate is slower.

@@ -223,7 +223,9 @@ def time_local(envs: list[EnvResult], cases: list[Case], sampling: Sampling, gpu
 
         def set_done(rec, _i=i):
             rec["shard"], rec["gpu_index"] = _i, g["index"]
-            with lock:
+            with lock:  # the caller's data and sets follow every shard (partial results.json)
+                data.update(shard_data[_i])
+                sets.append(rec)
                 on_set(rec)
 
         try:
@@ -351,14 +353,14 @@ def submit(args, argv: list[str], out_dir: Path, cases: list[Case], stop: thread
     """Run the shards as jobs and merge their results: returns the merged results doc (written by
     the caller). With ``prior`` (``--resume``), a shard whose results finished is kept and only the
     others are resubmitted (``--resume`` of their own run directory where they wrote one)."""
-    import submitit
-    from submitit.helpers import CommandFunction
-
     n = args.shards or (len(args.gpus.split(",")) if args.gpus and args.gpus != "all" else 2)
     if n < 1:
         raise UsageError(f"--shards {n}: give a positive number of jobs")
     out_dir = Path(out_dir)
-    ex = _executor(args, out_dir / ".submitit")
+    ex = _executor(args, out_dir / ".submitit")  # a UsageError without submitit
+    import submitit
+    from submitit.helpers import CommandFunction
+
     root = str(Path(__file__).resolve().parent.parent)  # this matrix_runner, whatever is installed
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
     jobs: dict[int, object] = {}
