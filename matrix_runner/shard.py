@@ -314,6 +314,14 @@ def job_argv(argv: list[str], index: int, count: int, out_dir: Path) -> list[str
     return ["run", *out, "--shard", f"{index}/{count}", "--output", str(shard_dir(out_dir, index))]
 
 
+def job_command(argv: list[str], index: int, count: int, out_dir: Path, resume: bool = False) -> list[str]:
+    """What job ``index`` runs: ``python -m matrix_runner`` with :func:`job_argv`, or ``run --resume``
+    of its own run directory where an earlier job of it was interrupted."""
+    if resume:
+        return [sys.executable, "-m", "matrix_runner", "run", "--resume", str(shard_dir(out_dir, index))]
+    return [sys.executable, "-m", "matrix_runner", *job_argv(argv, index, count, out_dir)]
+
+
 def job_record(job: tuple[int, int], mach: dict) -> dict:
     """A job's ``shard`` record: its index and count, host, and the GPU it sees (the first GPU of
     nvidia-smi within ``CUDA_VISIBLE_DEVICES``; None without one)."""
@@ -371,9 +379,8 @@ def submit(args, argv: list[str], out_dir: Path, cases: list[Case], stop: thread
         if old is not None and (old.get("timing") or {}).get("stop_reason") not in ("interrupted", "running"):
             log(f"shard {i}/{n}: finished before ({d}); kept")
             continue
-        cmd = ([sys.executable, "-m", "matrix_runner", "run", "--resume", str(d)] if old is not None
-               else [sys.executable, "-m", "matrix_runner", *job_argv(argv, i, n, out_dir)])
-        fn = CommandFunction(cmd, verbose=True, cwd=os.getcwd(), env=env)
+        fn = CommandFunction(job_command(argv, i, n, out_dir, resume=old is not None), verbose=True,
+                             cwd=os.getcwd(), env=env)
         jobs[i] = ex.submit(fn)
         log(f"shard {i}/{n}: job {jobs[i].job_id} submitted" + (" (resume)" if old is not None else ""))
     lost: dict[int, str] = {}
@@ -389,10 +396,9 @@ def submit(args, argv: list[str], out_dir: Path, cases: list[Case], stop: thread
         try:
             job.result()
         except submitit.core.utils.FailedJobError as ex_:  # the command exited non-zero: 3 = some case failed
-            msg = str(ex_).strip().splitlines()
             if _load(shard_dir(out_dir, i)) is None:
-                lost[i] = (f"shard {i}/{n} (job {job.job_id}) failed without results: "
-                           f"{msg[-1] if msg else 'no message'}; logs in {out_dir / '.submitit'}")
+                lost[i] = (f"shard {i}/{n} (job {job.job_id}) failed without results: {_last_words(job, ex_)}; "
+                           f"logs in {out_dir / '.submitit'}")
         except Exception as ex_:  # noqa: BLE001 - a lost job (killed, node failure, timeout)
             lost[i] = f"shard {i}/{n} (job {job.job_id}) was lost: {type(ex_).__name__}: {str(ex_)[:300]}"
     docs, extra = [], []
@@ -432,6 +438,17 @@ def submit(args, argv: list[str], out_dir: Path, cases: list[Case], stop: thread
                         "shards_lost": sorted(lost)}
     merged["settings"] = {**merged.get("settings", {}), "executor": args.executor, "shards": n}
     return merged
+
+
+def _last_words(job, ex: BaseException) -> str:
+    """The last line the job's command wrote to stderr (submitit re-raises it as FailedJobError)."""
+    try:
+        lines = [ln.strip() for ln in (job.stderr() or "").splitlines() if ln.strip()]
+    except Exception:  # noqa: BLE001 - no log (a job lost with its node)
+        lines = []
+    lines = lines or [ln.strip() for ln in str(ex).splitlines() if ln.strip()]
+    last = lines[-1] if lines else "no message"
+    return last.split("FailedJobError: ", 1)[-1][:300]
 
 
 def _load(d: Path) -> dict | None:

@@ -167,36 +167,42 @@ def test_submitit_local_runs_a_sharded_matrix_end_to_end(sharded_run):
 
 
 def test_a_lost_job_fails_only_its_cases_and_resume_reruns_only_it(sharded_run, monkeypatch, tmp_path):
-    """Job 1 dies (a usage error before it writes anything); job 0 'runs' by re-rendering the first
-    run's shard 0 (`matrix-run report ... -o RUN/shards/0`): shard 1's cases fail naming the job,
-    shard 0's are reported; --resume then resubmits job 1 only (here: it works)."""
+    """Through submitit's local executor: job 1 dies before it writes anything, job 0 'runs' by
+    copying the first run's shard 0: shard 1's cases fail naming the job, shard 0's are reported;
+    --resume then resubmits job 1 only (here it copies the first run's shard 1)."""
     src = sharded_run["out"] / "shards"
     out = tmp_path / "run"
+    copy = "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2])"
+    calls = []
 
-    def fake(argv, i, n, out_dir):
+    def fake(argv, i, n, out_dir, resume=False):
+        calls.append(i)
         if i == 0:
-            return ["report", str(src / "0" / "results.json"), "-o", str(shard.shard_dir(out_dir, 0))]
-        return ["run", "--no-such-option"]
+            return [sys.executable, "-c", copy, str(src / "0"), str(shard.shard_dir(out_dir, 0))]
+        return [sys.executable, "-c", "import sys; print('node failure', file=sys.stderr); sys.exit(2)"]
 
-    monkeypatch.setattr(shard, "job_argv", fake)
+    monkeypatch.setattr(shard, "job_command", fake)
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)
     rc = cli.main([*sharded_run["common"], "--executor", "submitit-local", "--shards", "2", "--output", str(out)])
-    assert rc == cli.EXIT_FAILED
+    assert rc == cli.EXIT_FAILED and sorted(calls) == [0, 1]
     res = load_results(out)
     lost = [c for c in res["cases"] if c["status"] != "ok"]
-    assert lost and all(c["error_kind"] == "shard lost" and "shard 1/2 (job " in c["error"] for c in lost)
+    assert lost and all(c["error_kind"] == "shard lost" and "shard 1/2 (job " in c["error"]
+                        and "node failure" in c["error"] for c in lost)
     ok = [c for c in res["cases"] if c["status"] == "ok"]
     assert {c["id"] for c in ok} == {c["id"] for c in load_results(src / "0")["cases"]}
-    assert res["timing"]["shards_lost"] == [1]
+    assert {c["id"] for c in lost}.isdisjoint({c["id"] for c in ok})
+    assert res["timing"]["shards_lost"] == [1] and [s.get("lost") is not None for s in res["shards"]] == [False, True]
     assert {c["case"] for c in res["comparisons"]} == {c["id"] for c in ok}
 
-    def fake2(argv, i, n, out_dir):
-        assert i == 1, "only the lost shard is resubmitted"
-        return ["report", str(src / "1" / "results.json"), "-o", str(shard.shard_dir(out_dir, 1))]
+    def fake2(argv, i, n, out_dir, resume=False):
+        calls.append(("again", i))
+        return [sys.executable, "-c", copy, str(src / "1"), str(shard.shard_dir(out_dir, 1))]
 
-    monkeypatch.setattr(shard, "job_argv", fake2)
+    monkeypatch.setattr(shard, "job_command", fake2)
     rc = cli.main(["--resume", str(out)])
     assert rc == cli.EXIT_OK, rc
+    assert calls[2:] == [("again", 1)]  # only the lost shard is resubmitted
     res = load_results(out)
     assert all(c["status"] == "ok" for c in res["cases"]) and res["timing"]["shards_lost"] == []
-    assert len(res["cases"]) == 4
+    assert len(res["cases"]) == 4 and len(res["comparisons"]) == len(load_results(sharded_run["out"])["comparisons"])
