@@ -410,6 +410,9 @@ def submit(args, argv: list[str], out_dir: Path, cases: list[Case], stop: thread
             d.setdefault("shard", {"index": i, "count": n})
             if i in lost:  # partial results of a lost job: kept, its unfinished cases failed
                 d["timing"] = {**(d.get("timing") or {}), "stop_reason": "interrupted"}
+                for c in d.get("cases") or []:
+                    if c.get("status") != "ok" and not c.get("error"):
+                        c.update(status="error", error_kind="shard lost", error=lost[i])
             docs.append(d)
     measured = {c["id"] for d in docs for c in d.get("cases") or []}
     labels = _labels(docs, stored, args)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import load_results, run_cli
 
-from matrix_runner import cli, lockstep, results, runner, shard
+from matrix_runner import cli, results, runner, shard
 from matrix_runner.config import Case, Sampling, parse_config
 from matrix_runner.envs import UsageError
 
@@ -206,3 +206,43 @@ def test_a_lost_job_fails_only_its_cases_and_resume_reruns_only_it(sharded_run, 
     res = load_results(out)
     assert all(c["status"] == "ok" for c in res["cases"]) and res["timing"]["shards_lost"] == []
     assert len(res["cases"]) == 4 and len(res["comparisons"]) == len(load_results(sharded_run["out"])["comparisons"])
+
+
+def test_gpu_shards_run_at_once_each_on_its_gpu_and_a_lost_gpu_fails_only_its_cases(tmp_path, monkeypatch):
+    """shard.time_local on fake workers (test_faults' protocol fakes): two shards, each a
+    runner.run_all in its own thread; the workers of shard 1 see CUDA_VISIBLE_DEVICES = GPU 1's UUID,
+    where env "new" cannot start (a lost GPU): only shard 1's cases of "new" fail, naming shard and
+    GPU; shard 0 is measured and compared; set records and case records name their shard and GPU."""
+    import threading
+
+    from test_faults import HELLO, cases, fake_env
+
+    monkeypatch.setattr(runner, "START_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(runner.GpuMonitor, "_read", lambda self: (1980.0, 0))
+    lost = f'if os.environ.get("CUDA_VISIBLE_DEVICES") == "GPU-1b":\n    sys.exit(4)\n{HELLO}'
+    envs = [fake_env(tmp_path, "base"), fake_env(tmp_path, "new", start=lost)]
+    cs = cases(1, 2, 3, 4)
+    gpus = [{"index": i, "uuid": f"GPU-{i}b", "name": "fake", "numa_node": None} for i in (0, 1)]
+    data, sets = {}, []
+    seen = []
+    reason, info = shard.time_local(envs, cs, Sampling(set_seconds=0.2, time_budget_s=120, max_sets=2, burst_ms=1.0),
+                                    gpus, device="cuda", quick=False, work=tmp_path / "work", case_timeout=2.0,
+                                    stop=threading.Event(), data=data, sets=sets, cpus_request="unpinned",
+                                    on_set=lambda r: seen.append((r["shard"], len(sets))))
+    share = [[c.id for c in shard.share(cs, i, 2)] for i in (0, 1)]
+    assert [s["cases"] for s in info] == share and all(s["gpu"]["uuid"] == f"GPU-{i}b" for i, s in enumerate(info))
+    assert [e.status for e in envs] == ["ok", "ok"]  # failed on one GPU only: not failed for the run
+    for cid in share[0]:
+        for lab in ("base", "new"):
+            cd = data[(lab, cid)]
+            assert cd.status == "ok" and cd.sets["wall_us"] and cd.gpu["index"] == 0 and cd.gpu["shard"] == 0
+            assert cd.gpu["sm_clock_mhz_max"] in (None, 1980.0)
+    for cid in share[1]:
+        cd = data[("new", cid)]
+        assert cd.status == "error" and "shard 1/2 on GPU 1" in cd.error and "exited with code 4" in cd.error, cd.error
+        assert data[("base", cid)].status != "error" and data[("base", cid)].gpu["index"] == 1
+    assert {s["shard"] for s in sets} == {0, 1} and all(s["gpu_index"] == s["shard"] for s in sets)
+    assert len(seen) == len(sets)  # on_set after every set of every shard, with the sets so far
+    assert "shard 0" in reason or "max_sets" in reason
+    cmp = runner.comparisons_now(data, ["base", "new"], cs, Sampling(), "wall_us")
+    assert set(k[1] for k in cmp) == set(share[0])
