@@ -246,3 +246,31 @@ def test_gpu_shards_run_at_once_each_on_its_gpu_and_a_lost_gpu_fails_only_its_ca
     assert "shard 0" in reason or "max_sets" in reason
     cmp = runner.comparisons_now(data, ["base", "new"], cs, Sampling(), "wall_us")
     assert set(k[1] for k in cmp) == set(share[0])
+
+
+def test_a_resumed_gpu_sharded_run_deals_each_set_back_to_its_shard(tmp_path):
+    """--resume of a --gpus run: the sets and cases read back from results.json go back to the shard
+    that timed them; each shard goes on with its own next set ids, and nothing is re-timed."""
+    import threading
+
+    from test_faults import _through_results, cases, fake_env
+
+    envs = [fake_env(tmp_path, "a"), fake_env(tmp_path, "b")]
+    cs = cases(1, 2, 3)
+    gpus = [{"index": i, "uuid": None, "name": "cpu", "numa_node": None} for i in (0, 1)]
+
+    def go(data, sets, max_sets, work):
+        return shard.time_local(envs, cs, Sampling(set_seconds=0.2, time_budget_s=120, max_sets=max_sets, burst_ms=1.0),
+                                gpus, device="cpu", quick=False, work=tmp_path / work, case_timeout=2.0,
+                                stop=threading.Event(), data=data, sets=sets, cpus_request="unpinned")
+
+    data, sets = {}, []
+    go(data, sets, 1, "w1")
+    assert sorted((s["shard"], s["set"]) for s in sets) == [(0, 0), (1, 0)]
+    first = {k: dict(cd.sets["wall_us"][0]) for k, cd in data.items()}
+    data2, sets2 = _through_results(data, sets, cs)
+    go(data2, sets2, 2, "w2")
+    assert sorted((s["shard"], s["set"]) for s in sets2) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for k, cd in data2.items():
+        assert cd.status == "ok" and sorted(cd.sets["wall_us"]) == [0, 1]
+        assert cd.sets["wall_us"][0] == pytest.approx(first[k])  # kept as measured, not re-timed
