@@ -5,8 +5,9 @@
 # The seed comparison (2.6.3 vs 2.7.0.post2, default config), twice per mode:
 #   one  -- today's run on one GPU (no --gpus; CUDA_VISIBLE_DEVICES=0)
 #   all  -- --gpus all: the cases sharded over every GPU, timed at once
-# a) fixed work: --max-sets ${SETS:-6} (every case gets the same number of process sets in both modes):
-#    the timing phase's wall time of each and the speed-up (the goal: near the number of GPUs);
+# a) the same work: --max-sets ${SETS:-6} (every case gets up to that many process sets in both modes;
+#    a run or shard whose verdicts are all decided stops earlier: the set counts are printed): the
+#    timing phase's wall time of each and the speed-up (the goal: near the number of GPUs);
 # b) time to decide: --time-budget ${BUDGET:-150}: both stop when every wall verdict is decided.
 # Then whether the wall verdicts agree per case (and the ratios side by side). On a one-GPU machine
 # `--gpus all` must be today's run: the script says which path it took (settings.gpus in results.json).
@@ -28,6 +29,10 @@ step() { local name=$1 limit=$2; shift 2; local t=$SECONDS
   grep -E "✓|✗|time:|stopped|failed|warning|pinned|shard" /tmp/sh/$name.log | head -10 | tee -a "$OUT/summary.txt"; }
 # envs first (both modes reuse them: the env phase is not part of the comparison)
 step warm 300 python3 -m matrix_runner run "${COMMON[@]}" --quick
+# --gpus all with one visible GPU must be today's run (no shards; settings.gpus null)
+step one-gpu-all 120 env CUDA_VISIBLE_DEVICES=0 python3 -m matrix_runner run "${COMMON[@]}" --gpus all --quick
+python3 -c "import json; d = json.load(open('/tmp/sh/one-gpu-all/results.json')); print('one visible GPU, --gpus all:', \
+  'unsharded (as before)' if not d['settings'].get('gpus') and 'shards' not in d else 'SHARDED (wrong)')" | tee -a "$OUT/summary.txt"
 step sets-one 300 env CUDA_VISIBLE_DEVICES=0 python3 -m matrix_runner run "${COMMON[@]}" --max-sets "${SETS:-6}" --time-budget 600
 step sets-all 300 python3 -m matrix_runner run "${COMMON[@]}" --gpus all --max-sets "${SETS:-6}" --time-budget 600
 step budget-one 300 env CUDA_VISIBLE_DEVICES=0 python3 -m matrix_runner run "${COMMON[@]}" --time-budget "${BUDGET:-150}"
@@ -45,7 +50,9 @@ for pair in (("sets-one", "sets-all"), ("budget-one", "budget-all")):
     gpus = b["settings"].get("gpus")
     print(f"\n{pair[0]} vs {pair[1]}: timing phase {ta:.1f} s on one GPU, {tb:.1f} s with --gpus all "
           f"(GPUs {gpus or 'one: the unsharded path'}) -> speed-up {ta / tb:.2f}x; "
-          f"stopped: {a['timing']['stop_reason']!r} / {b['timing']['stop_reason']!r}")
+          f"stopped: {a['timing']['stop_reason']!r} / {b['timing']['stop_reason']!r}; "
+          f"process sets {len(a['sets'])} / {len(b['sets'])} (sets per case: {len(a['sets'])} / "
+          f"{', '.join(str(sum(1 for r in b['sets'] if r.get('shard') == s['index'])) for s in b.get('shards') or []) or len(b['sets'])})")
     for s in b.get("shards") or []:
         print(f"  shard {s['index']}: GPU {s['gpu']['index']} {s['gpu']['uuid']} numa {s['gpu']['numa_node']}, "
               f"{len(s['cases'])} cases, {s['timing_phase_s']} s, CPUs {s['cpus'].get('set_cpus')} "
