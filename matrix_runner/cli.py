@@ -758,8 +758,8 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                                         work=out_dir / ".work", case_timeout=args.case_timeout, stop=stop,
                                         data=data, sets=sets, cpus=cpus, on_set=on_set, on_progress=on_progress,
                                         elapsed_s=prior_tm, family_extra=(len(ok_envs) - 1) * (len(cfg.cases) - len(mine)))
-                for cd in data.values() if job else ():
-                    cd.gpu = base_doc["shard"].get("gpu")
+                for cd in data.values() if job else ():  # a job's cases: its GPU and the clocks seen
+                    cd.gpu = {**(base_doc["shard"].get("gpu") or {}), "shard": job[0], **shard.clocks_seen(sets)}
     timing_s = time.monotonic() - t_tm
     for e in ok_envs:
         if e.status == "failed":  # failed the import check in its first worker

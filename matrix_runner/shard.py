@@ -249,9 +249,7 @@ def time_local(envs: list[EnvResult], cases: list[Case], sampling: Sampling, gpu
     data.clear()
     sets.clear()
     for i in range(n):
-        clocks = [r.get("gpu") for r in shard_sets[i] if r.get("gpu")]
-        seen = {"sm_clock_mhz_min": min((c["sm_clock_mhz_min"] for c in clocks), default=None),
-                "sm_clock_mhz_max": max((c["sm_clock_mhz_max"] for c in clocks), default=None)}
+        seen = clocks_seen(shard_sets[i])
         for key, cd in shard_data[i].items():
             cd.gpu = {**info[i]["gpu"], "shard": i, **seen}
             if info[i]["stop_reason"].startswith("driver error") and cd.status == "pending":
@@ -282,6 +280,13 @@ def time_local(envs: list[EnvResult], cases: list[Case], sampling: Sampling, gpu
     else:
         reason = "; ".join(f"shard {i}: {r}" for i, r in enumerate(reasons))
     return reason, info
+
+
+def clocks_seen(sets: list) -> dict:
+    """The lowest and highest SM clock (MHz) runner.GpuMonitor saw over ``sets`` (None without)."""
+    clocks = [r.get("gpu") for r in sets if r.get("gpu")]
+    return {"sm_clock_mhz_min": min((c["sm_clock_mhz_min"] for c in clocks), default=None),
+            "sm_clock_mhz_max": max((c["sm_clock_mhz_max"] for c in clocks), default=None)}
 
 
 def _gpu_rec(g: dict) -> dict:
