@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import __version__, envs as envmod, explain, lockstep, machine, proc, report, results, runner, wheels
+from . import __version__, envs as envmod, explain, lockstep, machine, proc, report, results, runner, shard, wheels
 from .config import FUNCS, MAX_CASES, ConfigError, load_config, parse_config
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish", "explain")
@@ -91,6 +91,7 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--fail-on-regression", type=float, metavar="PCT",
                    help="exit 1 if any candidate's wall time is 'slower' by more than PCT percent")
     r.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
+    shard.add_args(r)
 
 
 def _timing_option_names() -> set[str]:
@@ -621,7 +622,7 @@ def _resume_args(args, argv: list[str]):
                                 "measured anything or wrote results; start it again with its original command")
     doc = results.load(run_dir / "results.json")
     stopped = (doc.get("timing") or {}).get("stop_reason")
-    if stopped not in ("interrupted", "running"):
+    if stopped not in ("interrupted", "running") and not (doc.get("timing") or {}).get("shards_lost"):
         console.print(f"{run_dir}: that run finished (stopped: {stopped}); nothing to resume")
         return args, argv, None
     cmd = [str(a) for a in (doc.get("command") or [])[1:]]
@@ -715,6 +716,17 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
 
     console.print(f"[bold]matrix-run[/] {__version__}: {len(reqs)} env(s), {len(cfg.cases)} case(s) "
                   f"({cfg.source}) → {out_dir}")
+    if shard.submitted(args):  # scale-out (shard module): --executor slurm|submitit-local, shards as jobs
+        doc = shard.submit(args, argv, out_dir, cfg.cases, stop, prior, log=console.print)
+        doc.update(run_id=run_id, created=created.isoformat(timespec="seconds"), title=cfg.title,
+                   command=(prior or {}).get("command") or ["matrix-run", *argv[1:]])
+        _write(doc, out_dir, args)
+        if doc["timing"]["shards_lost"]:
+            console.print(f"[yellow]shard(s) {doc['timing']['shards_lost']} lost: their cases failed; "
+                          f"rerun them with matrix-run --resume {shlex.quote(str(out_dir))}[/]")
+        bad = regressions(doc, args.fail_on_regression) if args.fail_on_regression is not None else []
+        return (EXIT_INTERRUPTED if stop.is_set() else EXIT_REGRESSION if bad else EXIT_FAILED
+                if any(c["status"] != "ok" for c in doc["cases"]) or doc["timing"]["shards_lost"] else EXIT_OK)
     dprobe = envmod.probe(sys.executable)
     mach = machine.collect(dprobe)
     device = args.device
@@ -735,6 +747,8 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                           "Run on a machine with an NVIDIA GPU, or use --device cpu to exercise the pipeline on CPU "
                           "(real flash-attn rejects CPU tensors; README.md, 'Without a GPU', shows a stand-in).")
 
+    gpus = shard.resolve_gpus(args.gpus, device)  # [] = one GPU, as before; else one shard per GPU
+    job = shard.parse_shard(args.shard)  # a job's share of the cases (--executor slurm)
     settings = {"device": device, "torch": opts.torch, "quick": args.quick, "min_effect": samp.min_effect,
                 "method": results.METHOD, "alpha": samp.alpha, "planned_sets": samp.planned_sets,
                 "max_sets": samp.max_sets, "set_seconds": samp.set_seconds, "burst_ms": samp.burst_ms,
@@ -742,7 +756,8 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                 "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                 "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,
                 "find_links": [str(p) for p in opts.find_links], "no_gpu_message": no_gpu_msg,
-                "cwd": (prior or {}).get("settings", {}).get("cwd") or os.getcwd()}
+                "cwd": (prior or {}).get("settings", {}).get("cwd") or os.getcwd(),
+                "gpus": [g["index"] for g in gpus] or None}
     base_doc = {"schema": results.SCHEMA, "run_id": run_id, "created": created.isoformat(timespec="seconds"),
                 "title": cfg.title, "command": ["matrix-run", *argv[1:]] if argv and argv[0] == "run" else ["matrix-run", *argv],
                 "config": cfg.raw, "config_source": cfg.source, "settings": settings, "machine": mach,
@@ -811,15 +826,17 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             if e.status != "ok" and not str(e.error).startswith("interrupted"):
                 e.status, e.error = "failed", f"interrupted: {e.error}"
     elif ok_envs:
-        try:
-            cpus = lockstep.plan_cpus(args.cpus, n_sets=4)
+        try:  # sharded over GPUs: each shard plans its own share of the CPUs (shard.time_local)
+            cpus = lockstep.plan_cpus(args.cpus, n_sets=4) if not gpus else {"pinned": None, "sharded": True}
         except ValueError as ex:
             raise envmod.UsageError(str(ex)) from None
         base_doc["settings"]["cpus"] = cpus
-        if samp.workers_per_env is None:  # auto: 2 where the next set can start on spare cores
+        if samp.workers_per_env is None and not gpus:  # auto: 2 where the next set can start on spare cores
             samp.workers_per_env = 2 if len(cpus.get("spare_cpus") or []) >= 4 else 1
         base_doc["settings"]["workers_per_env"] = samp.workers_per_env
-        if cpus["pinned"]:
+        if cpus["pinned"] is None:
+            pass
+        elif cpus["pinned"]:
             console.print(f"[dim]process sets pinned to CPU(s) {', '.join(map(str, cpus['set_cpus']))} "
                           f"(driver on CPU {cpus['driver_cpu']})[/]")
         else:
@@ -843,10 +860,21 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                     console.print(f"set {rec['set']}: {rec['cycles']} cycles, {rec['seconds']:.1f} s"
                                   + (f", cpu {rec['cpu']}" if rec.get("cpu") is not None else ", unpinned"))
 
-            reason = runner.run_all(ok_envs, cfg.cases, samp, device=device, quick=args.quick,
-                                    work=out_dir / ".work", case_timeout=args.case_timeout, stop=stop,
-                                    data=data, sets=sets, cpus=cpus, on_set=on_set, on_progress=on_progress,
-                                    elapsed_s=prior_tm)
+            if gpus:  # one shard per GPU, at once (shard module)
+                reason, base_doc["shards"] = shard.time_local(
+                    ok_envs, cfg.cases, samp, gpus, device=device, quick=args.quick, work=out_dir / ".work",
+                    case_timeout=args.case_timeout, stop=stop, data=data, sets=sets, cpus_request=args.cpus,
+                    on_set=on_set, on_progress=on_progress, elapsed_s=prior_tm, log=console.print)
+            else:
+                mine = shard.share(cfg.cases, *job) if job else cfg.cases
+                if job:
+                    base_doc["shard"] = shard.job_record(job, mach)
+                reason = runner.run_all(ok_envs, mine, samp, device=device, quick=args.quick,
+                                        work=out_dir / ".work", case_timeout=args.case_timeout, stop=stop,
+                                        data=data, sets=sets, cpus=cpus, on_set=on_set, on_progress=on_progress,
+                                        elapsed_s=prior_tm, family_extra=(len(ok_envs) - 1) * (len(cfg.cases) - len(mine)))
+                for cd in data.values() if job else ():  # a job's cases: its GPU and the clocks seen
+                    cd.gpu = {**(base_doc["shard"].get("gpu") or {}), "shard": job[0], **shard.clocks_seen(sets)}
     timing_s = time.monotonic() - t_tm
     for e in ok_envs:
         if e.status == "failed":  # failed the import check in its first worker

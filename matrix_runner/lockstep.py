@@ -68,10 +68,11 @@ def _tail(log: Path) -> str:
 class Worker:
     """One live worker process of one env. ``request`` sends a command and waits for its reply."""
 
-    def __init__(self, label: str, python: str, log: Path, cpus: set[int] | None = None):
+    def __init__(self, label: str, python: str, log: Path, cpus: set[int] | None = None,
+                 env_extra: dict | None = None):
         self.label, self.log = label, log
         self.p = proc.spawn([python, str(WORKER), "serve"], log=log, piped=True,
-                             env_extra={"PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"})
+                             env_extra={**(env_extra or {}), "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"})
         self._buf = b""
         self.pid = self.p.pid
         self.hello: dict | None = None
@@ -244,15 +245,17 @@ def parse_cpus(request: str | None) -> list[int] | None:
     return want
 
 
-def plan_cpus(request: str | None, n_sets: int = 4) -> dict:
+def plan_cpus(request: str | None, n_sets: int = 4, allowed: list[int] | None = None) -> dict:
     """Which CPU the driver runs on and which cores the process sets are pinned to.
 
     ``request``: ``auto`` (default) or ``None`` — the driver takes the first allowed CPU, the sets
     the ``n_sets`` quietest of the others by a short noise calibration (:func:`_noise`, ~30 ms per
     core); ``unpinned`` — no pinning; or a comma list of CPU ids for the sets. Returns ``{pinned,
     driver_cpu, set_cpus, why, noise}``; ``pinned`` is False with ``why`` where pinning cannot work
-    (one CPU, an OS or cgroup that forbids it): the run then goes on unpinned and says so."""
-    allowed = allowed_cpus()
+    (one CPU, an OS or cgroup that forbids it): the run then goes on unpinned and says so.
+    ``allowed``: plan within these CPUs only (a shard's share of the machine; default: every CPU
+    this process may run on)."""
+    allowed = allowed_cpus() if allowed is None else sorted(set(allowed) & set(allowed_cpus()))
     out = {"pinned": False, "driver_cpu": None, "set_cpus": [], "spare_cpus": [], "why": None, "noise": None,
            "allowed": allowed}
     if request == "unpinned":

@@ -51,3 +51,51 @@ def collect(driver_probe: dict | None) -> dict:
         "driver": (smi or {}).get("driver"),
         "nvidia_smi": smi,
     }
+
+
+def gpus() -> list[dict]:
+    """Every GPU nvidia-smi lists: ``{index, uuid, bus_id, name, max_sm_clock_mhz, numa_node}`` (index:
+    nvidia-smi's, PCI order; numa_node from sysfs, None where unknown); [] without nvidia-smi."""
+    try:
+        cp = capture(["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id,name,clocks.max.sm",
+                      "--format=csv,noheader,nounits"], timeout=20)
+    except (OSError, Exception):  # noqa: BLE001 - no nvidia-smi: no NVIDIA GPU here
+        return []
+    if cp.returncode != 0:
+        return []
+    out = []
+    for line in cp.stdout.strip().splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if len(f) < 5 or not f[0].isdigit():
+            continue
+        out.append({"index": int(f[0]), "uuid": f[1], "bus_id": f[2], "name": f[3], "max_sm_clock_mhz": f[4],
+                    "numa_node": numa_node(f[2])})
+    return out
+
+
+def numa_node(bus_id: str) -> int | None:
+    """NUMA node of a PCI device from ``/sys/bus/pci/devices/<bus id>/numa_node`` (nvidia-smi's
+    ``00000000:19:00.0`` is sysfs' ``0000:19:00.0``); None where unknown (-1, no sysfs)."""
+    try:
+        dom, rest = bus_id.lower().split(":", 1)
+        txt = open(f"/sys/bus/pci/devices/{dom[-4:]}:{rest}/numa_node").read().strip()
+        n = int(txt)
+    except (OSError, ValueError):
+        return None
+    return n if n >= 0 else None
+
+
+def node_cpus(node: int) -> list[int]:
+    """CPU ids of NUMA node ``node`` (``/sys/devices/system/node/node<N>/cpulist``); [] where unknown."""
+    try:
+        txt = open(f"/sys/devices/system/node/node{node}/cpulist").read().strip()
+    except OSError:
+        return []
+    out: list[int] = []
+    for part in txt.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out.extend(range(int(a), int(b) + 1))
+        elif part.strip():
+            out.append(int(part))
+    return out

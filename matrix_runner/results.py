@@ -16,6 +16,9 @@ Schema ``matrix-runner/results/1`` (top-level keys)::
                     host_bound: {baseline, candidate}, n_rounds}]
     rounds:       [{round, env, seconds, status, error, restarts, gpu: {sm_clock_mhz_min, ...}}]
     timing:       {env_phase_s, timing_phase_s, total_s, stop_reason}
+    sharded runs (shard module): cases[].gpu {index, uuid, name, shard, sm_clock_mhz_min/max};
+    sets[].shard; shards: [{index, count, gpu, cases, cpus, stop_reason, timing_phase_s, lost}];
+    a job's own results: shard {index, count, host, gpu}
 
 All times are µs per call unless a key ends in ``_s`` (seconds). ``ratio`` is candidate/baseline:
 above 1 the candidate is slower.
@@ -64,6 +67,8 @@ def case_record(cd, case: Case) -> dict:
     d["gbps"] = None if kvb is None else {k: stats.gbps(kvb, med.get(f"{k}_us")) for k in ("wall", "device", "graph")}
     d["host_bound"] = stats.host_bound(med.get("host_us"), med.get("device_us"))
     d["correctness"] = _worst_correctness(cd.correctness, case.dtype)
+    if getattr(cd, "gpu", None):
+        d["gpu"] = cd.gpu  # sharded run: the one GPU all versions of this case ran on
     if cd.status == "pending":
         d["status"] = "not run"
     return d
@@ -239,4 +244,50 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
                           for c in comparisons(out["cases"], [labels[0], cand], eff, settings=out["settings"],
                                                paired=run_of[cand] == run_of[labels[0]])]
     out["merged_from"] = [r.get("run_id") for r in runs]
+    return out
+
+
+def merge_shards(docs: list[dict], extra_cases: list[dict] | None = None,
+                 case_order: list[str] | None = None) -> dict:
+    """One run from the results of its shards (shard module: each shard timed its own share of the
+    cases, every version of a case on one GPU, with the same envs and settings).
+
+    Shards are separate units of the statistics: a case's process sets all come from its one shard
+    (``by_set`` ids are per shard and only ever paired within a case), so the comparisons are exactly
+    :func:`comparisons` over the union of the cases -- what an unsharded run with the same data
+    gives, Bonferroni over the whole run's comparisons. ``extra_cases``: records of cases no shard
+    measured (a lost job: status error). An env is ok if it is ok in some shard. Set records get
+    their shard's index (``shard``); ``shards`` lists each shard's run id, GPU and stop reason.
+    ``case_order``: case ids in config order (the merged cases follow it, then env order)."""
+    if not docs:
+        raise ResultsError("no shard results to merge")
+    out = json.loads(json.dumps(docs[0], default=_default))
+    envs = {e["label"]: e for e in out["envs"]}
+    out["cases"], out["sets"], out["shards"] = [], [], []
+    for i, d in enumerate(docs):
+        sh = d.get("shard") or {"index": i, "count": len(docs)}
+        for e in d.get("envs") or []:
+            if e["label"] not in envs:
+                envs[e["label"]] = e
+                out["envs"].append(e)
+            elif e.get("status") == "ok" and envs[e["label"]].get("status") != "ok":
+                envs[e["label"]].update(e)
+        seen = {(c["env"], c["id"]) for c in out["cases"]}
+        dup = [c["id"] for c in d.get("cases") or [] if (c["env"], c["id"]) in seen]
+        if dup:
+            raise ResultsError(f"shard {sh.get('index')}: case(s) {sorted(set(dup))} are in another shard too: "
+                               "the shards of one run time disjoint shares of the cases")
+        out["cases"].extend(d.get("cases") or [])
+        out["sets"].extend({**s, "shard": sh.get("index", i)} for s in d.get("sets") or [])
+        out["shards"].append({**sh, "run_id": d.get("run_id"), "gpu": sh.get("gpu"),
+                              "stop_reason": (d.get("timing") or {}).get("stop_reason"),
+                              "timing_phase_s": (d.get("timing") or {}).get("timing_phase_s")})
+    out["cases"].extend(extra_cases or [])
+    out.pop("shard", None)
+    labels = [e["label"] for e in out["envs"] if e.get("status") == "ok"]
+    if case_order:
+        pos, lpos = {cid: i for i, cid in enumerate(case_order)}, {e["label"]: i for i, e in enumerate(out["envs"])}
+        out["cases"].sort(key=lambda c: (pos.get(c["id"], len(pos)), lpos.get(c["env"], 0)))
+    out["comparisons"] = comparisons(out["cases"], labels, (out.get("settings") or {}).get("min_effect", 0.05),
+                                     settings=out.get("settings"))
     return out

@@ -63,6 +63,8 @@ class CaseData:
     faults: int = 0
     inner: dict = field(default_factory=dict)
     clock_seconds: dict = field(default_factory=dict)
+    #: sharded runs: the GPU the case was timed on (index, uuid, name, shard, SM clocks seen)
+    gpu: dict | None = None
 
     @property
     def rounds(self) -> dict:
@@ -78,8 +80,8 @@ class GpuMonitor:
 
     IGNORED = 0x1  # GPU idle
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
+    def __init__(self, enabled: bool, index: int = 0):
+        self.enabled, self.index = enabled, index
         self._stop = threading.Event()
         self.samples: list[tuple[float, int]] = []
         self._nvml = None
@@ -88,7 +90,7 @@ class GpuMonitor:
                 import pynvml
 
                 pynvml.nvmlInit()
-                self._nvml = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(0))
+                self._nvml = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(index))
             except Exception:  # noqa: BLE001
                 self._nvml = None
 
@@ -102,7 +104,7 @@ class GpuMonitor:
                 return None
         try:
             cp = capture(["nvidia-smi", "--query-gpu=clocks.sm,clocks_throttle_reasons.active",
-                          "--format=csv,noheader,nounits", "-i", "0"], timeout=10)
+                          "--format=csv,noheader,nounits", "-i", str(self.index)], timeout=10)
             clk, reasons = cp.stdout.strip().splitlines()[0].split(",")
             return float(clk), int(reasons.strip(), 16)
         except Exception:  # noqa: BLE001
@@ -166,9 +168,11 @@ def _import_check(env: EnvResult, hello: dict) -> str | None:
 
 
 def comparisons_now(data: dict, labels: list[str], cases: list[Case], sampling: Sampling, metric: str,
-                    quick: bool = False) -> dict:
+                    quick: bool = False, family_extra: int = 0) -> dict:
     """``{(candidate, case id): stats.set_compare result}`` for ``metric`` over the data so far,
-    with the run's family (every ok candidate x case pair of this metric)."""
+    with the run's family (every ok candidate x case pair of this metric, plus ``family_extra``:
+    the comparisons of the run timed elsewhere -- other shards -- so that the Bonferroni level is
+    the whole run's)."""
     if len(labels) < 2:
         return {}
     pairs = [(cand, c) for cand in labels[1:] for c in cases
@@ -176,7 +180,7 @@ def comparisons_now(data: dict, labels: list[str], cases: list[Case], sampling: 
     out = {}
     for cand, c in pairs:
         b, k = data[(labels[0], c.id)].sets[metric], data[(cand, c.id)].sets[metric]
-        out[(cand, c.id)] = stats.set_compare(b, k, min_effect=sampling.min_effect, family_size=len(pairs),
+        out[(cand, c.id)] = stats.set_compare(b, k, min_effect=sampling.min_effect, family_size=len(pairs) + family_extra,
                                               family_alpha=sampling.alpha, n_target=sampling.planned_sets,
                                               cycles=metric in CYCLED, provisional=quick)
     return out
@@ -190,8 +194,11 @@ class _Set:
     """One process set: ``per_env`` workers per env (see module doc). Worker keys are the env label,
     or ``label#j`` with several per env."""
 
-    def __init__(self, sid: int, envs: list[EnvResult], work: Path, other_cpus: set | None, per_env: int = 1):
+    def __init__(self, sid: int, envs: list[EnvResult], work: Path, other_cpus: set | None, per_env: int = 1,
+                 env_extra: dict | None = None, closing: list | None = None):
         self.sid, self.envs, self.work = sid, envs, work
+        #: threads stopping finished workers: the run's own list (shards run concurrently)
+        self.closing = _closing if closing is None else closing
         self.t0 = time.monotonic()
         self.workers: dict[str, lockstep.Worker] = {}
         self.label_of: dict[str, str] = {}
@@ -201,7 +208,8 @@ class _Set:
             for j in range(per_env):
                 key = e.label if per_env == 1 else f"{e.label}#{j}"
                 try:
-                    self.workers[key] = lockstep.Worker(key, e.python, work / f"s{sid}-{key}.log", other_cpus)
+                    self.workers[key] = lockstep.Worker(key, e.python, work / f"s{sid}-{key}.log", other_cpus,
+                                                        env_extra=env_extra)
                 except proc.Stopped:
                     raise Interrupted() from None
                 self.label_of[key] = e.label
@@ -235,10 +243,10 @@ class _Set:
             w.terminate()
         t = threading.Thread(target=lambda: [w.close() for w in ws], daemon=True)
         t.start()
-        _closing.append(t)
+        self.closing.append(t)
 
 
-#: Threads stopping the workers of finished sets (joined at the end of :func:`run_all`).
+#: Threads stopping the workers of finished sets of a :class:`_Set` made without its run's own list.
 _closing: list = []
 
 
@@ -246,13 +254,18 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             work: Path, case_timeout: float, stop: threading.Event, data: dict, sets: list,
             cpus: dict | None = None, on_set: Callable[[dict], None] = lambda r: None,
             on_progress: Callable[[str], None] = lambda msg: None, elapsed_s: float = 0.0,
-            seed: int = 0) -> str:
+            seed: int = 0, family_extra: int = 0, gpu_index: int = 0, worker_env: dict | None = None) -> str:
     """Time ``cases`` in the ok ``envs`` in lockstep process sets and return why sampling stopped.
 
     ``data`` (filled here) maps ``(env_label, case_id)`` to :class:`CaseData`; ``sets`` receives one
     record per process set; both are up to date whenever ``on_set`` is called, so the caller can
     write partial results. ``cpus`` is :func:`lockstep.plan_cpus`' plan (None: unpinned). To resume,
-    pass the earlier run's ``data`` and ``sets`` and its timing seconds as ``elapsed_s``."""
+    pass the earlier run's ``data`` and ``sets`` and its timing seconds as ``elapsed_s``.
+
+    One shard of a run (shard module; several may run at once in threads of one driver):
+    ``family_extra`` comparisons of the other shards join the Bonferroni family, ``gpu_index`` is the
+    nvidia-smi index of the GPU whose clocks are sampled, ``worker_env`` is added to every worker's
+    environment (``CUDA_VISIBLE_DEVICES``). The driver's CPU pinning applies to the calling thread."""
     if not envs:
         return "no env could be timed"
     work.mkdir(parents=True, exist_ok=True)
@@ -263,7 +276,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     rng = random.Random(seed + len(sets))
     max_sets = 1 if quick else sampling.max_sets
     t0 = time.monotonic() - elapsed_s
-    monitor = GpuMonitor(device == "cuda")
+    monitor = GpuMonitor(device == "cuda", gpu_index)
+    closing: list = []  # this run's threads stopping finished workers
     before_aff = lockstep.allowed_cpus()
     if cpus.get("pinned") and cpus.get("driver_cpu") is not None:
         lockstep.set_affinity(0, {cpus["driver_cpu"]})
@@ -280,7 +294,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
         while True:
             sid = len(sets)
             labels = [e.label for e in envs]
-            wall_cmp = comparisons_now(data, labels, cases, sampling, "wall_us", quick)
+            wall_cmp = comparisons_now(data, labels, cases, sampling, "wall_us", quick, family_extra)
             if sets and len(labels) >= 2 and wall_cmp and not _undecided(wall_cmp):
                 reason = "all wall-time verdicts decided (anytime-valid intervals)"
                 break
@@ -300,7 +314,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 break
             if stop.is_set():
                 raise Interrupted()
-            cur = pending if pending is not None else _Set(sid, envs, work, others, sampling.workers_per_env)
+            cur = pending if pending is not None else _Set(sid, envs, work, others, sampling.workers_per_env,
+                                                                worker_env, closing)
             pending = None
             cpu = cpus["set_cpus"][sid % len(cpus["set_cpus"])] if cpus.get("pinned") else None
 
@@ -311,7 +326,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 if quick or stop.is_set() or others is None:  # no spare core: start after this set
                     return
                 if stage == "spawn":
-                    pending = _Set(_sid + 1, envs, work, others, sampling.workers_per_env)
+                    pending = _Set(_sid + 1, envs, work, others, sampling.workers_per_env, worker_env, closing)
                 elif pending is not None:
                     # not the cases under retry after a fault: their set-up waits for this set's outcome
                     labs = [e.label for e in envs]
@@ -352,8 +367,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     finally:
         if pending is not None:
             pending.close()
-        while _closing:
-            _closing.pop().join(timeout=10)
+        while closing:
+            closing.pop().join(timeout=10)
         if before_aff:
             lockstep.set_affinity(0, before_aff)
     return reason
@@ -497,8 +512,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         phase("setup")
         # the previous set's workers have exited (their CUDA teardown disturbed the first bursts of
         # a set on the H200), then the next set's workers start importing on spare cores
-        while _closing:
-            _closing.pop().join(timeout=10)
+        while st.closing:
+            st.closing.pop().join(timeout=10)
         phase("teardown")
         prefetch("spawn")
         phase("prefetch")
