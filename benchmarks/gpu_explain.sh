@@ -27,8 +27,8 @@ export MATRIX_RUN_PYSPY=/tmp/pyspy/bin/py-spy
 COMMON=(--find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
 nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 t=$SECONDS
-timeout --signal=TERM --kill-after=10 480 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}" \
-  --explain --output /tmp/ex/seed > /tmp/ex/seed.log 2>&1; rc=$?
+timeout --signal=TERM --kill-after=10 ${LIMIT:-480} python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}" \
+  --explain ${EXTRA:-} --output /tmp/ex/seed > /tmp/ex/seed.log 2>&1; rc=$?
 echo "== seed --explain: exit $rc, $((SECONDS - t)) s wall" | tee -a "$OUT/summary.txt"
 grep -E "✓|✗|time:|stopped|failed|warning|pinned|explain" /tmp/ex/seed.log | head -12 | tee -a "$OUT/summary.txt"
 python3 -m matrix_runner explain /tmp/ex/seed 2>&1 | tee -a "$OUT/summary.txt"
