@@ -335,6 +335,10 @@ class PlanItem:
     #: source builds: {"sccache": path|None, "note", "keys": {unit: content key}, "expected_hits": {unit: from},
     #: "estimate_cold_s"} (see compcache.py); None for items that compile nothing
     compile_cache: dict | None = None
+    #: the wheel (find-links or cache) carries no matrix-run key: nothing but its name says what it
+    #: holds (the import preflight checks it); an env holding one is not reused by a later plan that
+    #: is not offered the same wheel again
+    wheel_unverified: bool = False
 
     def to_dict(self) -> dict:
         d = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -529,15 +533,27 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
     rec = load_record(env_dir)
     if rec and not opts.rebuild and _record_matches(rec, req, tid, key):
         have = (rec.get("wheel") or {}).get("sha256")
-        if found is None or found.origin != "find-links" or wheels.sha256_file(found.path) == have:
+        same = found is not None and wheels.sha256_file(found.path) == have
+        unverified = bool((rec.get("wheel") or {}).get("unverified"))
+        if found is not None and found.origin == "find-links" and not same:
+            item.notes.append(f"--find-links offers {found.path.name} with another sha256 than the env's wheel: "
+                              "reinstalling")
+        elif unverified and not same:
+            # e.g. a stand-in or hand-made wheel: only its name said "flash_attn 2.6.3"
+            item.notes.append(f"the env holds {Path(str((rec.get('wheel') or {}).get('file'))).name}, a wheel without a "
+                              "matrix-run key, and this run does not offer it again: not reused")
+        else:
             item.method = "reuse"
             item.wheel = rec.get("wheel", {}).get("file")
+            item.wheel_unverified = unverified
+            if unverified:
+                item.notes.append(f"reusing an env whose wheel {Path(str(item.wheel)).name} has no matrix-run key")
             return item
-        item.notes.append(f"--find-links offers {found.path.name} with another sha256 than the env's wheel: reinstalling")
     item.notes.extend(skipped)
     if found:
         item.method, item.wheel = found.origin, str(found.path)
         if not found.verified:
+            item.wheel_unverified = True
             item.notes.append(f"{found.path.name} has no matrix-run key: the import preflight will check it")
         return item
     # 3. release wheel
@@ -975,7 +991,7 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
               "fingerprint": fingerprint(env_dir), "probe": res.probe,
               "python": res.probe.get("python"), "status": "ok",
               "wheel": {"file": str(wheel), "sha256": sha, "key": key if item.method != "local-wheel" else {},
-                        "origin": item.method},
+                        "origin": item.method, "unverified": item.wheel_unverified},
               "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "build": info}
     _atomic_json(env_dir / RECORD, record)
     return {"wheel": str(wheel), "wheel_sha256": sha, **info}

@@ -169,3 +169,20 @@ def test_a_different_find_links_wheel_is_reinstalled_not_reused(first_run, stand
     assert plan["2.6.3"]["method"] == "reuse"
     assert plan["2.7.0.post2"]["method"] == "find-links"
     assert any("another sha256" in n for n in plan["2.7.0.post2"]["notes"])
+
+
+def test_an_env_from_a_keyless_wheel_is_not_reused_when_that_wheel_is_not_offered(first_run, tiny_config):
+    """The stand-in wheels carry no matrix-run key: only their names say "flash_attn 2.6.3". A later
+    plan without that --find-links must not reuse such an env as if it held a real build (new-user
+    trial: a stand-in env was reused silently as real flash-attn)."""
+    root = first_run["root"]
+    common = ["--config", str(tiny_config), "--json", "--envs-dir", str(root / "envs"), "--wheel-cache", str(root / "cache")]
+    cp = run_cli("plan", "--versions", "2.6.3", "--offline", *common)
+    assert cp.stdout.strip(), (cp.returncode, cp.stderr[-2000:])
+    plan = json.loads(cp.stdout)[0]
+    assert plan["method"] != "reuse", plan
+    assert any("without a matrix-run key" in n and "not reused" in n for n in plan["notes"]), plan["notes"]
+    # offered again: reused, and the plan says what it holds
+    cp = run_cli("plan", "--versions", "2.6.3", *first_run["args"][6:8], *common)
+    plan = json.loads(cp.stdout)[0]
+    assert plan["method"] == "reuse" and plan["wheel_unverified"] is True, plan
