@@ -215,9 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         timing = _timing_option_names()
         used = list(dict.fromkeys(a.split("=", 1)[0] for a in extra if a.split("=", 1)[0] in timing))
         if used:
-            print(f"error: plan does not take {', '.join(used)}: timing options change how `run` times the "
-                  "cases, not where each env's flash-attn comes from; leave them out (matrix-run plan -h)",
-                  file=sys.stderr)
+            why = ("--device: plan always plans for this machine's torch (its CUDA, or none); "
+                   if "--device" in used else "")
+            print(f"error: plan does not take {', '.join(used)}: {why}timing options change how `run` times "
+                  "the cases, not where each env's flash-attn comes from; leave them out (e.g. a run command "
+                  "with `plan` in front: drop them) (matrix-run plan -h)", file=sys.stderr)
             return EXIT_USAGE
     if extra:  # name the subcommand's usage, not the top-level one (`matrix-run --versions X --bogus`)
         sp = (getattr(args, "_subparsers", None) or {}).get(args.cmd) or ap
@@ -908,9 +910,14 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         console.print(f"[red]{reason}[/]")
     if len(ok_envs) < len(env_results) or failed_cases or not ok_envs or reason.startswith("driver error"):
         code = EXIT_FAILED
-        if failed_cases:
-            kinds = sorted({c.get("error_kind") or "error" for c in failed_cases})
-            console.print(f"[yellow]{len(failed_cases)} case(s) failed ({', '.join(kinds)}); see the report[/]")
+        not_run = [c for c in failed_cases if c["status"] == "not run"]
+        failed = [c for c in failed_cases if c["status"] != "not run"]
+        if failed:
+            kinds = sorted({c.get("error_kind") or "error" for c in failed})
+            console.print(f"[yellow]{len(failed)} case(s) failed ({', '.join(kinds)}); see the report[/]")
+        if not_run:
+            console.print(f"[yellow]{len(not_run)} case(s) not timed (sampling stopped: {reason}; or their case "
+                          "failed in the other envs); see the report[/]")
     if args.fail_on_regression is not None:
         bad = regressions(doc, args.fail_on_regression)
         if bad:

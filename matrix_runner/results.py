@@ -71,6 +71,10 @@ def case_record(cd, case: Case) -> dict:
         d["gpu"] = cd.gpu  # sharded run: the one GPU all versions of this case ran on
     if cd.status == "pending":
         d["status"] = "not run"
+        d["error_kind"] = d.get("error_kind") or "not-run"
+        d["error"] = d.get("error") or ("not timed: no process set timed this case (sampling stopped first: the "
+                                        "time budget or max_sets ran out, or a fault ended the set; or the same "
+                                        "case failed in the other envs, leaving nothing to compare)")
     return d
 
 
