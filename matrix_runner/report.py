@@ -170,7 +170,7 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
     cls = ("mixed" if counts["slower"] and counts["faster"] else "slower" if counts["slower"]
            else "faster" if counts["faster"] else "same" if wall and len(counts["same"]) == len(wall) else "none")
     if interrupted:
-        text += " The run was interrupted: finish it with matrix-run --resume RUN_DIR."
+        text += " The run was interrupted: finish it with matrix-run --resume DIR (DIR: the directory of this run's results.json)."
     if any(c.get("within_process_only") for c in wall) and not counts["provisional"]:
         if quick:
             text += (" Quick run: one worker process per version, so the intervals ignore process-to-process "
@@ -204,19 +204,21 @@ def ci_bands(cases: list[dict], metric: str = "wall_us", n_boot: int = 1000) -> 
     return out
 
 
-def ratio_definition(comparisons: list[dict]) -> str:
+def ratio_definition(comparisons: list[dict], method: str | None = None) -> str:
     """How the run's ratios were computed: lockstep process sets with an anytime-valid interval (current
-    method); for results/1 runs, paired by round with a trimmed mean, paired
-    with a median (results written before trimming) or, for results written before pairing existed or
-    with unequal rounds, as the ratio of medians of per-process medians."""
+    method; ``method`` = the results' ``settings.method``, which names it even when nothing was compared
+    yet, e.g. a run interrupted in its first set); for results/1 runs, paired by round with a trimmed
+    mean, paired with a median (results written before trimming) or, for results written before pairing
+    existed or with unequal rounds, as the ratio of medians of per-process medians."""
     wall = [c for c in comparisons if c.get("metric") == "wall_us"]
-    if wall and all(c.get("ci_method") == "lockstep sets, anytime t-CS" for c in wall):
-        c = wall[0]
+    lockstep = str(method or "").startswith("lockstep-sets")
+    if (wall and all(c.get("ci_method") == "lockstep sets, anytime t-CS" for c in wall)) or (lockstep and not wall):
+        c = wall[0] if wall else {}
         return (f"each process set (fresh workers of every version, all pinned to one CPU core) timed every case in "
                 f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
                 f"other; per set, the trimmed mean of those paired ratios; the interval is an anytime-valid "
                 f"confidence sequence over the sets (Lai's t-mixture) at {1 - c.get('alpha', 0.05):.2%} per "
-                f"comparison, so all {c.get('family_size', len(wall))} wall-time verdicts of the run hold together "
+                f"comparison, so all {c.get('family_size') or len(wall) or 'the'} wall-time verdicts of the run hold together "
                 f"with {1 - c.get('family_alpha', 0.05):.0%} confidence however early sampling stopped "
                 f"(the same interval decided when to stop)")
     if wall and all(c.get("ci_method") == "paired trimmed t" for c in wall):
@@ -284,7 +286,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     # columns of the verdict table: envs with at least one case (a failed env is named above the table)
     table_labels = [lab for lab in labels if any(lab in r["by_env"] for r in rows)]
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
-          "ratio_def": ratio_definition(res.get("comparisons", [])),
+          "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method")),
           "candidates": ok_labels[1:], "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
           "summaries": summaries, "common": common, "min_effect": min_effect,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
@@ -465,7 +467,7 @@ def markdown(res: dict) -> str:
                          if w else "–")
         lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
     lines.append("")
-    lines.append(f"ratio = candidate / baseline wall time: {ratio_definition(res.get('comparisons', []))}; "
+    lines.append(f"ratio = candidate / baseline wall time: {ratio_definition(res.get('comparisons', []), (res.get('settings') or {}).get('method'))}; "
                  "(host) / (device): the difference is host overhead / kernel time.")
     for w in vm["wrong"]:
         lines.append(f"\n**Wrong results:** {esc(w[0])} {esc(w[1])} {esc(w[2])}: output or gradients differ from "

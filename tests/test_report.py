@@ -698,3 +698,13 @@ def test_sweep_groups_keep_axes_apart_and_say_which_is_which():
         ("fwd · B2 · fp16", [64, 128, 256]), ("fwd · B2 · bf16", [64, 128, 256]),
         ("fwd · B2 [sdpa] · fp16", [64, 128, 256]), ("fwd · B2 [sdpa] · bf16", [64, 128, 256])]
     assert all(len({r["case"]["impl"] for r in g["rows"]}) == 1 for g in groups)
+
+
+def test_ratio_definition_names_the_results_method_even_before_anything_was_compared():
+    """A lockstep run interrupted in its first set has no comparison yet: its report must still
+    describe the lockstep method (new-user trial: it described results/1's bootstrap)."""
+    from matrix_runner.report import ratio_definition
+    text = ratio_definition([], "lockstep-sets/anytime-t-cs/1")
+    assert "anytime-valid confidence sequence" in text and "bootstrap" not in text
+    assert "all the wall-time verdicts" in text
+    assert "bootstrap" in ratio_definition([], None)  # results/1 without a method: as before
