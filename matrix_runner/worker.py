@@ -852,9 +852,9 @@ def discover_layers(b: "Bench") -> list:
     if wrapped is not None and not inspect.isfunction(wrapped) and "python" in got:
         out.append(layer("custom_op", op_name + " (torch.library.custom_op)", wrapped, got["python"]))
     elif wrapped is not None or body is not raw:
-        out.append(layer("custom_op", op_name, note=f"not on the call path with torch {torch.__version__}: "
-                         "the wrapper calls the Python function (flash-attn 2.7+ uses its custom op only "
-                         "with torch >= 2.4)"))
+        out.append(layer("custom_op", op_name, note="no custom op on this call's path: the wrapper calls the plain "
+                         f"Python function here (torch {torch.__version__}; flash-attn 2.7+ registers a "
+                         "torch.library.custom_op only where torch >= 2.4 has one)"))
     else:
         out.append(layer("custom_op", op_name, note="this version has no custom op (no "
                          "torch.library.custom_op in flash_attn_interface)"))

@@ -102,7 +102,7 @@ def test_layers_are_discovered_from_the_installed_version(tmp_path, custom_op):
     assert by["extension"]["name"] == "flash_attn_2_cuda.fwd (as flash_attn_gpu)"
     assert by["custom_op"]["exists"] is custom_op
     if not custom_op:
-        assert "not on the call path" in by["custom_op"]["note"]
+        assert "no custom op on this call's path" in by["custom_op"]["note"]
     assert set(rep["us"]) == {k for k, x in by.items() if x["exists"]}
     assert all(v > 0 for v in rep["us"].values())
     assert rep["us"]["public"] > rep["us"]["extension"]
