@@ -367,6 +367,30 @@ def _table_or_blocks(title: str, columns: list[str], rows: list[list[str]], out:
         out.print(Padding(g, (0, 0, 0, 2), expand=False))
 
 
+#: What a CPU does with torch's attention in the stand-in, order of magnitude (2-core machine:
+#: ~5-20 GFLOP/s in fp32 SDPA): only used to warn before a GPU-sized config is timed on a CPU.
+CPU_FLOPS_PER_S = 10e9
+
+
+def cpu_size_warning(cases) -> str | None:
+    """A warning when ``--device cpu`` meets GPU-sized cases: the largest call at
+    :data:`CPU_FLOPS_PER_S` would take more than 0.5 s (set-up alone warms every case up in every
+    worker), else None. (New-user trial: ``--config varlen`` on a CPU sat 10 minutes in set-up.)"""
+    worst = max(cases, key=lambda c: c.flops(), default=None)
+    if worst is None:
+        return None
+    kv = max(cases, key=lambda c: c.kv_read_bytes() or 0)
+    if (kv.kv_read_bytes() or 0) > 256e6:  # decode: few FLOPs, a GPU-sized KV cache
+        return (f"this config is GPU-sized for --device cpu: {kv.label} reads {kv.kv_read_bytes() / 1e9:.1f} GB of "
+                "KV cache per call; use small shapes on a CPU (README, 'Without a GPU')")
+    s = worst.flops() / CPU_FLOPS_PER_S
+    if s <= 0.5:
+        return None
+    return (f"this config is GPU-sized for --device cpu: its largest call ({worst.label} {worst.op}, "
+            f"{worst.flops() / 1e9:,.0f} GFLOP) takes ~{s:,.0f} s on a CPU, and every case is set up and warmed "
+            "up in every worker before timing starts; use small shapes on a CPU (README, 'Without a GPU')")
+
+
 def cmd_plan(args) -> int:
     cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
     reqs = envmod.parse_versions(args.versions)
@@ -784,6 +808,11 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         doc = _finish_doc(base_doc, env_results, {}, cfg, [], "no GPU", 0.0, 0.0, t_start)
         _write(doc, out_dir, args)
         return EXIT_FAILED
+
+    if device == "cpu":
+        warn = cpu_size_warning(cfg.cases)
+        if warn:
+            console.print(f"[yellow]warning:[/] {warn}")
 
     # ---- envs -------------------------------------------------------------------------------
     t_env = time.monotonic()

@@ -252,3 +252,16 @@ def test_envs_and_wheelhouse_tables_become_blocks_when_narrow():
     wide = Console(record=True, width=200, color_system=None)
     cli._table_or_blocks("envs in envs", cols, rows, wide)
     assert any(" ".join(ln.split()) == " ".join(r for r in rows[0]) for ln in wide.export_text().splitlines())
+
+
+def test_gpu_sized_configs_warn_before_a_cpu_run():
+    """New-user trial: `--config varlen --device cpu` sat 10 min in set-up without a word. The built-in
+    GPU configs get a warning naming the largest call; the README's small CPU shapes do not."""
+    from matrix_runner import cli
+    from matrix_runner.config import load_config, parse_config
+    w = cli.cpu_size_warning(load_config("varlen").cases)
+    assert w and "GPU-sized" in w and "GFLOP" in w
+    w = cli.cpu_size_warning(load_config("kvcache-decode").cases)
+    assert w and "GB of KV cache per call" in w
+    small = parse_config({"shapes": [{"batch": 2, "seqlen": 64, "nheads": 2, "embed_dim": 32}]})
+    assert cli.cpu_size_warning(small.cases) is None
