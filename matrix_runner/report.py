@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import zlib
 from pathlib import Path
 
@@ -85,6 +86,11 @@ def headline(c: dict, min_effect: float = 0.05) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+def _label_tokens(label: str) -> list[str]:
+    """A case label's words, a parenthesized group counting as one (``L64-4096 (sum 9128)``)."""
+    return re.findall(r"\([^)]*\)|\S+", label)
+
+
 def short_labels(cases: list[dict]) -> tuple[dict, str]:
     """Case id -> label without the tokens every case shares, and the shared part as a phrase.
 
@@ -97,9 +103,10 @@ def short_labels(cases: list[dict]) -> tuple[dict, str]:
     dtypes = {c.get("dtype") for c in first.values()}
     full = {cid: str(c.get("label") or cid) + (f" {c.get('dtype')}" if len(dtypes) > 1 else "")
             for cid, c in first.items()}
-    toks = [lab.split() for lab in full.values()]
+    # a parenthesized group ("(sum 9128)") is one token: never split between the title and the rows
+    toks = [_label_tokens(lab) for lab in full.values()]
     common = set(toks[0]).intersection(*map(set, toks[1:])) if len(toks) > 1 else set()
-    short = {cid: " ".join(t for t in lab.split() if t not in common) or lab for cid, lab in full.items()}
+    short = {cid: " ".join(t for t in _label_tokens(lab) if t not in common) or lab for cid, lab in full.items()}
     ops = {cid: first[cid].get("op") for cid in first}
     if len({(short[c], ops[c]) for c in short}) < len(short):  # shortening made two cases look alike
         short = dict(full)

@@ -708,3 +708,13 @@ def test_ratio_definition_names_the_results_method_even_before_anything_was_comp
     assert "anytime-valid confidence sequence" in text and "bootstrap" not in text
     assert "all the wall-time verdicts" in text
     assert "bootstrap" in ratio_definition([], None)  # results/1 without a method: as before
+
+
+def test_short_labels_keep_a_parenthesized_group_whole():
+    """New-user trial: varlen labels lost half of "(sum 9128)" to the shared title ("(sum · bf16")."""
+    from matrix_runner.report import short_labels
+    cs = [{"id": "a", "label": "varlen B8 S4096 H16 D128 L64-4096 (sum 9128)", "dtype": "bf16", "op": "fwd"},
+          {"id": "b", "label": "varlen B8 S2877 H28/4 D128 L1141-2877 (sum 16424)", "dtype": "bf16", "op": "fwd"}]
+    short, common = short_labels(cs)
+    assert short == {"a": "S4096 H16 L64-4096 (sum 9128)", "b": "S2877 H28/4 L1141-2877 (sum 16424)"}
+    assert common == "varlen B8 D128 · bf16"
