@@ -774,6 +774,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                           "(real flash-attn rejects CPU tensors; README.md, 'Without a GPU', shows a stand-in).")
 
     gpus = shard.resolve_gpus(args.gpus, device)  # [] = one GPU, as before; else one shard per GPU
+    if args.gpus is not None and device == "cpu":  # new-user trial: it ran "GPU 0 (cpu)" without a word
+        console.print(f"[yellow]note:[/] --gpus {escape(args.gpus)} with --device cpu uses no GPU: "
+                      + ("the list only splits the cases into shards, each timed on its own CPUs"
+                         if gpus else "one unsharded run"))
     job = shard.parse_shard(args.shard)  # a job's share of the cases (--executor slurm)
     settings = {"device": device, "torch": opts.torch, "quick": args.quick, "min_effect": samp.min_effect,
                 "method": results.METHOD, "alpha": samp.alpha, "planned_sets": samp.planned_sets,
