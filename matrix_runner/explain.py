@@ -210,6 +210,12 @@ def _profile(workers, ok, fcases, raw, st, work, case_timeout, say) -> dict | No
                                       log=work / f"explain-{lab}.py-spy.log", timeout=secs + 60)
                 rep = w.reply(case_timeout + secs)
                 e["loop_on"] = {k: rep.get(k) for k in ("us_per_call", "mean_us_per_call", "calls")}
+                # the loop without the sampler again: the CPU's speed drifts over seconds (H200: one
+                # loop before and one with the sampler read -48 % and +17 %); the two loops without it
+                # bracket the sampled one, and their drift says whether the effect is measurable
+                say(f"explain: steady loop of {case.label} fwd in {lab} (no sampler, after)")
+                rep = w.request({"cmd": "loop", "case": case.id, "seconds": secs}, case_timeout + secs)
+                e["loop_off2"] = {k: rep.get(k) for k in ("us_per_call", "mean_us_per_call", "calls")}
                 if res.returncode != 0 or not folded.exists():
                     tail = " ".join(res.tail.split())[-400:]
                     out["error"] = (f"py-spy failed on {lab} (exit {res.returncode}; ptrace refused? as non-root "
@@ -433,7 +439,13 @@ def analyze(doc: dict) -> dict | None:
             mean_on = (e.get("loop_on") or {}).get("mean_us_per_call")
             # mean / median of the sampled loop: ~1 on a quiet core; well above 1 the process was
             # preempted much of the time and the frames' µs are less sure (2-core CI under load: 3x)
-            ev = {"off_us": off, "on_us": on, "effect": (on / off - 1) if on and off else None,
+            off2 = (e.get("loop_off2") or {}).get("us_per_call")
+            drift = (off2 / off - 1) if off and off2 else None
+            ref = math.sqrt(off * off2) if off and off2 else off  # the loops without the sampler, before and after
+            ev = {"off_us": ref, "on_us": on, "effect": (on / ref - 1) if on and ref else None,
+                  "off_before_us": off, "off_after_us": off2, "drift": drift,
+                  # the effect is read against loops that agree within 2 % (the figure's tolerance)
+                  "effect_measurable": drift is None or abs(drift) <= 0.02,
                   "contention": (mean_on / on) if mean_on and on else None, "samples": None, "folded_lines": 0}
             if e.get("folded"):
                 parsed[lab] = parse_folded(e["folded"])
@@ -513,8 +525,13 @@ def summary_lines(view: dict | None) -> list[str]:
                            f"{c['cand_total']:.0f}")
         for lab, e in p["envs"].items():
             if e.get("effect") is not None:
+                drift = e.get("drift")
                 out.append(f"  sampler effect on wall time, {lab}: {e['effect'] * 100:+.1f} % "
                            f"({e['off_us']:.1f} -> {e['on_us']:.1f} µs per call, medians of ~1 ms samples)"
+                           + (f"; without the sampler before / after {e['off_before_us']:.1f} / "
+                              f"{e['off_after_us']:.1f} µs ({drift * 100:+.1f} % drift"
+                              + ("" if e.get("effect_measurable") else ": the CPU's speed moved more than 2 %, "
+                                 "the effect is not measurable here") + ")" if drift is not None else "")
                            + (f"; preempted: mean/median {e['contention']:.1f}x" if (e.get("contention") or 0) > 1.2
                               else ""))
     for n in view["notes"]:

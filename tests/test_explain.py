@@ -204,3 +204,22 @@ def test_matrix_run_explain_rerenders_from_saved_data(explained_run, tmp_path):
     (tmp_path / "plain" / "results.json").write_text(json.dumps(res))
     cp = run_cli("explain", str(tmp_path / "plain"))
     assert cp.returncode == 2 and "--explain" in cp.stderr
+
+
+def test_sampler_effect_is_read_against_loops_before_and_after_and_flagged_when_they_drift():
+    """H200: one loop without the sampler, then one with it, read -48 % and +17 % (the CPU's speed
+    moved between them). The loops without it now bracket the sampled one: the effect is against their
+    geometric mean, and a drift over 2 % between them marks it not measurable."""
+    def doc(off, on, off2):
+        raw = {"envs": ["a"], "profile": {"case": "c", "envs": {"a": {
+            "loop_off": {"us_per_call": off}, "loop_on": {"us_per_call": on, "mean_us_per_call": on},
+            "loop_off2": {"us_per_call": off2}}}}}
+        return explain.analyze({"explain": raw, "cases": [], "comparisons": []})["profile"]["envs"]["a"]
+    e = doc(50.0, 50.5, 50.4)
+    assert abs(e["off_us"] - (50.0 * 50.4) ** 0.5) < 1e-9 and abs(e["effect"] - (50.5 / e["off_us"] - 1)) < 1e-12
+    assert e["effect_measurable"] and abs(e["drift"] - 0.008) < 1e-9
+    e = doc(67.0, 35.0, 40.0)
+    assert not e["effect_measurable"] and e["drift"] < -0.4
+    lines = explain.summary_lines({"base": "a", "labels": ["a"], "layers": [], "first_call": [], "notes": [],
+                                   "profile": {"envs": {"a": e}, "diffs": [], "error": None, "case": "c"}})
+    assert any("not measurable here" in ln for ln in lines), lines
