@@ -531,7 +531,8 @@ def summary_lines(view: dict | None) -> list[str]:
                            + (f"; without the sampler before / after {e['off_before_us']:.1f} / "
                               f"{e['off_after_us']:.1f} µs ({drift * 100:+.1f} % drift"
                               + ("" if e.get("effect_measurable") else ": the CPU's speed moved more than 2 %, "
-                                 "the effect is not measurable here") + ")" if drift is not None else "")
+                                 "the effect is not measurable here") + ")" if drift is not None else
+                              "; one loop without the sampler, before it only: the CPU's drift is not excluded")
                            + (f"; preempted: mean/median {e['contention']:.1f}x" if (e.get("contention") or 0) > 1.2
                               else ""))
     for n in view["notes"]:
