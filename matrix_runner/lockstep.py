@@ -153,8 +153,7 @@ class Worker:
                 pass
 
     def close(self) -> None:
-        """Stop the worker (SIGTERM, SIGKILL after 2 s) and close its pipes."""
-        self.terminate()
+        """Stop the worker (SIGTERM, SIGKILL after 2 s: proc.kill_group) and close its pipes."""
         proc.kill_group(self.p, grace=2.0)
         for f in (self.p.stdin, self.p.stdout):
             try:

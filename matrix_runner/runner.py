@@ -194,11 +194,11 @@ class _Set:
     """One process set: ``per_env`` workers per env (see module doc). Worker keys are the env label,
     or ``label#j`` with several per env."""
 
-    def __init__(self, sid: int, envs: list[EnvResult], work: Path, other_cpus: set | None, per_env: int = 1,
-                 env_extra: dict | None = None, closing: list | None = None):
+    def __init__(self, sid: int, envs: list[EnvResult], work: Path, other_cpus: set | None, per_env: int,
+                 env_extra: dict | None, closing: list):
         self.sid, self.envs, self.work = sid, envs, work
         #: threads stopping finished workers: the run's own list (shards run concurrently)
-        self.closing = _closing if closing is None else closing
+        self.closing = closing
         self.t0 = time.monotonic()
         self.workers: dict[str, lockstep.Worker] = {}
         self.label_of: dict[str, str] = {}
@@ -244,10 +244,6 @@ class _Set:
         t = threading.Thread(target=lambda: [w.close() for w in ws], daemon=True)
         t.start()
         self.closing.append(t)
-
-
-#: Threads stopping the workers of finished sets of a :class:`_Set` made without its run's own list.
-_closing: list = []
 
 
 def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, device: str, quick: bool,
