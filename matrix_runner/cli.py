@@ -75,7 +75,7 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
                    help="one process set, short sampling (smoke runs): ratios are provisional, never a verdict")
     r.add_argument("--min-effect", type=float, metavar="FRAC",
                    help="smallest ratio change called faster/slower (default 0.05 = 5%%)")
-    r.add_argument("--time-budget", type=float, metavar="S", help="seconds for the timing phase (default 60)")
+    r.add_argument("--time-budget", type=float, metavar="S", help="seconds the run may take from its start, env building and installing excluded (default 60)")
     r.add_argument("--max-sets", type=int, metavar="N",
                    help="most process sets (fresh workers of every env each; default 40: the budget or decided "
                         "verdicts normally stop first)")
@@ -675,7 +675,7 @@ def _resume_args(args, argv: list[str]):
 
 
 def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -> int:
-    t_start = time.monotonic()
+    t_start = t_inv = time.monotonic()  # t_inv: this invocation's start (t_start: the run's, a resume's earlier ones included)
     if prior is None:
         cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
     else:  # the config as the run stored it (the file may have changed since; its size was accepted)
@@ -753,8 +753,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         bad = regressions(doc, args.fail_on_regression) if args.fail_on_regression is not None else []
         return (EXIT_INTERRUPTED if stop.is_set() else EXIT_REGRESSION if bad else EXIT_FAILED
                 if any(c["status"] != "ok" for c in doc["cases"]) or doc["timing"]["shards_lost"] else EXIT_OK)
+    t_probe = time.monotonic()
     dprobe = envmod.probe(sys.executable)
     mach = machine.collect(dprobe)
+    base_timing = {"probe_s": round(time.monotonic() - t_probe, 2)}
     device = args.device
     no_gpu_msg = None
     if device == "cuda" and not ((dprobe.get("torch") or {}).get("cuda_available") or mach.get("nvidia_smi")):
@@ -851,6 +853,12 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     # ---- timing -------------------------------------------------------------------------------
     prior_tm = float(((prior or {}).get("timing") or {}).get("timing_phase_s") or 0.0)
     t_tm = time.monotonic() - prior_tm  # a resumed run's timing phase includes the earlier one
+    # the time budget holds what this invocation spent before timing (the driver's probe, the
+    # plan), but not env building or installing (minutes on a cold cache): with warm envs
+    # a --time-budget 60 run takes ~60 s in all (plus writing the report)
+    before_s = max(0.0, time.monotonic() - t_inv - env_s)
+    base_timing["before_timing_s"] = round(before_s, 2)
+    base_doc["timing"] = base_timing
     # measured process sets of the run being resumed (case id + env label is the key)
     data: dict = runner.data_from_results(prior, cfg.cases) if prior else {}
     sets: list = list(prior.get("sets") or []) if prior else []
@@ -907,7 +915,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                 reason = runner.run_all(ok_envs, mine, samp, device=device, quick=args.quick,
                                         work=out_dir / ".work", case_timeout=args.case_timeout, stop=stop,
                                         data=data, sets=sets, cpus=cpus, on_set=on_set, on_progress=on_progress,
-                                        elapsed_s=prior_tm, family_extra=(len(ok_envs) - 1) * (len(cfg.cases) - len(mine)))
+                                        elapsed_s=prior_tm + before_s, family_extra=(len(ok_envs) - 1) * (len(cfg.cases) - len(mine)))
                 for cd in data.values() if job else ():  # a job's cases: its GPU and the clocks seen
                     cd.gpu = {**(base_doc["shard"].get("gpu") or {}), "shard": job[0], **shard.clocks_seen(sets)}
     timing_s = time.monotonic() - t_tm
@@ -1030,7 +1038,7 @@ def _finish_doc(base_doc, env_results, data, cfg, sets, reason, env_s, timing_s,
                                              settings=doc["settings"])
     doc["sets"] = sets
     doc["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    doc["timing"] = {"env_phase_s": round(env_s, 2), "timing_phase_s": round(timing_s, 2),
+    doc["timing"] = {**(base_doc.get("timing") or {}), "env_phase_s": round(env_s, 2), "timing_phase_s": round(timing_s, 2),
                      "total_s": round(time.monotonic() - t_start, 2), "stop_reason": reason}
     return doc
 

@@ -242,6 +242,14 @@ class Sampling:
     #: A decided comparison is sampled on until its interval's upper end is within this share of its
     #: ratio (only while other comparisons keep the run going): precise ratios, not just verdicts.
     precision: float = 0.01
+    #: Most process sets that take a case's kernel time (profiler pass) and CUDA-graph clock. Kernel
+    #: time hardly varies between processes (H200: the same to 0.1 µs in 12 of 12 cases), so once a
+    #: case has this many sets of it, the set's time goes to the lockstep cycles; without the cap, one
+    #: glitched profiler set (seed run: B512 S300 bwd [0.44, 2.95]) kept the profiler (~1.1 s per
+    #: set, mostly its start-up) in every set of the run.
+    clock_sets: int = 6
+    #: Most times one case's wall clock is timed per sweep of a set's cycles (:func:`runner.cycle_weights`).
+    max_repeats: int = 4
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another, H200: A/A set offsets up to 6 %). None:
     #: 2 where spare cores let the next set's workers start while a set is timed, else 1.

@@ -7,12 +7,13 @@ context, inputs, first calls, calibration -- are queued to them after its cycles
 theirs overlaps a cycle, and a set's start mostly collects replies), then *cycles*: each cycle gives
 every worker of the set a burst (~``burst_ms`` of calls) of one (case, clock) in turn, in a
 balanced random order (a random permutation, then its reverse for that item's next cycle), for
-``set_seconds``; then each worker checks correctness and takes the CUDA-graph clock of every case,
-and (CUDA, while needed) the profiler pass for kernel time, last, since a profiler session slows
-later calls in its process. Sets run one after another on the quietest cores (``--cpus``), until
-every wall-time comparison is decided by its anytime-valid interval (stats.set_compare), or the
-time budget or ``max_sets`` is reached. Items whose wall and host comparisons are all decided are
-no longer sampled in later sets.
+``set_seconds``, a noisier case's wall clock more often (:func:`cycle_weights`); then each worker
+checks correctness and takes the CUDA-graph clock of every case, and (CUDA, while undecided, in at
+most ``Sampling.clock_sets`` sets) the profiler pass for kernel time, last, since a profiler session
+slows later calls in its process. Sets run one after another on the quietest cores (``--cpus``),
+until every wall-time comparison is decided by its anytime-valid interval (stats.set_compare), or
+the time budget or ``max_sets`` is reached. Items whose wall and host comparisons are all decided
+are no longer sampled in later sets.
 
 Faults: a worker that crashes or hangs (no reply within ``case_timeout`` s) fails the case it was
 working on in that env; the set ends (the cycles already timed are kept) and the next set retries
@@ -648,8 +649,57 @@ def _needed(data: dict, labels: list[str], cases: list[Case], sampling: Sampling
     und = _undecided(comparisons_now(data, labels, cases, sampling, metric)) if len(labels) > 1 else set()
     for c in cases:
         cds = [data[(lab, c.id)] for lab in labels if data[(lab, c.id)].status == "ok"]
+        if cds and all(len(cd.sets[metric]) >= sampling.clock_sets for cd in cds):
+            continue  # enough sets of this clock (Sampling.clock_sets)
         if any(not cd.sets[metric] for cd in cds) or any((cand, c.id) in und for cand in labels[1:]):
             out.add(c.id)
+    return out
+
+
+def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats: int) -> dict:
+    """How many times each case's wall clock is timed per sweep of the next set's cycles: case id ->
+    1..``max_repeats``, in proportion to the case's per-cycle variance of the paired log ratio
+    (pooled within the sets timed so far; the largest over the candidates), the largest variance
+    getting ``max_repeats``.
+
+    Why: a set's log ratio is a trimmed mean over its cycles, so its variance is the per-cycle
+    variance over the cycles given to the case; on the H200 (seed config) a host-bound batch-2 case
+    has a per-cycle SD of 0.04-0.09, a batch-512 case 0.005-0.03 (10-20x less variance), and most of
+    a batch-2 set's spread over sets is that within-set part (benchmarks/results/h200-lockstep-runs.txt).
+    Equal shares left the batch-2 intervals 3-5x wider than the batch-512 ones; giving cycles in
+    proportion to variance (Neyman allocation for equal precision, capped) evens them out. The
+    weights use only earlier sets, so a set's cycles are fixed before it is timed; the first set
+    (no data yet) gives every case one."""
+    var = {}
+    for c in cases:
+        base = data.get((labels[0], c.id)) if labels else None
+        if base is None:
+            continue
+        best = None
+        for cand in labels[1:]:
+            cd = data.get((cand, c.id))
+            if cd is None:
+                continue
+            ss, df = 0.0, 0
+            for sid, b in base.sets["wall_us"].items():
+                k = cd.sets["wall_us"].get(sid)
+                if not k:
+                    continue
+                d = [math.log(y) - math.log(x) for x, y in stats._paired(b, k)]
+                if len(d) >= 2:
+                    mu = sum(d) / len(d)
+                    ss += sum((v - mu) ** 2 for v in d)
+                    df += len(d) - 1
+            if df >= 3:
+                v = ss / df
+                best = v if best is None else max(best, v)
+        if best is not None and math.isfinite(best):
+            var[c.id] = best
+    top = max(var.values(), default=0.0)
+    out = {}
+    for c in cases:
+        v = var.get(c.id)
+        out[c.id] = 1 if v is None or top <= 0 else max(1, min(max_repeats, round(max_repeats * v / top)))
     return out
 
 
@@ -660,7 +710,8 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     how many ran. A cycle is one (case, clock) item: every worker of the set times a burst of it, in
     a random order, reversed for that item's next cycle. With several workers per env, an env's
     value of a cycle is the geometric mean of its workers' bursts. A comparison decided and within
-    ``sampling.precision`` drops its item for this set; the host clock is sampled every other sweep.
+    ``sampling.precision`` drops its item for this set; the host clock is sampled every other sweep;
+    a case's wall clock comes up :func:`cycle_weights` times per sweep (noisier cases more often).
     A worker fault ends the cycles (the set's other data stay)."""
     sid, lab_of = st.sid, st.label_of
     budget = sampling.quick_set_seconds if quick else sampling.set_seconds
@@ -675,6 +726,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 items.append((c, m))
     if not items:
         return 0
+    reps = cycle_weights(data, labels, cases, sampling.max_repeats) if not quick else {}
     keys = list(live)
     t_end = time.monotonic() + budget
     n = 0
@@ -684,6 +736,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     while time.monotonic() < t_end and items:
         # the host clock in every other sweep: wall decides the run, host only explains it
         now = [it for it in items if it[1] == "wall_us" or sweep % 2 == 0] or list(items)
+        now = [it for it in now for _ in range(reps.get(it[0].id, 1) if it[1] == "wall_us" else 1)]
         sweep += 1
         rng.shuffle(now)
         for c, m in now:

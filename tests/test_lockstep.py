@@ -1,6 +1,7 @@
 """The lockstep measurement's own pieces: the worker's imports, CPU planning, thread pinning, and the
 worker's burst loops (no torch needed for these)."""
 import ast
+import math
 import os
 import sys
 import time
@@ -115,3 +116,59 @@ def test_warmup_calibrates_on_steady_calls_not_the_slow_first_one():
 
     per_call = worker.Bench.warmup(SimpleNamespace(call=call, sync=lambda: None), 0.02)
     assert 250 < per_call < 600, per_call
+
+
+def _cycle_data(seed_var: dict, sets: int = 3, cycles: int = 12):
+    """CaseData for envs a (baseline), b (candidate): per case id, paired cycles whose log ratio
+    has the given SD (deterministic: alternating +-sd around a 1.1x ratio)."""
+    from matrix_runner.config import load_config
+    from matrix_runner.runner import CaseData
+
+    cases = load_config(None).cases[:len(seed_var)]
+    data = {}
+    for c, sd in zip(cases, seed_var.values()):
+        a, b = CaseData("a", c), CaseData("b", c)
+        a.status = b.status = "ok"
+        for s in range(sets):
+            a.sets["wall_us"][s] = {i: 100.0 for i in range(cycles)}
+            b.sets["wall_us"][s] = {i: 110.0 * math.exp(sd if i % 2 else -sd) for i in range(cycles)}
+        data[("a", c.id)], data[("b", c.id)] = a, b
+    return cases, data
+
+
+def test_cycle_weights_give_noisier_cases_more_cycles_in_proportion_to_variance():
+    from matrix_runner.runner import cycle_weights
+
+    # per-cycle SDs 0.08, 0.04, 0.01 -> variances 1 : 1/4 : 1/64 of the largest
+    cases, data = _cycle_data({"x": 0.08, "y": 0.04, "z": 0.01})
+    w = cycle_weights(data, ["a", "b"], cases, max_repeats=4)
+    assert [w[c.id] for c in cases] == [4, 1, 1]
+    cases, data = _cycle_data({"x": 0.08, "y": 0.06, "z": 0.0})
+    w = cycle_weights(data, ["a", "b"], cases, max_repeats=4)
+    assert [w[c.id] for c in cases] == [4, 2, 1]  # 4 * 0.5625 = 2.25 -> 2
+
+
+def test_cycle_weights_are_one_each_before_any_data_and_with_one_env():
+    from matrix_runner.runner import cycle_weights
+
+    cases, data = _cycle_data({"x": 0.08, "y": 0.01}, sets=0)
+    assert set(cycle_weights(data, ["a", "b"], cases, 4).values()) == {1}
+    cases, data = _cycle_data({"x": 0.08, "y": 0.01})
+    assert set(cycle_weights(data, ["a"], cases, 4).values()) == {1}
+
+
+def test_kernel_time_and_graph_passes_stop_after_clock_sets_sets():
+    from matrix_runner.config import Sampling
+    from matrix_runner.runner import _needed
+
+    cases, data = _cycle_data({"x": 0.05, "y": 0.05})
+    samp = Sampling()
+    for (lab, cid), cd in data.items():
+        for s in range(samp.clock_sets - 1):
+            # an undecided device comparison: wildly different kernel times per set
+            cd.sets["device_us"][s] = [100.0 * (3.0 if (s % 2 and lab == "b") else 1.0)]
+    assert _needed(data, ["a", "b"], cases, samp, "device_us") == {c.id for c in cases}
+    for (lab, cid), cd in data.items():
+        cd.sets["device_us"][samp.clock_sets - 1] = [100.0]
+    assert _needed(data, ["a", "b"], cases, samp, "device_us") == set()
+    assert _needed(data, ["a", "b"], cases, samp, "graph_us") == {c.id for c in cases}  # none yet
