@@ -242,12 +242,13 @@ class Sampling:
     #: A decided comparison is sampled on until its interval's upper end is within this share of its
     #: ratio (only while other comparisons keep the run going): precise ratios, not just verdicts.
     precision: float = 0.01
-    #: Most process sets that take a case's kernel time (profiler pass) and CUDA-graph clock. Kernel
-    #: time hardly varies between processes (H200: the same to 0.1 µs in 12 of 12 cases), so once a
-    #: case has this many sets of it, the set's time goes to the lockstep cycles; without the cap, one
-    #: glitched profiler set (seed run: B512 S300 bwd [0.44, 2.95]) kept the profiler (~1.1 s per
-    #: set, mostly its start-up) in every set of the run.
-    clock_sets: int = 6
+    #: Most process sets that take a case's kernel time (profiler pass) and CUDA-graph clock (both
+    #: are also skipped once decided). Kernel time hardly varies between processes, but a single
+    #: glitched profiler set (seed run: B512 S300 bwd [0.44, 2.95]) kept the profiler in every set of
+    #: a run. The pass itself costs little: the next set's set-ups run beside it (H200: with the
+    #: pass capped at 6 sets, later sets waited 1.2-1.9 s for those set-ups instead, no faster, and
+    #: 4 of 12 kernel-time comparisons of an A/A stayed ambiguous at 6 sets).
+    clock_sets: int = 12
     #: Most times one case's wall clock is timed per sweep of a set's cycles (:func:`runner.cycle_weights`).
     max_repeats: int = 4
     #: Workers per env in each process set: a set's value averages its processes (one worker

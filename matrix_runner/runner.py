@@ -658,18 +658,20 @@ def _needed(data: dict, labels: list[str], cases: list[Case], sampling: Sampling
 
 def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats: int) -> dict:
     """How many times each case's wall clock is timed per sweep of the next set's cycles: case id ->
-    1..``max_repeats``, in proportion to the case's per-cycle variance of the paired log ratio
-    (pooled within the sets timed so far; the largest over the candidates), the largest variance
-    getting ``max_repeats``.
+    1..``max_repeats``: round(v / v_ref), clamped, where v is the case's per-cycle variance of the
+    paired log ratio (pooled within the sets timed so far; the largest over the candidates) and
+    v_ref the lower quartile of the cases' v.
 
     Why: a set's log ratio is a trimmed mean over its cycles, so its variance is the per-cycle
-    variance over the cycles given to the case; on the H200 (seed config) a host-bound batch-2 case
-    has a per-cycle SD of 0.04-0.09, a batch-512 case 0.005-0.03 (10-20x less variance), and most of
-    a batch-2 set's spread over sets is that within-set part (benchmarks/results/h200-lockstep-runs.txt).
-    Equal shares left the batch-2 intervals 3-5x wider than the batch-512 ones; giving cycles in
-    proportion to variance (Neyman allocation for equal precision, capped) evens them out. The
-    weights use only earlier sets, so a set's cycles are fixed before it is timed; the first set
-    (no data yet) gives every case one."""
+    variance over the cycles given to the case, and most of a set's spread is that within-set part
+    (H200, seed config: set-mean variance ~ within-set variance / cycles). A host-bound batch-2 case
+    has a per-cycle SD of 0.05-0.13, a batch-512 case 0.015-0.04 (~10x less variance); with equal
+    shares the batch-2 intervals came out 3-5x wider. Cycles in proportion to variance (Neyman
+    allocation for equal precision) even them out; the cap keeps every case sampled and the weights
+    stable, and the lower quartile (not the smallest v) keeps one very quiet case from setting
+    everything else to the cap. First tried normalized to the largest v (H200, 2026-12-01): cases
+    with half its variance got 1-2 repeats, as few as the batch-512 ones. The weights use only
+    earlier sets, so a set's cycles are fixed before it is timed; before any data every case gets 1."""
     var = {}
     for c in cases:
         base = data.get((labels[0], c.id)) if labels else None
@@ -693,13 +695,15 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
             if df >= 3:
                 v = ss / df
                 best = v if best is None else max(best, v)
-        if best is not None and math.isfinite(best):
+        if best is not None and math.isfinite(best) and best > 0:
             var[c.id] = best
-    top = max(var.values(), default=0.0)
-    out = {}
-    for c in cases:
-        v = var.get(c.id)
-        out[c.id] = 1 if v is None or top <= 0 else max(1, min(max_repeats, round(max_repeats * v / top)))
+    out = {c.id: 1 for c in cases}
+    if len(var) < 2:
+        return out
+    vs = sorted(var.values())
+    ref = vs[(len(vs) - 1) // 4]  # lower quartile (the smallest of 2-4 cases)
+    for cid, v in var.items():
+        out[cid] = max(1, min(max_repeats, round(v / ref)))
     return out
 
 

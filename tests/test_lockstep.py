@@ -139,13 +139,15 @@ def _cycle_data(seed_var: dict, sets: int = 3, cycles: int = 12):
 def test_cycle_weights_give_noisier_cases_more_cycles_in_proportion_to_variance():
     from matrix_runner.runner import cycle_weights
 
-    # per-cycle SDs 0.08, 0.04, 0.01 -> variances 1 : 1/4 : 1/64 of the largest
-    cases, data = _cycle_data({"x": 0.08, "y": 0.04, "z": 0.01})
+    # per-cycle SDs 0.01, 0.015, 0.02, 0.04 -> variances 1 : 2.25 : 4 : 16 x the lower quartile (0.01^2)
+    cases, data = _cycle_data({"w": 0.01, "x": 0.015, "y": 0.02, "z": 0.04})
     w = cycle_weights(data, ["a", "b"], cases, max_repeats=4)
-    assert [w[c.id] for c in cases] == [4, 1, 1]
-    cases, data = _cycle_data({"x": 0.08, "y": 0.06, "z": 0.0})
-    w = cycle_weights(data, ["a", "b"], cases, max_repeats=4)
-    assert [w[c.id] for c in cases] == [4, 2, 1]  # 4 * 0.5625 = 2.25 -> 2
+    assert [w[c.id] for c in cases] == [1, 2, 4, 4]
+    w = cycle_weights(data, ["a", "b"], cases, max_repeats=8)
+    assert [w[c.id] for c in cases] == [1, 2, 4, 8]
+    # equally noisy cases: equal shares
+    cases, data = _cycle_data({"x": 0.05, "y": 0.05, "z": 0.05})
+    assert set(cycle_weights(data, ["a", "b"], cases, 4).values()) == {1}
 
 
 def test_cycle_weights_are_one_each_before_any_data_and_with_one_env():
