@@ -249,8 +249,12 @@ class Sampling:
     #: pass capped at 6 sets, later sets waited 1.2-1.9 s for those set-ups instead, no faster, and
     #: 4 of 12 kernel-time comparisons of an A/A stayed ambiguous at 6 sets).
     clock_sets: int = 12
-    #: Most times one case's wall clock is timed per sweep of a set's cycles (:func:`runner.cycle_weights`).
-    max_repeats: int = 4
+    #: Most times one case's wall clock is timed per sweep of a set's cycles (:func:`runner.cycle_weights`);
+    #: 1 = every case once per sweep. Measured (H200, A/A and seed runs, 2026-12-01): giving the
+    #: batch-2 cases 4x the cycles of the batch-512 ones (~12 vs ~3 per set) left the batch-2 sets'
+    #: spread where it was (set SD 0.02-0.05 either way: their spread is between sets, not within)
+    #: and widened the batch-512 intervals, so the default is 1.
+    max_repeats: int = 1
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another, H200: A/A set offsets up to 6 %). None:
     #: 2 where spare cores let the next set's workers start while a set is timed, else 1.

@@ -7,7 +7,8 @@ context, inputs, first calls, calibration -- are queued to them after its cycles
 theirs overlaps a cycle, and a set's start mostly collects replies), then *cycles*: each cycle gives
 every worker of the set a burst (~``burst_ms`` of calls) of one (case, clock) in turn, in a
 balanced random order (a random permutation, then its reverse for that item's next cycle), for
-``set_seconds``, a noisier case's wall clock more often (:func:`cycle_weights`); then each worker
+``set_seconds`` (with ``Sampling.max_repeats`` > 1, a noisier case's wall clock more often:
+:func:`cycle_weights`); then each worker
 checks correctness and takes the CUDA-graph clock of every case, and (CUDA, while undecided, in at
 most ``Sampling.clock_sets`` sets) the profiler pass for kernel time, last, since a profiler session
 slows later calls in its process. Sets run one after another on the quietest cores (``--cpus``),
@@ -662,15 +663,15 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
     paired log ratio (pooled within the sets timed so far; the largest over the candidates) and
     v_ref the lower quartile of the cases' v.
 
-    Why: a set's log ratio is a trimmed mean over its cycles, so its variance is the per-cycle
-    variance over the cycles given to the case, and most of a set's spread is that within-set part
-    (H200, seed config: set-mean variance ~ within-set variance / cycles). A host-bound batch-2 case
-    has a per-cycle SD of 0.05-0.13, a batch-512 case 0.015-0.04 (~10x less variance); with equal
-    shares the batch-2 intervals came out 3-5x wider. Cycles in proportion to variance (Neyman
-    allocation for equal precision) even them out; the cap keeps every case sampled and the weights
-    stable, and the lower quartile (not the smallest v) keeps one very quiet case from setting
-    everything else to the cap. First tried normalized to the largest v (H200, 2026-12-01): cases
-    with half its variance got 1-2 repeats, as few as the batch-512 ones. The weights use only
+    Why it exists, and why it is off by default (``Sampling.max_repeats`` 1): a set's log ratio is a
+    trimmed mean over its cycles, and per cycle a host-bound batch-2 case varies ~10x more than a
+    batch-512 one (H200, seed config: per-cycle SD 0.05-0.13 vs 0.015-0.04), so cycles in
+    proportion to variance (Neyman allocation for equal precision, capped; the lower quartile as
+    reference so one very quiet case does not send everything else to the cap) should have evened
+    out the intervals. Measured (H200, 2026-12-01, reports/h200-aa-11..13 vs h200-aa-4..10): the
+    batch-2 cases got ~12 cycles per set instead of ~6 and their sets' spread did not shrink (set
+    SD 0.02-0.05 either way: it is between sets, not within), while the batch-512 ones, down to ~3,
+    got wider. The weights use only
     earlier sets, so a set's cycles are fixed before it is timed; before any data every case gets 1."""
     var = {}
     for c in cases:
@@ -715,7 +716,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     a random order, reversed for that item's next cycle. With several workers per env, an env's
     value of a cycle is the geometric mean of its workers' bursts. A comparison decided and within
     ``sampling.precision`` drops its item for this set; the host clock is sampled every other sweep;
-    a case's wall clock comes up :func:`cycle_weights` times per sweep (noisier cases more often).
+    a case's wall clock comes up :func:`cycle_weights` times per sweep (1 unless ``max_repeats`` > 1).
     A worker fault ends the cycles (the set's other data stay)."""
     sid, lab_of = st.sid, st.label_of
     budget = sampling.quick_set_seconds if quick else sampling.set_seconds
@@ -730,7 +731,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 items.append((c, m))
     if not items:
         return 0
-    reps = cycle_weights(data, labels, cases, sampling.max_repeats) if not quick else {}
+    reps = cycle_weights(data, labels, cases, sampling.max_repeats) if not quick and sampling.max_repeats > 1 else {}
     keys = list(live)
     t_end = time.monotonic() + budget
     n = 0
