@@ -554,6 +554,13 @@ def cmd_compare(args) -> int:
         raise results.ResultsError(
             f"no env timed in both runs: A has {envs_of(a)}, B has {envs_of(b)} (envs are matched by label, else by "
             "flash-attn version; an env counts only where it was built and timed)")
+    ids_a = {c["id"] for c in a.get("cases", [])}
+    ids_b = {c["id"] for c in b.get("cases", [])}
+    if not ids_a & ids_b:
+        raise results.ResultsError(
+            f"the two runs have no case in common (A: {len(ids_a)} case(s), e.g. {min(ids_a, default='none')}; B: "
+            f"{len(ids_b)}, e.g. {min(ids_b, default='none')}): cases match by id (op, batch, seqlens, heads, head_dim, "
+            "dtype, ...); compare runs of the same config")
     report.compare_terminal(cmp, Console())
     if args.output:
         if (Path(args.output) / "results.json").exists():
@@ -616,6 +623,7 @@ def cmd_run(args, argv: list[str]) -> int:
             raise envmod.UsageError("--versions is required (or --resume RUN_DIR)")
         return _cmd_run(args, argv, stop, prior)
     except envmod.UsageError:
+        _release_out_lock(args)
         made = getattr(args, "_created_output", None)
         if made is not None and made.is_dir() and not any(made.iterdir()):
             made.rmdir()  # created by this run, which stopped before writing anything into it
@@ -628,6 +636,7 @@ def cmd_run(args, argv: list[str]) -> int:
     finally:
         proc.kill_all()  # nothing started by this run outlives it
         restore()
+        _release_out_lock(args)
         proc.reset()
         os.chdir(cwd)
 
@@ -674,6 +683,15 @@ def _resume_args(args, argv: list[str]):
     return new, new_argv, doc
 
 
+def _release_out_lock(args) -> None:
+    """Release the --output directory's run lock (taken in :func:`_cmd_run`) and remove its file."""
+    lk = getattr(args, "_out_lock", None)
+    if lk is not None and lk.is_locked:
+        lk.release()
+        Path(lk.lock_file).unlink(missing_ok=True)
+    args._out_lock = None
+
+
 def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -> int:
     t_start = t_inv = time.monotonic()  # t_inv: this invocation's start (t_start: the run's, a resume's earlier ones included)
     if prior is None:
@@ -699,6 +717,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
         raise envmod.UsageError(f"--fail-on-regression {args.fail_on_regression:g}: give a percentage >= 0 "
                                 "(5 = fail when a candidate is slower by more than 5%)")
+    if args.fail_on_regression is not None and getattr(args, "quick", False):
+        raise envmod.UsageError("--fail-on-regression with --quick: a quick run gives provisional ratios from one "
+                                "process set, never a slower verdict, so the gate could never fail; drop --quick "
+                                "(a full run decides within --time-budget) or drop --fail-on-regression")
     try:  # before anything is built
         lockstep.parse_cpus(args.cpus)
     except ValueError as ex:
@@ -737,6 +759,16 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             except FileExistsError:
                 n += 1
         run_id = out_dir.name
+    # one run per output directory at a time: two runs started together into one --output both
+    # passed the results.json check above and the later one overwrote the other's results
+    from filelock import FileLock, Timeout
+
+    args._out_lock = FileLock(str(out_dir / ".matrix-run.lock"))
+    try:
+        args._out_lock.acquire(timeout=0)
+    except Timeout:
+        raise envmod.UsageError(f"--output {out_dir} is in use by another matrix-run that is still running; give "
+                                "another --output, or wait for that run to finish") from None
     if args.markdown:
         _check_writable_file(Path(args.markdown), "--markdown")
 
@@ -955,9 +987,11 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         failed = [c for c in failed_cases if c["status"] != "not run"]
         if failed:
             kinds = sorted({c.get("error_kind") or "error" for c in failed})
-            console.print(f"[yellow]{len(failed)} case(s) failed ({', '.join(kinds)}); see the report[/]")
+            n_env = len({c["env"] for c in failed})
+            console.print(f"[yellow]{len({c['id'] for c in failed})} case(s) failed in {n_env} env(s) "
+                          f"({', '.join(kinds)}); see the report[/]")
         if not_run:
-            console.print(f"[yellow]{len(not_run)} case(s) not timed (sampling stopped: {reason}; or their case "
+            console.print(f"[yellow]{len({c['id'] for c in not_run})} case(s) not timed (sampling stopped: {reason}; or their case "
                           "failed in the other envs); see the report[/]")
     if args.fail_on_regression is not None:
         bad = regressions(doc, args.fail_on_regression)

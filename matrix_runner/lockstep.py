@@ -19,6 +19,7 @@ import json
 import os
 import select
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -74,6 +75,7 @@ class Worker:
         self.p = proc.spawn([python, str(WORKER), "serve"], log=log, piped=True,
                              env_extra={**(env_extra or {}), "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"})
         self._buf = b""
+        self._writer: threading.Thread | None = None  # queue_commands' writer, joined before any send
         self.pid = self.p.pid
         self.hello: dict | None = None
         if cpus:  # while it imports, keep it off the set's core (its threads inherit this)
@@ -113,7 +115,35 @@ class Worker:
         self.hello = self._readline(timeout)
         return self.hello
 
+    def queue_commands(self, cmds: list[dict]) -> None:
+        """Send ``cmds`` without waiting for the worker to read them (their replies come in order,
+        read with :meth:`reply`). A pipe holds 64 KiB and a worker that is still importing reads
+        nothing, so writing a large config's set-ups directly blocked the driver (600 cases, ~180
+        KB of commands: the driver waited 266 s on a worker working through them); a thread writes
+        them instead, and :meth:`send` waits for it first, so commands never interleave. A worker
+        that dies ends the write (broken pipe); its fault shows at the next reply."""
+        self._join_writer()
+        data = b"".join((json.dumps(c) + "\n").encode() for c in cmds)
+
+        def write() -> None:
+            view = memoryview(data)
+            try:
+                while view:
+                    n = self.p.stdin.write(view)
+                    view = view[n or 0:]
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+
+        self._writer = threading.Thread(target=write, name=f"queue-{self.label}", daemon=True)
+        self._writer.start()
+
+    def _join_writer(self) -> None:
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
     def send(self, cmd: dict) -> None:
+        self._join_writer()
         try:
             self.p.stdin.write((json.dumps(cmd) + "\n").encode())
         except (BrokenPipeError, OSError):

@@ -35,6 +35,12 @@ def fmt_bytes(n) -> str:
     return f"{n:.0f} B"
 
 
+def fmt_tflops(v: float | None) -> str:
+    """TFLOP/s (or GB/s) with 3 significant digits: 412, 38.1, 0.000812 (a CPU stand-in's tiny
+    calls: two decimals printed 0.00)."""
+    return "–" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.3g}")
+
+
 def fmt_us(v) -> str:
     """µs with sensible precision: 5.31, 41.5, 1056."""
     if v is None:
@@ -403,7 +409,7 @@ def _env() -> Environment:
     env.filters["xr"] = fmt_x
     env.filters["headline"] = headline
     env.filters["pct"] = lambda v: "–" if v is None else f"{v:.0%}"
-    env.filters["tf"] = lambda v: "–" if v is None else f"{v:.2f}"
+    env.filters["tf"] = fmt_tflops
     env.filters["gb"] = lambda v: "–" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.3g}")
     env.filters["bytes"] = fmt_bytes
     env.filters["sci"] = lambda v: "–" if v is None else f"{v:.1e}"

@@ -224,12 +224,8 @@ class _Set:
         is the 6-call minimum (``warmup_s`` 0): the GPU work this adds to the running set is a few
         ms. A worker that is already gone is left to the set's start, which reports it."""
         for key, w in self.workers.items():
-            try:
-                w.send(config)
-                for c in cases:
-                    w.send({"cmd": "setup", "case": c.id, "spec": c.to_dict(), "warmup_s": 0.0})
-            except lockstep.WorkerFault:
-                continue
+            w.queue_commands([config] + [{"cmd": "setup", "case": c.id, "spec": c.to_dict(), "warmup_s": 0.0}
+                                         for c in cases])
             self.preloaded[key] = [c.id for c in cases]
 
     def close(self, park: set | None = None) -> None:

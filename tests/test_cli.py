@@ -50,6 +50,8 @@ def test_plan_json(standins, tiny_config, tmp_path):
     (["pln", "--versions", "2.6.3"], "unknown subcommand 'pln'"),
     (["--versions", "2.6.3", "--quik"], "usage: matrix-run run"),  # the subcommand's usage, not the top level
     (["--versions", ".venv=2.6.3"], "must start with a letter or digit"),
+    (["--versions", "2.6.3,2.7.0.post2", "--quick", "--fail-on-regression", "5"],
+     "--fail-on-regression with --quick: a quick run gives provisional ratios"),
 ])
 def test_more_bad_input_exits_2(args, needle, tmp_path):
     cp = run_cli(*args, "--envs-dir", str(tmp_path / "envs"), "--output", str(tmp_path / "o"))
@@ -268,3 +270,38 @@ def test_gpu_sized_configs_warn_before_a_cpu_run():
     assert w and "GB of KV cache per call" in w
     small = parse_config({"shapes": [{"batch": 2, "seqlen": 64, "nheads": 2, "embed_dim": 32}]})
     assert cli.cpu_size_warning(small.cases) is None
+
+
+def test_a_second_run_into_an_output_in_use_is_refused_and_the_lock_goes_with_the_run(tmp_path):
+    from filelock import FileLock
+    out = tmp_path / "o"
+    out.mkdir()
+    lk = FileLock(str(out / ".matrix-run.lock"))
+    lk.acquire()  # stands in for a run that is still timing into this directory
+    try:
+        cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--envs-dir", str(tmp_path / "envs"), "--output", str(out))
+        assert cp.returncode == 2 and "is in use by another matrix-run that is still running" in " ".join(cp.stderr.split())
+        assert "Traceback" not in cp.stderr
+    finally:
+        lk.release()
+    # a run refused after taking the lock (an unwritable --markdown) leaves no lock file behind, and
+    # the directory it created goes with it
+    cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--markdown", str(tmp_path / "no-such-dir" / "x.md"),
+                 "--envs-dir", str(tmp_path / "envs"), "--output", str(tmp_path / "p"))
+    assert cp.returncode == 2 and "--markdown" in cp.stderr, cp.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_compare_of_runs_without_a_common_case_says_so(tmp_path):
+    import json
+    from pathlib import Path
+    src = Path(__file__).resolve().parents[1] / "reports" / "h200-aa-4" / "results.json"
+    doc = json.loads(src.read_text())
+    for c in doc["cases"]:
+        c["id"] = "x" + c["id"]
+    for c in doc["comparisons"]:
+        c["case"] = "x" + c["case"]
+    (tmp_path / "b.json").write_text(json.dumps(doc))
+    cp = run_cli("compare", str(src), str(tmp_path / "b.json"))
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "the two runs have no case in common (A: 12 case(s)" in " ".join(cp.stderr.split())

@@ -24,6 +24,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -689,7 +690,7 @@ def test_each_worker_fault_fails_its_case_only(fault_run):
     assert {c["case"] for c in res["comparisons"] if c["candidate"] == "faulty"} == \
         {_case(res, "good", 1)["id"], _case(res, "good", 2)["id"]}
     err = " ".join(fault_run["cp"].stderr.split())
-    assert "case(s) failed (crash, error, oom, timeout)" in err
+    assert re.search(r"\d+ case\(s\) failed in 1 env\(s\) \(crash, error, oom, timeout\)", err), err
 
 
 def test_no_worker_outlives_the_run(fault_run):

@@ -249,7 +249,8 @@ def test_h200_detail_has_every_clock_kernels_builds_and_the_command(h200, h200_h
             assert str(v["n"]) in text
         for k in c["kernels"]:
             assert report.fmt_us(k["us"]) in text
-        assert f"{c['tflops']['wall']:.2f}" in text
+        assert report.fmt_tflops(c["tflops"]["wall"]) in text
+    assert report.fmt_tflops(0.000812) == "0.000812" and report.fmt_tflops(38.14) == "38.1"
     assert "flash_fwd_kernel&lt;Flash_fwd_kernel_traits&lt;32, 128, 128, 4" in h200_html  # kernel names, escaped
     for e in h200["envs"]:
         assert e["build"]["wheel_sha256"] in h200_html and e["build"]["key_id"] in h200_html
