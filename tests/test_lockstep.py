@@ -1,6 +1,7 @@
 """The lockstep measurement's own pieces: the worker's imports, CPU planning, thread pinning, and the
 worker's burst loops (no torch needed for these)."""
 import ast
+import json
 import math
 import os
 import sys
@@ -174,3 +175,24 @@ def test_kernel_time_and_graph_passes_stop_after_clock_sets_sets():
         cd.sets["device_us"][samp.clock_sets - 1] = [100.0]
     assert _needed(data, ["a", "b"], cases, samp, "device_us") == set()
     assert _needed(data, ["a", "b"], cases, samp, "graph_us") == {c.id for c in cases}  # none yet
+
+
+def test_queued_commands_never_block_the_driver_on_a_full_pipe(tmp_path):
+    """600 set-ups of a large config are ~180 KB; a pipe holds 64 KiB and a worker that is still
+    importing reads nothing: queue_commands returns at once, send waits for the queue, and every
+    command arrives once, in order."""
+    import subprocess
+    w = object.__new__(lockstep.Worker)
+    w.label, w.log, w._writer, w._buf = "x", tmp_path / "log", None, b""
+    w.p = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1.0); sys.stdout.write(sys.stdin.read())"],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    cmds = [{"cmd": "setup", "case": f"c{i}", "spec": {"pad": "x" * 300}} for i in range(600)]
+    t0 = time.perf_counter()
+    w.queue_commands(cmds)
+    assert time.perf_counter() - t0 < 0.5
+    w.send({"cmd": "last"})  # waits for the queue, then goes after it
+    w.p.stdin.close()
+    out = w.p.stdout.read().decode().splitlines()
+    w.p.wait(10)
+    assert [json.loads(x)["case"] for x in out[:-1]] == [f"c{i}" for i in range(600)]
+    assert json.loads(out[-1]) == {"cmd": "last"}
