@@ -24,16 +24,51 @@ What it measures, per env (one fresh worker per env, all pinned to one set core 
    for these two worker processes only (one process per env: the process-to-process spread that the
    main comparison's sets capture is not in it) and is fixed-n, one comparison at a time.
 3. **Differential frame profile**: the case with the smallest baseline per-call time (the most
-   host-bound forward) runs a steady loop of synchronized calls (:func:`worker._explain_loop`) while
+   host-bound forward) runs steady loops of synchronized calls (:func:`worker._explain_loop`) while
    py-spy (an out-of-process sampler; ``py-spy record --format raw --function --nonblocking``, needs
-   ptrace) samples it from the driver; the same loop without the sampler gives the wall time side by
-   side (the sampler's effect). Folded stacks are kept per env. A frame's µs per call = its share of
-   the samples under ``_explain_loop`` x the sampled loop's µs per call (the median of its ~1 ms
-   samples: a preemption lands in whatever frame runs, so it leaves the shares alone but inflates a
-   mean); *self* counts samples where
-   it is the innermost Python frame, *total* where it is anywhere on the stack. The differential view
-   lists frames that appear, vanish, grow or shrink (self µs per call, candidate - baseline), with a
-   binomial sampling error.
+   ptrace) samples the worker from the driver for ``profile_s`` seconds. Folded stacks are kept per
+   env. A frame's µs per call = its share of the samples under ``_explain_loop`` x the sampled
+   loops' µs per call (the median over the sampled loops of each loop's median of ~1 ms samples: a
+   preemption lands in whatever frame runs, so it leaves the shares alone but inflates a mean);
+   *self* counts samples where it is the innermost Python frame, *total* where it is anywhere on the
+   stack. The differential view lists frames that appear, vanish, grow or shrink (self µs per call,
+   candidate - baseline), with a binomial sampling error.
+
+   **The sampler's effect on wall time** (the figure: it should be within ±2 %, shown with its
+   interval). The CPU's speed drifts by several % over seconds (H200: one loop before and one with
+   the sampler read -48 % and +17 %; loops before, with and after still read +2.2 % and +3.7 %
+   with -1.2 % and -3.3 % of drift between the loops without it), so loops seconds apart cannot
+   bound it. Two worker processes pinned to the same core and taking turns ms apart see the same
+   speed, so the log ratio of their turns cancels the drift (H200: per-turn SD ~0.05-0.1 with 5-20
+   ms turns). So the profiled env's worker X is paired with a *partner* P, another env's worker on
+   the same core (the baseline's; the baseline's own partner is the first candidate's), and they take
+   turns in *cycles*: one ``loop`` of ``sampler_loop_s`` (20 ms) each, the order random per cycle
+   (a seeded random.Random). ``sampler_cycles`` (K) cycles without the sampler (*off*), cycles
+   while py-spy samples X (*on*: as long as py-spy runs, ``--duration profile_s``; a cycle counts
+   only if it started ``sampler_lead_s`` after py-spy was started, its attach, and ended within
+   ``profile_s`` of it, the others are ``on_edge``), then K cycles without it again (*off2*). X
+   loops about half of the sampled window, so it gets about half of ``profile_s`` x ``rate``
+   samples (~2,700 of 6,000 at the defaults: as many as the one 3 s loop it had before the turns). With a cycle's log ratio r = log(X µs / P µs):
+
+       effect = exp(mean(r | on) - mean(r | off, off2)) - 1
+
+   and its 95 % interval is the Welch t interval of that difference of means (the on and the off
+   cycles are two independent groups of unequal size and variance; Welch-Satterthwaite df),
+   mapped through exp(.) - 1 (:func:`sampler_effect`; at the defaults ~130 on and 80 off cycles: with
+   a per-cycle SD of 0.05 about ±1.4 %; the CPU test's runs read e.g. +0.5 % [-0.9, +2.0] while
+   the plain loops of the same worker moved +4.5 %). It is read against ±2 % (``within``,
+   ``over``, or ``undecided`` when the interval straddles a bound). The off cycles before and
+   after bracket the sampled ones, so a slow drift of X/P itself (the processes, not the CPU)
+   averages out to first order; off2 against off, the same way, is reported as that drift. What
+   it assumes: the cycles are independent (adjacent turns are ms apart, so drift that survives the
+   ratio is slow against a cycle, and the bracketing takes the linear part of it out), and that
+   py-spy slows P no more than X (py-spy is the driver's child, not pinned to the workers' core; what
+   it costs the core as a whole, both pay and the ratio cancels: it is the effect on the sampled process relative to an
+   unsampled one, which is what could distort its frames). X's plain µs per call without / with the
+   sampler (medians of its loops) are kept beside it. With one env there is no partner: one loop
+   of ``profile_s`` without the sampler, one with, one without again (``loop_off`` / ``loop_on`` /
+   ``loop_off2``; the effect against the geometric mean of the two without, "not measurable" when
+   they differ by more than 2 %), as records written before the cycles have it.
 4. **Call counts**: cProfile over ``count_calls`` calls of the same case (deterministic counts per
    function and call; cProfile's time inflation is irrelevant to counts), diffed between versions.
 
@@ -49,15 +84,31 @@ import os
 import random
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
+
+from scipy import stats as sps
 
 from . import lockstep, proc, stats
 
 SCHEMA = "matrix-runner/explain/1"
-#: Defaults: layer rounds, ms per layer burst, seconds sampled per env, py-spy samples per second,
-#: cProfile'd calls per env, set-up warm-up seconds per case.
-DEFAULTS = {"rounds": 20, "burst_ms": 5.0, "profile_s": 3, "rate": 1000, "count_calls": 200, "warmup_s": 0.05}
+#: Defaults: layer rounds, ms per layer burst, seconds sampled per env (py-spy's --duration: the
+#: profiled worker loops about half of it, taking turns with its partner, so 6 s give it ~2,700
+#: samples, as many as the one 3 s loop before the turns; with 3 s, ~1,300 samples, the CPU test's
+#: planted 20 µs read 16.4-26.6 µs over 7 runs on the loaded 2-core machine, with 6 s 19.5-22.9 over
+#: 4), py-spy samples per second, cProfile'd calls per env, set-up warm-up seconds per case; the
+#: sampler effect (module doc, 3):
+DEFAULTS = {"rounds": 20, "burst_ms": 5.0, "profile_s": 6, "rate": 1000, "count_calls": 200, "warmup_s": 0.05,
+            # K: cycles (one loop of the profiled worker, one of its partner) without the sampler,
+            # before and again after the sampled ones (~45 ms a cycle: ~1.8 s each)
+            "sampler_cycles": 40,
+            # seconds of one worker's loop per turn (~20 of its ~1 ms samples; H200: turns of 5-20 ms
+            # see the same CPU speed in both workers)
+            "sampler_loop_s": 0.02,
+            # seconds after py-spy's start before a sampled cycle counts (its attach; earlier cycles
+            # were not sampled for sure)
+            "sampler_lead_s": 0.3}
 #: Segment names: the cost between a layer and the next inner layer that exists.
 SEGMENTS = {"public": "Python wrapper (flash_attn_func)",
             "autograd": "autograd Function (FlashAttnFunc.apply + forward)",
@@ -116,12 +167,17 @@ def run(envs, cases, *, device: str, work: Path, case_timeout: float = 300.0, cp
                 workers[e.label] = w
             except (lockstep.WorkerFault, proc.Stopped) as ex:
                 raw["notes"].append(f"{e.label}: explain worker failed to start: {ex}")
+        raw["pinned_cpu"] = None  # the one core every explain worker is pinned to (None: not pinned)
         if cpus and cpus.get("pinned") and cpus.get("set_cpus"):
+            raw["pinned_cpu"] = cpus["set_cpus"][0]
             for lab, w in workers.items():
                 try:
-                    w.request({"cmd": "pin", "cpu": cpus["set_cpus"][0]}, case_timeout)
+                    rep = w.request({"cmd": "pin", "cpu": cpus["set_cpus"][0]}, case_timeout)
+                    if rep.get("status") != "ok":
+                        raise lockstep.WorkerFault(str(rep.get("error")))
                 except lockstep.WorkerFault as ex:
                     raw["notes"].append(f"{lab}: pin failed: {ex}")
+                    raw["pinned_cpu"] = None
         ok: dict = {lab: set() for lab in workers}
         for c in fcases:  # first calls: the set-ups, in config order
             for lab, w in list(workers.items()):
@@ -174,8 +230,134 @@ def run(envs, cases, *, device: str, work: Path, case_timeout: float = 300.0, cp
     return raw
 
 
+class _PartnerLost(Exception):
+    """The partner worker of the sampler-effect cycles failed (not the profiled env's fault)."""
+
+
+def _loop_rec(rep: dict) -> dict:
+    return {k: rep.get(k) for k in ("us_per_call", "mean_us_per_call", "calls")}
+
+
+def _start_pyspy(argv: list, log: Path, timeout: float):
+    """py-spy in a thread (proc.run_logged blocks): returns (thread, box); the box gets ``res`` (the
+    run's proc.Result) or ``exc`` (what run_logged raised, e.g. proc.Stopped) when the thread ends."""
+    box: dict = {}
+
+    def go():
+        try:
+            box["res"] = proc.run_logged(argv, log=log, timeout=timeout)
+        except BaseException as ex:  # noqa: BLE001 - re-raised in the driver's thread
+            box["exc"] = ex
+
+    th = threading.Thread(target=go, name="explain-py-spy", daemon=True)
+    th.start()
+    return th, box
+
+
+def _pyspy_argv(pyspy: str, pid: int, st: dict, secs: float, folded: Path) -> list:
+    return [pyspy, "record", "--pid", str(pid), "--rate", str(int(st["rate"])), "--duration",
+            str(int(math.ceil(secs))), "--format", "raw", "--function", "--nonblocking", "-o", str(folded)]
+
+
+def _sampled_lockstep(lab, w, plab, pw, case, st, pyspy, folded, log, case_timeout, say, seed):
+    """Module doc, 3: the sampler's effect on ``lab``'s worker ``w``, read against the co-pinned
+    partner ``pw`` (another env's worker) in cycles of one short ``loop`` each (order random per
+    cycle): K cycles without the sampler, cycles while py-spy samples ``w`` (its profile), K cycles
+    without it again. Returns (the record stored as the env's ``lockstep``, py-spy's proc.Result or
+    None when it did not run). A fault of ``w`` raises lockstep.WorkerFault; of ``pw``,
+    :class:`_PartnerLost` (after py-spy's run is over: the profile of ``w`` is still taken, from
+    ``w``'s loops alone)."""
+    secs, ls, k = float(st["profile_s"]), float(st["sampler_loop_s"]), int(st["sampler_cycles"])
+    lead = float(st["sampler_lead_s"])
+    rng = random.Random(seed)
+    rec: dict = {"partner": plab, "loop_s": ls, "cycles_per_off_phase": k, "lead_s": lead, "cycles": []}
+    t0 = time.monotonic()
+    lost: list = []
+
+    def turn(who, ww, c):
+        rep = ww.request({"cmd": "loop", "case": case.id, "seconds": ls}, case_timeout + ls)
+        c[f"{who}_us"] = rep.get("us_per_call")
+        if who == "x":
+            c["x_mean_us"] = rep.get("mean_us_per_call")
+
+    def cycle(phase):
+        c = {"phase": phase, "t": round(time.monotonic() - t0, 4)}
+        if lost:  # the partner is gone: the profiled worker's loops alone (its samples)
+            c["order"] = "X"
+            turn("x", w, c)
+        else:
+            c["order"] = "XP" if rng.random() < 0.5 else "PX"
+            for who in c["order"].lower():
+                if who == "x":
+                    turn("x", w, c)
+                    continue
+                try:
+                    turn("p", pw, c)
+                except lockstep.WorkerFault as ex:
+                    lost.append(ex)
+                    c["order"] = "X"
+                    break
+        c["end"] = round(time.monotonic() - t0, 4)
+        rec["cycles"].append(c)
+        return c
+
+    say(f"explain: {lab} and {plab} take turns, {k} cycles of {ls * 1e3:g} ms loops (no sampler)")
+    for _ in range(k):
+        if lost:
+            break
+        cycle("off")
+    # the sampled phase runs even without a partner (then the profiled worker's loops alone): the
+    # folded profile is the samples of these loops, as before
+    say(f"explain: py-spy on {lab} ({secs:g} s at {st['rate']} Hz), {lab} and {plab} taking turns")
+    folded.unlink(missing_ok=True)
+    th, box = _start_pyspy(_pyspy_argv(pyspy, w.pid, st, secs, folded), log, secs + 60)
+    t_on = time.monotonic()
+    try:
+        while th.is_alive():
+            c0 = time.monotonic()
+            c = cycle("on")
+            # counted only inside the sampling window for sure: after py-spy's attach (lead) and
+            # before its --duration can have run out (it starts sampling after t_on)
+            if c0 < t_on + lead or time.monotonic() > t_on + secs or not th.is_alive() or c["order"] == "X":
+                c["phase"] = "on_edge"
+    finally:
+        th.join(secs + 90)
+    if "exc" in box:
+        raise box["exc"]
+    res = box.get("res")
+    rec["sampler_s"] = round(time.monotonic() - t_on, 3)
+    say(f"explain: {lab} and {plab} take turns, {k} cycles (no sampler, after)")
+    for _ in range(k):
+        if lost:
+            break
+        cycle("off2")
+    if lost:
+        rec["error"] = f"the partner worker {plab} was lost: {lost[0]}"
+        raise _PartnerLost(str(lost[0]), rec, res)
+    return rec, res
+
+
+def _sampled_bracket(lab, w, case, st, pyspy, folded, log, case_timeout, say, e):
+    """The one-env fallback (no partner worker to read the effect against): one loop of ``secs``
+    without the sampler, one with it, one without it again (module doc, 3). Fills ``e``'s
+    ``loop_off`` / ``loop_on`` / ``loop_off2``; returns py-spy's proc.Result."""
+    secs = float(st["profile_s"])
+    say(f"explain: steady loop of {case.label} fwd in {lab} (no sampler)")
+    e["loop_off"] = _loop_rec(w.request({"cmd": "loop", "case": case.id, "seconds": secs}, case_timeout + secs))
+    say(f"explain: py-spy on {lab} ({secs:g} s at {st['rate']} Hz)")
+    folded.unlink(missing_ok=True)
+    w.send({"cmd": "loop", "case": case.id, "seconds": secs + 1.5})
+    time.sleep(0.2)  # the loop is running
+    res = proc.run_logged(_pyspy_argv(pyspy, w.pid, st, secs, folded), log=log, timeout=secs + 60)
+    e["loop_on"] = _loop_rec(w.reply(case_timeout + secs))
+    say(f"explain: steady loop of {case.label} fwd in {lab} (no sampler, after)")
+    e["loop_off2"] = _loop_rec(w.request({"cmd": "loop", "case": case.id, "seconds": secs}, case_timeout + secs))
+    return res
+
+
 def _profile(workers, ok, fcases, raw, st, work, case_timeout, say) -> dict | None:
-    """The sampled steady loop and the call counts of one case (module doc, 3 and 4)."""
+    """The sampled steady loop, its sampler effect and the call counts of one case (module doc, 3
+    and 4). ``workers`` (label -> lockstep.Worker, in env order) loses a worker that faults."""
     base = raw["envs"][0]
     per = raw["per_call_us"]
     cands = [c for c in fcases if c.op == "fwd" and all(c.id in ok.get(lab, ()) for lab in workers)]
@@ -190,36 +372,34 @@ def _profile(workers, ok, fcases, raw, st, work, case_timeout, say) -> dict | No
     else:
         out["sampler"] = {"tool": "py-spy", "path": pyspy, "rate_hz": st["rate"], "seconds": st["profile_s"],
                           "args": "record --format raw --function --nonblocking"}
-    secs = float(st["profile_s"])
-    for lab, w in list(workers.items()):
+    for i, lab in enumerate(list(workers)):
+        w = workers.get(lab)
+        if w is None:  # lost earlier (as another env's partner)
+            continue
         e: dict = {}
         out["envs"][lab] = e
         try:
-            say(f"explain: steady loop of {case.label} fwd in {lab} (no sampler)")
-            rep = w.request({"cmd": "loop", "case": case.id, "seconds": secs}, case_timeout + secs)
-            e["loop_off"] = {k: rep.get(k) for k in ("us_per_call", "mean_us_per_call", "calls")}
             if pyspy is not None:
-                say(f"explain: py-spy on {lab} ({secs:g} s at {st['rate']} Hz)")
-                folded = work / f"explain-{lab}.folded"
-                folded.unlink(missing_ok=True)
-                w.send({"cmd": "loop", "case": case.id, "seconds": secs + 1.5})
-                time.sleep(0.2)  # the loop is running
-                res = proc.run_logged([pyspy, "record", "--pid", str(w.pid), "--rate", str(int(st["rate"])),
-                                       "--duration", str(int(math.ceil(secs))), "--format", "raw", "--function",
-                                       "--nonblocking", "-o", str(folded)],
-                                      log=work / f"explain-{lab}.py-spy.log", timeout=secs + 60)
-                rep = w.reply(case_timeout + secs)
-                e["loop_on"] = {k: rep.get(k) for k in ("us_per_call", "mean_us_per_call", "calls")}
-                # the loop without the sampler again: the CPU's speed drifts over seconds (H200: one
-                # loop before and one with the sampler read -48 % and +17 %); the two loops without it
-                # bracket the sampled one, and their drift says whether the effect is measurable
-                say(f"explain: steady loop of {case.label} fwd in {lab} (no sampler, after)")
-                rep = w.request({"cmd": "loop", "case": case.id, "seconds": secs}, case_timeout + secs)
-                e["loop_off2"] = {k: rep.get(k) for k in ("us_per_call", "mean_us_per_call", "calls")}
-                if res.returncode != 0 or not folded.exists():
-                    tail = " ".join(res.tail.split())[-400:]
-                    out["error"] = (f"py-spy failed on {lab} (exit {res.returncode}; ptrace refused? as non-root "
-                                    f"see /proc/sys/kernel/yama/ptrace_scope): {tail}")
+                folded, log = work / f"explain-{lab}.folded", work / f"explain-{lab}.py-spy.log"
+                plab = next((x for x in workers if x != lab), None)
+                if plab is None:
+                    e["no_partner"] = ("no partner worker (one env's worker): the sampler's effect is read from "
+                                       "one loop before, one with and one after the sampler")
+                    res = _sampled_bracket(lab, w, case, st, pyspy, folded, log, case_timeout, say, e)
+                else:
+                    try:
+                        e["lockstep"], res = _sampled_lockstep(lab, w, plab, workers[plab], case, st, pyspy, folded,
+                                                               log, case_timeout, say, seed=1000 + i)
+                    except _PartnerLost as pl:
+                        e["lockstep"], res = pl.args[1], pl.args[2]
+                        raw["notes"].append(f"{plab}: worker lost as the sampler-effect partner of {lab}: {pl.args[0]}")
+                        workers.pop(plab, None)
+                    e["lockstep"]["pinned_cpu"] = raw.get("pinned_cpu")
+                if res is None or res.returncode != 0 or not folded.exists():
+                    if res is not None:
+                        tail = " ".join(res.tail.split())[-400:]
+                        out["error"] = (f"py-spy failed on {lab} (exit {res.returncode}; ptrace refused? as non-root "
+                                        f"see /proc/sys/kernel/yama/ptrace_scope): {tail}")
                 else:
                     e["folded"] = folded.read_text()
                     e["pyspy_summary"] = " ".join(res.tail.split())[-300:]
@@ -407,6 +587,64 @@ def counts_diff(base: dict, cand: dict, top: int = 25) -> dict:
             "n_differ": len(rows)}
 
 
+#: The sampler effect's tolerance (module doc, 3): the figure targets an effect within ±2 %.
+SAMPLER_TOL = 0.02
+
+
+def _welch(a: list, b: list, level: float = stats.CI_LEVEL) -> tuple:
+    """mean(a) - mean(b) of two independent groups of log ratios and its Welch t interval
+    (Welch-Satterthwaite df), returned as ratios - 1: (estimate, low, high); low/high None when a
+    group has fewer than 2 values."""
+    na, nb = len(a), len(b)
+    d = sum(a) / na - sum(b) / nb
+    if na < 2 or nb < 2:
+        return math.expm1(d), None, None
+    va = sum((x - sum(a) / na) ** 2 for x in a) / (na - 1) / na
+    vb = sum((x - sum(b) / nb) ** 2 for x in b) / (nb - 1) / nb
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return math.expm1(d), math.expm1(d), math.expm1(d)
+    df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1))
+    t = float(sps.t.ppf(1 - (1 - level) / 2, df))
+    return math.expm1(d), math.expm1(d - t * se), math.expm1(d + t * se)
+
+
+def sampler_effect(ls: dict) -> dict:
+    """The lockstep record of one env (``profile.envs.*.lockstep``, module doc 3) -> the sampler's
+    effect on its wall time: ``effect`` = exp(mean on-phase log(X/P) - mean off-phase log(X/P)) - 1
+    with its Welch 95 % interval ``effect_lo`` / ``effect_hi`` (off = the cycles before and after),
+    ``verdict`` against :data:`SAMPLER_TOL` (``within`` / ``over`` / ``undecided``), ``ratio_drift``
+    (off2 against off, the same way: whether X/P held still without the sampler), X's and P's plain
+    µs per call (medians of their loops) without / with the sampler, cycle counts, ``contention``
+    (median mean/median of X's sampled loops)."""
+    cyc = [c for c in ls.get("cycles") or [] if (c.get("x_us") or 0) > 0 and (c.get("p_us") or 0) > 0]
+    by = {ph: [c for c in cyc if c.get("phase") == ph] for ph in ("off", "on", "off2")}
+    lr = {ph: [math.log(c["x_us"] / c["p_us"]) for c in v] for ph, v in by.items()}
+    off = lr["off"] + lr["off2"]
+    # the frames are scaled by the sampled loops' µs per call: the "on" cycles (else any X loop the
+    # sampler ran over, the partner lost)
+    on_x = [c["x_us"] for c in by["on"]] or [c.get("x_us") for c in ls.get("cycles") or []
+                                             if c.get("phase") in ("on", "on_edge")]
+    out = {"method": "lockstep", "partner": ls.get("partner"), "pinned_cpu": ls.get("pinned_cpu"),
+           "loop_s": ls.get("loop_s"), "n_off": len(lr["off"]), "n_off2": len(lr["off2"]), "n_on": len(lr["on"]),
+           "off_us": _median([c["x_us"] for c in by["off"] + by["off2"]]), "on_us": _median(on_x),
+           "partner_off_us": _median([c["p_us"] for c in by["off"] + by["off2"]]),
+           "partner_on_us": _median([c["p_us"] for c in by["on"]]),
+           "effect": None, "effect_lo": None, "effect_hi": None, "verdict": None, "ratio_drift": None,
+           "ratio_drift_lo": None, "ratio_drift_hi": None, "error": ls.get("error")}
+    if lr["on"] and off:
+        out["effect"], out["effect_lo"], out["effect_hi"] = _welch(lr["on"], off)
+        lo, hi = out["effect_lo"], out["effect_hi"]
+        if lo is not None:
+            out["verdict"] = ("within" if -SAMPLER_TOL <= lo and hi <= SAMPLER_TOL else
+                              "over" if lo > SAMPLER_TOL or hi < -SAMPLER_TOL else "undecided")
+    if lr["off"] and lr["off2"]:
+        out["ratio_drift"], out["ratio_drift_lo"], out["ratio_drift_hi"] = _welch(lr["off2"], lr["off"])
+    cont = [c["x_mean_us"] / c["x_us"] for c in by["on"] if c.get("x_mean_us")]
+    out["contention"] = _median(cont)
+    return out
+
+
 def analyze(doc: dict) -> dict | None:
     """Everything the report and the terminal show, from results.json's ``explain`` record (and, for
     the profiled case, the main comparison's host and wall deltas from ``doc['comparisons']``)."""
@@ -434,19 +672,26 @@ def analyze(doc: dict) -> dict | None:
             e = (prof.get("envs") or {}).get(lab)
             if not e:
                 continue
-            off = (e.get("loop_off") or {}).get("us_per_call")
-            on = (e.get("loop_on") or {}).get("us_per_call")
-            mean_on = (e.get("loop_on") or {}).get("mean_us_per_call")
-            # mean / median of the sampled loop: ~1 on a quiet core; well above 1 the process was
-            # preempted much of the time and the frames' µs are less sure (2-core CI under load: 3x)
-            off2 = (e.get("loop_off2") or {}).get("us_per_call")
-            drift = (off2 / off - 1) if off and off2 else None
-            ref = math.sqrt(off * off2) if off and off2 else off  # the loops without the sampler, before and after
-            ev = {"off_us": ref, "on_us": on, "effect": (on / ref - 1) if on and ref else None,
-                  "off_before_us": off, "off_after_us": off2, "drift": drift,
-                  # the effect is read against loops that agree within 2 % (the figure's tolerance)
-                  "effect_measurable": drift is None or abs(drift) <= 0.02,
-                  "contention": (mean_on / on) if mean_on and on else None, "samples": None, "folded_lines": 0}
+            if e.get("lockstep") is not None:  # against a co-pinned partner worker (module doc, 3)
+                ev = sampler_effect(e["lockstep"])
+                ev["text"] = lockstep_effect_text(lab, ev)
+                on = ev["on_us"]
+            else:  # one env (``no_partner``), or a record written before the lockstep cycles
+                off = (e.get("loop_off") or {}).get("us_per_call")
+                on = (e.get("loop_on") or {}).get("us_per_call")
+                mean_on = (e.get("loop_on") or {}).get("mean_us_per_call")
+                # mean / median of the sampled loop: ~1 on a quiet core; well above 1 the process was
+                # preempted much of the time and the frames' µs are less sure (2-core CI under load: 3x)
+                off2 = (e.get("loop_off2") or {}).get("us_per_call")
+                drift = (off2 / off - 1) if off and off2 else None
+                ref = math.sqrt(off * off2) if off and off2 else off  # the loops without the sampler, before and after
+                ev = {"method": "bracket", "no_partner": e.get("no_partner"),
+                      "off_us": ref, "on_us": on, "effect": (on / ref - 1) if on and ref else None,
+                      "off_before_us": off, "off_after_us": off2, "drift": drift,
+                      # the effect is read against loops that agree within 2 % (the figure's tolerance)
+                      "effect_measurable": drift is None or abs(drift) <= SAMPLER_TOL,
+                      "contention": (mean_on / on) if mean_on and on else None}
+            ev.update(samples=None, folded_lines=0)
             if e.get("folded"):
                 parsed[lab] = parse_folded(e["folded"])
                 ev["samples"] = parsed[lab]["n"]
@@ -524,7 +769,9 @@ def summary_lines(view: dict | None) -> list[str]:
                 out.append(f"  calls per call (cProfile): {view['base']} {c['base_total']:.0f}, {d['candidate']} "
                            f"{c['cand_total']:.0f}")
         for lab, e in p["envs"].items():
-            if e.get("effect") is not None:
+            if e.get("method") == "lockstep":
+                out.extend(_lockstep_lines(lab, e))
+            elif e.get("effect") is not None:
                 drift = e.get("drift")
                 out.append(f"  sampler effect on wall time, {lab}: {e['effect'] * 100:+.1f} % "
                            f"({e['off_us']:.1f} -> {e['on_us']:.1f} µs per call, medians of ~1 ms samples)"
@@ -534,7 +781,52 @@ def summary_lines(view: dict | None) -> list[str]:
                                  "the effect is not measurable here") + ")" if drift is not None else
                               "; one loop without the sampler, before it only: the CPU's drift is not excluded")
                            + (f"; preempted: mean/median {e['contention']:.1f}x" if (e.get("contention") or 0) > 1.2
-                              else ""))
+                              else "")
+                           + (" (no partner worker: one env)" if e.get("no_partner") else ""))
     for n in view["notes"]:
         out.append(f"  note: {n}")
+    return out
+
+
+def _pct(x) -> str:
+    return f"{x * 100:+.1f}"
+
+
+#: What a lockstep sampler effect's ``verdict`` reads as (tolerance :data:`SAMPLER_TOL`).
+VERDICT_TEXT = {"within": "within ±{tol:g} %", "over": "over {tol:g} %",
+                "undecided": "interval wider than ±{tol:g} %: not decided"}
+
+
+def lockstep_effect_text(lab: str, e: dict) -> str:
+    """One env's lockstep sampler effect (:func:`sampler_effect`) as one sentence (terminal and
+    report): ``2.6.3: +0.4 % [-1.1, +1.9] (against a co-pinned unsampled 2.7.0.post2 worker, 40+40
+    cycles without the sampler, 61 with it; within ±2 %)``."""
+    if e.get("effect") is None:
+        why = e.get("error") or "no cycles with and without the sampler"
+        return f"{lab}: not measured ({why})"
+    s = f"{lab}: {_pct(e['effect'])} %"
+    if e.get("effect_lo") is not None:
+        s += f" [{_pct(e['effect_lo'])}, {_pct(e['effect_hi'])}]"
+    how = "a co-pinned" if e.get("pinned_cpu") is not None else "an unpinned (drift not cancelled)"
+    s += (f" (against {how} unsampled {e['partner']} worker, {e['n_off']}+{e['n_off2']} cycles without the "
+          f"sampler, {e['n_on']} with it")
+    if e.get("verdict"):
+        s += "; " + VERDICT_TEXT[e["verdict"]].format(tol=SAMPLER_TOL * 100)
+    return s + ")"
+
+
+def _lockstep_lines(lab: str, e: dict) -> list[str]:
+    out = [f"  sampler effect on wall time, {lockstep_effect_text(lab, e)}"]
+    if e.get("error") and e.get("effect") is not None:
+        out.append(f"    note: {e['error']}")
+    if e.get("off_us") and e.get("on_us"):
+        s = (f"    {lab} without / with the sampler: {e['off_us']:.1f} / {e['on_us']:.1f} µs per call (medians of its "
+             f"{(e.get('loop_s') or 0) * 1e3:g} ms loops)")
+        if e.get("ratio_drift") is not None:
+            s += f"; {lab}/{e['partner']} after vs before the sampler {_pct(e['ratio_drift'])} %"
+            if e.get("ratio_drift_lo") is not None:
+                s += f" [{_pct(e['ratio_drift_lo'])}, {_pct(e['ratio_drift_hi'])}]"
+        if (e.get("contention") or 0) > 1.2:
+            s += f"; preempted: mean/median {e['contention']:.1f}x"
+        out.append(s)
     return out

@@ -1,11 +1,15 @@
 """The explain pass (matrix_runner/explain.py, issue #12): layer discovery on the stand-in's layers,
 the analysis (segments, folded-stack differential, call-count diff), and the CPU figure: a stand-in
 with 20 µs planted in a named Python function is named by ``--explain`` as the top grown frame with
-20 µs ± 25 %."""
+20 µs ± 25 %. The sampler's effect: the lockstep cycles' arithmetic, the cycle structure that _profile
+drives (fake workers, a fake py-spy), and old records' old wording."""
 import json
+import math
 import os
+import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,7 +17,7 @@ import pytest
 
 import standin
 from conftest import load_results, run_cli
-from matrix_runner import explain
+from matrix_runner import explain, lockstep
 
 REPO = Path(__file__).resolve().parents[1]
 PLANT_US = 20.0
@@ -199,6 +203,24 @@ def test_matrix_run_explain_rerenders_from_saved_data(explained_run, tmp_path):
     assert "explain (host µs per call" in cp.stdout and (tmp_path / "html" / "index.html").exists()
     assert 'id="explain"' in (tmp_path / "html" / "index.html").read_text()
     res = load_results(out)
+    if explain.find_pyspy() is not None:  # the sampler effect: lockstep wording, and an old record's old wording
+        assert "sampler effect on wall time, 2.6.3: " in cp.stdout and "unsampled 2.7.0.post2 worker" in cp.stdout
+        html = (tmp_path / "html" / "index.html").read_text()
+        assert "unsampled 2.7.0.post2 worker" in html and "Welch t 95 % interval" in html
+        old = json.loads(json.dumps(res))
+        for e in old["explain"]["profile"]["envs"].values():  # as written before the lockstep cycles
+            ls = e.pop("lockstep")
+            e.update({f"loop_{k}": {"us_per_call": explain._median([c.get("x_us") for c in ls["cycles"]
+                                                                     if c["phase"] == ph])}
+                      for k, ph in (("off", "off"), ("on", "on"), ("off2", "off2"))})
+        (tmp_path / "old").mkdir()
+        (tmp_path / "old" / "results.json").write_text(json.dumps(old))
+        cp = run_cli("explain", str(tmp_path / "old"), "-o", str(tmp_path / "old-html"))
+        assert cp.returncode == 0, cp.stderr
+        assert "µs per call, medians of ~1 ms samples); without the sampler before / after" in cp.stdout
+        assert "unsampled" not in cp.stdout
+        html = (tmp_path / "old-html" / "index.html").read_text()
+        assert "Wall time of the same loop without / with the sampler" in html and "unsampled" not in html
     res.pop("explain")
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "results.json").write_text(json.dumps(res))
@@ -206,20 +228,216 @@ def test_matrix_run_explain_rerenders_from_saved_data(explained_run, tmp_path):
     assert cp.returncode == 2 and "--explain" in cp.stderr
 
 
-def test_sampler_effect_is_read_against_loops_before_and_after_and_flagged_when_they_drift():
-    """H200: one loop without the sampler, then one with it, read -48 % and +17 % (the CPU's speed
-    moved between them). The loops without it now bracket the sampled one: the effect is against their
-    geometric mean, and a drift over 2 % between them marks it not measurable."""
-    def doc(off, on, off2):
+def test_old_records_sampler_effect_is_read_against_loops_before_and_after_and_flagged_when_they_drift():
+    """Records written before the lockstep cycles (and one-env runs: no partner): one loop without the
+    sampler, one with it, one without again; the effect is against the geometric mean of the two
+    without, and a drift over 2 % between them marks it not measurable (the old wording)."""
+    def doc(off, on, off2, **extra):
         raw = {"envs": ["a"], "profile": {"case": "c", "envs": {"a": {
             "loop_off": {"us_per_call": off}, "loop_on": {"us_per_call": on, "mean_us_per_call": on},
-            "loop_off2": {"us_per_call": off2}}}}}
+            "loop_off2": {"us_per_call": off2}, **extra}}}}
         return explain.analyze({"explain": raw, "cases": [], "comparisons": []})["profile"]["envs"]["a"]
+
+    def lines(e):
+        return explain.summary_lines({"base": "a", "labels": ["a"], "layers": [], "first_call": [], "notes": [],
+                                      "profile": {"envs": {"a": e}, "diffs": [], "error": None, "case": "c"}})
     e = doc(50.0, 50.5, 50.4)
+    assert e["method"] == "bracket"
     assert abs(e["off_us"] - (50.0 * 50.4) ** 0.5) < 1e-9 and abs(e["effect"] - (50.5 / e["off_us"] - 1)) < 1e-12
     assert e["effect_measurable"] and abs(e["drift"] - 0.008) < 1e-9
+    (ln,) = [x for x in lines(e) if "sampler effect" in x]
+    assert ln == ("  sampler effect on wall time, a: +0.6 % (50.2 -> 50.5 µs per call, medians of ~1 ms samples); "
+                  "without the sampler before / after 50.0 / 50.4 µs (+0.8 % drift)")
     e = doc(67.0, 35.0, 40.0)
     assert not e["effect_measurable"] and e["drift"] < -0.4
-    lines = explain.summary_lines({"base": "a", "labels": ["a"], "layers": [], "first_call": [], "notes": [],
-                                   "profile": {"envs": {"a": e}, "diffs": [], "error": None, "case": "c"}})
-    assert any("not measurable here" in ln for ln in lines), lines
+    assert any("not measurable here" in ln for ln in lines(e))
+    e = doc(50.0, 50.5, 50.4, no_partner="no partner worker (one env's worker)")
+    assert any(ln.endswith("(+0.8 % drift) (no partner worker: one env)") for ln in lines(e))
+
+
+def _cycles(phase, ratios, drift0, rng):
+    """Lockstep cycles whose X/P log ratios are ``ratios``; both turns of a cycle share a CPU speed
+    factor (a drift of several % that the ratio must cancel)."""
+    out = []
+    for i, r in enumerate(ratios):
+        f = drift0 * (1 + 0.08 * rng.random())
+        out.append({"phase": phase, "order": "XP" if i % 2 else "PX", "x_us": 80.0 * math.exp(r) * f,
+                    "x_mean_us": 80.0 * math.exp(r) * f * 1.01, "p_us": 80.0 * f})
+    return out
+
+
+def test_lockstep_sampler_effect_values_and_wording():
+    """The lockstep record (module doc, 3): effect = exp(mean on log(X/P) - mean off log(X/P)) - 1 with a
+    Welch 95 % interval (scipy's Welch t-test interval, as an independent check); the CPU's drift,
+    common to both turns of a cycle, drops out."""
+    from scipy import stats as sps
+    rng = random.Random(5)
+    off = [math.log(1.25) + rng.gauss(0, 0.03) for _ in range(40)]
+    off2 = [math.log(1.25) + rng.gauss(0, 0.03) for _ in range(40)]
+    on = [math.log(1.25 * 1.004) + rng.gauss(0, 0.035) for _ in range(58)]
+    cyc = (_cycles("off", off, 1.0, rng) + _cycles("on_edge", [math.log(2.0)] * 5, 0.9, rng)
+           + _cycles("on", on, 0.93, rng) + _cycles("off2", off2, 0.97, rng))
+    raw = {"envs": ["2.6.3", "2.7.0.post2"], "profile": {"case": "c", "envs": {"2.6.3": {"lockstep": {
+        "partner": "2.7.0.post2", "loop_s": 0.02, "cycles_per_off_phase": 40, "pinned_cpu": 3, "cycles": cyc}}}}}
+    e = explain.analyze({"explain": raw, "cases": [], "comparisons": []})["profile"]["envs"]["2.6.3"]
+    d = sum(on) / len(on) - sum(off + off2) / len(off + off2)
+    ci = sps.ttest_ind(on, off + off2, equal_var=False).confidence_interval(0.95)
+    assert e["effect"] == pytest.approx(math.expm1(d), abs=1e-9)  # the on_edge cycles are left out
+    assert e["effect_lo"] == pytest.approx(math.expm1(ci.low), abs=1e-9)
+    assert e["effect_hi"] == pytest.approx(math.expm1(ci.high), abs=1e-9)
+    assert (e["n_off"], e["n_off2"], e["n_on"]) == (40, 40, 58)
+    assert -0.02 < e["effect_lo"] < e["effect"] < e["effect_hi"] < 0.02 and e["verdict"] == "within"
+    # X's own µs per call: medians of its loops (with the sampler: what the frames are scaled by)
+    assert e["on_us"] == pytest.approx(explain._median([c["x_us"] for c in cyc if c["phase"] == "on"]))
+    assert e["off_us"] == pytest.approx(explain._median([c["x_us"] for c in cyc if c["phase"] in ("off", "off2")]))
+    d2 = sum(off2) / 40 - sum(off) / 40
+    assert e["ratio_drift"] == pytest.approx(math.expm1(d2), abs=1e-9)
+    lines = explain.summary_lines({"base": "2.6.3", "labels": ["2.6.3"], "layers": [], "first_call": [], "notes": [],
+                                   "profile": {"envs": {"2.6.3": e}, "diffs": [], "error": None, "case": "c"}})
+    def pct(x):
+        return f"{x * 100:+.1f}"
+    assert lines[1] == (f"  sampler effect on wall time, 2.6.3: {pct(e['effect'])} % [{pct(e['effect_lo'])}, "
+                        f"{pct(e['effect_hi'])}] (against a co-pinned unsampled 2.7.0.post2 worker, 40+40 cycles "
+                        "without the sampler, 58 with it; within ±2 %)"), lines
+    assert lines[2].startswith(f"    2.6.3 without / with the sampler: {e['off_us']:.1f} / {e['on_us']:.1f} µs per "
+                               "call (medians of its 20 ms loops); 2.6.3/2.7.0.post2 after vs before the sampler")
+    # a clear effect: "over 2 %"; too few cycles for an interval: no verdict
+    raw["profile"]["envs"]["2.6.3"]["lockstep"]["cycles"] = (
+        _cycles("off", off, 1.0, rng) + _cycles("on", [x + math.log(1.08) for x in on], 0.9, rng))
+    e = explain.analyze({"explain": raw, "cases": [], "comparisons": []})["profile"]["envs"]["2.6.3"]
+    assert e["effect"] == pytest.approx(0.08, abs=0.03) and e["verdict"] == "over" and e["ratio_drift"] is None
+    assert "over 2 %" in explain.lockstep_effect_text("2.6.3", e)
+
+
+# -- _profile's cycles, with fake workers and a fake py-spy ------------------------------------------
+FAKE_PYSPY = """#!/bin/sh
+out=""; dur=1; pid=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) out="$2"; shift;;
+    --duration) dur="$2"; shift;;
+    --pid) pid="$2"; shift;;
+  esac
+  shift
+done
+touch "{mark}/$pid"
+printf '%s\n' "serve (w.py:1);_explain_loop (w.py:2);f (m.py:3) 70" "serve (w.py:1);_explain_loop (w.py:2);f (m.py:3);g (m.py:4) 30" > "$out"
+sleep "$dur"
+rm -f "{mark}/$pid"
+echo "fake py-spy: sampled $pid"
+"""
+
+
+class FakeWorker:
+    """A worker's driver side (request / send / reply / pid): ``loop`` sleeps its seconds (capped) and
+    replies ``us`` x a CPU speed that drifts by ±10 % over seconds, x 1.05 while the fake py-spy samples
+    this pid (its mark file exists); every request is logged."""
+
+    def __init__(self, label, pid, us, mark, log, t0, die_at=None):
+        self.label, self.pid, self.us, self.mark, self.log, self.t0 = label, pid, us, mark, log, t0
+        self.die_at, self.loops, self._cmd = die_at, 0, None
+
+    def send(self, cmd):
+        self._cmd = cmd
+
+    def reply(self, timeout):
+        cmd, sampled = self._cmd, (self.mark / str(self.pid)).exists()
+        self.log.append((self.label, cmd["cmd"], sampled))
+        if cmd["cmd"] == "loop":
+            self.loops += 1
+            if self.die_at is not None and self.loops >= self.die_at:
+                raise lockstep.WorkerDied("the worker was killed by SIGKILL")
+            time.sleep(cmd["seconds"] if cmd["seconds"] < 0.1 else 0.05)
+            f = 1 + 0.1 * math.sin((time.monotonic() - self.t0) * 2)
+            us = self.us * f * (1.05 if sampled else 1.0)
+            return {"type": "loop", "status": "ok", "us_per_call": us, "mean_us_per_call": us, "calls": 100}
+        if cmd["cmd"] == "counts":
+            return {"type": "counts", "status": "ok", "counts": {"calls": 5, "per_call": {"f": 2.0}, "total": 2.0}}
+        raise AssertionError(cmd)
+
+    def request(self, cmd, timeout):
+        self.send(cmd)
+        return self.reply(timeout)
+
+
+def _fake_profile(tmp_path, monkeypatch, labels, **kw):
+    mark = tmp_path / "mark"
+    mark.mkdir()
+    spy = tmp_path / "fake-py-spy"
+    spy.write_text(FAKE_PYSPY.format(mark=mark))
+    spy.chmod(0o755)
+    monkeypatch.setenv("MATRIX_RUN_PYSPY", str(spy))
+    log, t0 = [], time.monotonic()
+    workers = {lab: FakeWorker(lab, 4000 + i, (100.0, 80.0)[i], mark, log, t0, **kw.get(lab, {}))
+               for i, lab in enumerate(labels)}
+    case = SimpleNamespace(id="c1", op="fwd", label="b1")
+    raw = {"envs": list(labels), "per_call_us": {"c1": {lab: 100.0 for lab in labels}}, "notes": [], "pinned_cpu": 0}
+    st = {**explain.DEFAULTS, "profile_s": 1, "sampler_cycles": 6, "sampler_loop_s": 0.01, "count_calls": 5}
+    prof = explain._profile(workers, {lab: {"c1"} for lab in labels}, [case], raw, st, tmp_path, 30.0, lambda m: None)
+    raw["profile"] = prof
+    return raw, log, workers
+
+
+def test_profile_runs_off_on_off2_cycles_alternating_with_a_partner(tmp_path, monkeypatch):
+    raw, log, _ = _fake_profile(tmp_path, monkeypatch, ["a", "b"])
+    prof = raw["profile"]
+    assert prof["error"] is None and not raw["notes"]
+    loops = [x for x in log if x[1] == "loop"]
+    i = 0
+    for x, p in (("a", "b"), ("b", "a")):  # every env is profiled against the other's worker
+        e = prof["envs"][x]
+        ls = e["lockstep"]
+        assert ls["partner"] == p and ls["pinned_cpu"] == 0 and e["folded"].startswith("serve")
+        cyc = ls["cycles"]
+        phases = [c["phase"] for c in cyc]
+        k = 6
+        assert phases[:k] == ["off"] * k and phases[-k:] == ["off2"] * k
+        mid = phases[k:-k]
+        assert set(mid) <= {"on", "on_edge"} and mid.count("on") >= 10  # ~1 s of sampling, 20 ms cycles
+        assert mid[0] == "on_edge"  # the lead: py-spy's attach
+        assert {c["order"] for c in cyc} == {"XP", "PX"}  # order random per cycle
+        for c in cyc:  # each cycle: one loop of X, one of P, in its order, logged as the fake saw them
+            got = loops[i:i + 2]
+            i += 2
+            assert [w for w, _, _ in got] == [x if o == "X" else p for o in c["order"]]
+            sampled = {w: s for w, _, s in got}
+            assert not sampled[p]  # the partner is never sampled
+            if c["phase"] in ("off", "off2"):
+                assert not sampled[x]
+            if c["phase"] == "on":
+                assert sampled[x]  # counted cycles all ran while py-spy sampled X
+    assert i == len(loops)
+    assert [x[0] for x in log if x[1] == "counts"] == ["a", "b"]
+    # the drift (±10 % over seconds) cancels: the fake sampler's +5 % comes out
+    view = explain.analyze({"explain": raw, "cases": [], "comparisons": []})
+    for lab in ("a", "b"):
+        e = view["profile"]["envs"][lab]
+        assert e["effect"] == pytest.approx(0.05, abs=0.01), e
+        assert e["effect_lo"] < e["effect"] < e["effect_hi"] and e["samples"] == 100
+        assert e["on_us"] > e["off_us"] * 0.9
+    lines = explain.summary_lines(view)
+    assert any(ln.startswith("  sampler effect on wall time, a: ") and "against a co-pinned unsampled b worker, 6+6 "
+               "cycles without the sampler" in ln for ln in lines), lines
+
+
+def test_profile_without_a_partner_keeps_the_loops_before_with_and_after(tmp_path, monkeypatch):
+    raw, log, _ = _fake_profile(tmp_path, monkeypatch, ["a"])
+    e = raw["profile"]["envs"]["a"]
+    assert "no partner" in e["no_partner"] and "lockstep" not in e
+    assert all(e[k]["us_per_call"] for k in ("loop_off", "loop_on", "loop_off2")) and e["folded"]
+    assert [x[0] for x in log if x[1] == "loop"] == ["a"] * 3  # before, with (sent, replied after py-spy), after
+    view = explain.analyze({"explain": raw, "cases": [], "comparisons": []})
+    assert any("(no partner worker: one env)" in ln for ln in explain.summary_lines(view))
+
+
+def test_a_lost_partner_leaves_the_profile_and_says_so(tmp_path, monkeypatch):
+    raw, log, workers = _fake_profile(tmp_path, monkeypatch, ["a", "b"], b={"die_at": 3})
+    e = raw["profile"]["envs"]["a"]
+    assert e["folded"] and e["counts"] and "b was lost" in e["lockstep"]["error"]
+    assert any(n.startswith("b: worker lost as the sampler-effect partner of a") for n in raw["notes"])
+    assert "b" not in workers and "b" not in raw["profile"]["envs"]
+    assert any(s for w, c, s in log if w == "a" and c == "loop")  # X went on looping while sampled
+    view = explain.analyze({"explain": raw, "cases": [], "comparisons": []})
+    assert view["profile"]["envs"]["a"]["effect"] is None
+    assert any("sampler effect on wall time, a: not measured (the partner worker b was lost" in ln
+               for ln in explain.summary_lines(view))
