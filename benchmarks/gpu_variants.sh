@@ -19,7 +19,7 @@ for spec in "$@"; do
     --output /tmp/va/$name > /tmp/va/$name.log 2>&1; rc=$?
   echo "== $name ($versions; $opts): exit $rc, $((SECONDS - t)) s wall" | tee -a "$OUT/summary.txt"
   python3 benchmarks/lockstep_summary.py /tmp/va/$name/results.json 2>&1 | grep -v "^  host" | tee -a "$OUT/summary.txt"
+  rm -rf /tmp/va/*/.work
+  tar czf "$OUT/variants.tgz" -C /tmp va  # after every variant: a call cut short keeps what ran
 done
-rm -rf /tmp/va/*/.work
-tar czf "$OUT/variants.tgz" -C /tmp va
 echo "total $((SECONDS - T0)) s"
