@@ -240,7 +240,7 @@ class Sampling:
     burst_ms: float = 5.0
     alpha: float = 0.05
     #: A decided comparison is sampled on until its interval's upper end is within this share of its
-    #: ratio (only while other comparisons keep the run going): precise ratios, not just verdicts.
+    #: ratio, and the run goes on (within its budget) until every one is: precise ratios, not just verdicts.
     precision: float = 0.01
     #: Most process sets that take a case's kernel time (profiler pass) and CUDA-graph clock (both
     #: are also skipped once decided). Kernel time hardly varies between processes, but a single

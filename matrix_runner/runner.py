@@ -12,8 +12,11 @@ balanced random order (a random permutation, then its reverse for that item's ne
 checks correctness and takes the CUDA-graph clock of every case, and (CUDA, while undecided, in at
 most ``Sampling.clock_sets`` sets) the profiler pass for kernel time, last, since a profiler session
 slows later calls in its process. Sets run one after another on the quietest cores (``--cpus``),
-until every wall-time comparison is decided by its anytime-valid interval (stats.set_compare), or
-the time budget or ``max_sets`` is reached. Items whose wall and host comparisons are all decided
+until every wall-time comparison is decided by its anytime-valid interval (stats.set_compare) and
+that interval is within ``Sampling.precision`` (1 %) of its ratio, or the time budget or ``max_sets``
+is reached: a run does not stop at its first decided verdicts while its budget can still narrow
+them (H200: a seed run that stopped once all 12 were decided, after 7 sets, left batch-2 intervals
+of ±14-23 %; the interval stays valid whenever the run stops). Items whose wall and host comparisons are all decided
 are no longer sampled in later sets.
 
 Faults: a worker that crashes or hangs (no reply within ``case_timeout`` s) fails the case it was
@@ -289,8 +292,10 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             sid = len(sets)
             labels = [e.label for e in envs]
             wall_cmp = comparisons_now(data, labels, cases, sampling, "wall_us", quick, family_extra)
-            if sets and len(labels) >= 2 and wall_cmp and not _undecided(wall_cmp):
-                reason = "all wall-time verdicts decided (anytime-valid intervals)"
+            if sets and len(labels) >= 2 and wall_cmp and not _undecided(wall_cmp) and all(
+                    v["ci_high"] / v["ratio"] - 1 <= sampling.precision for v in wall_cmp.values()):
+                reason = (f"all wall-time verdicts decided, every interval within ±{sampling.precision:.0%} of its "
+                          "ratio (anytime-valid intervals)")
                 break
             if not labels:
                 reason = "no env could be timed (every env failed its import check)"

@@ -295,7 +295,7 @@ def test_an_error_reply_fails_its_case_at_once(tmp_path):
     reason, data, sets = run(envs, cs, tmp_path, max_sets=3)
     # the one comparison left (batch 1) may be decided by its third set, by chance (the fake
     # processes' offsets are random): either way the run took its 3 sets
-    assert reason in ("max_sets 3 reached", "all wall-time verdicts decided (anytime-valid intervals)"), reason
+    assert reason == "max_sets 3 reached" or reason.startswith("all wall-time verdicts decided"), reason
     assert len(sets) == 3
     nb = data[("bad", cs[1].id)]
     assert nb.status == "error" and nb.error_kind == "kernel-not-built" and "slim build (planted)" in nb.error
