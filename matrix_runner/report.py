@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 import zlib
 from pathlib import Path
@@ -46,6 +47,8 @@ def fmt_us(v) -> str:
     if v is None:
         return "–"
     v = float(v)
+    if not math.isfinite(v):
+        return "–" if math.isnan(v) else ("∞" if v > 0 else "-∞")  # an unbounded interval's end
     if abs(v) >= 1000:
         return f"{v:,.0f}"
     if abs(v) >= 100:

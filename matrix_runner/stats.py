@@ -259,6 +259,8 @@ def attribute(wall: dict | None, host: dict | None, device: dict | None) -> tupl
     ``host`` if the device comparison is "same" (kernel time equal within the minimum effect);
     ``device`` if the host comparison is "same"; otherwise by the share of the wall delta that the
     device delta explains: >= 0.7 device, <= 0.3 host, else ``mixed``. Returns (attribution, why)."""
+    if wall and wall["verdict"] == "provisional":
+        return None, "provisional ratio (one process set): no verdict, so nothing to attribute"
     if not wall or wall["verdict"] not in ("faster", "slower"):
         return None, "no wall-time difference to attribute"
     if not device:

@@ -852,9 +852,11 @@ def discover_layers(b: "Bench") -> list:
     if wrapped is not None and not inspect.isfunction(wrapped) and "python" in got:
         out.append(layer("custom_op", op_name + " (torch.library.custom_op)", wrapped, got["python"]))
     elif wrapped is not None or body is not raw:
+        why = ("flash-attn 2.7+ registers a torch.library.custom_op only where torch >= 2.4 has one"
+               if not hasattr(getattr(torch, "library", None), "custom_op") else
+               "this torch has torch.library.custom_op, but this build of flash_attn_interface did not register one")
         out.append(layer("custom_op", op_name, note="no custom op on this call's path: the wrapper calls the plain "
-                         f"Python function here (torch {torch.__version__}; flash-attn 2.7+ registers a "
-                         "torch.library.custom_op only where torch >= 2.4 has one)"))
+                         f"Python function here (torch {torch.__version__}; {why})"))
     else:
         out.append(layer("custom_op", op_name, note="this version has no custom op (no "
                          "torch.library.custom_op in flash_attn_interface)"))

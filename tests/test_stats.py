@@ -230,3 +230,14 @@ def test_family_size_widens_and_quick_runs_are_provisional():
     assert d["verdict"] == "same" and d["ci_high"] < 1.01
 
 
+
+
+def test_a_provisional_ratio_is_not_attributed_and_says_why():
+    attr, why = stats.attribute({"verdict": "provisional", "ratio": 1.6}, None, None)
+    assert attr is None and why.startswith("provisional ratio (one process set)")
+
+
+def test_unbounded_interval_ends_render_as_infinity_not_raw():
+    from matrix_runner import report
+    assert report.fmt_us(float("inf")) == "∞" and report.fmt_us(float("-inf")) == "-∞"
+    assert report.fmt_us(float("nan")) == "–" and report.fmt_us(41.53) == "41.5"
