@@ -9,14 +9,17 @@ kernel by its stem without ``flash_`` and ``_sm80.cu``, e.g. ``fwd_split_hdim32_
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from . import compcache, stubgen
 from .config import KERNEL_HEAD_DIMS, Case, kernel_head_dim
@@ -164,6 +167,94 @@ def ninja_times(src: Path) -> dict[str, float]:
     return out
 
 
+
+#: ninja's status line, default ``NINJA_STATUS`` ``[%f/%t] `` (finished/total edges), then the command
+#: (torch runs ``ninja -v``). With its output going to a file (not a smart terminal) ninja prints it
+#: when the edge FINISHES, followed by that command's output: ``[2/5]`` means 2 of 5 jobs are done.
+_NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
+_COMPILE_SOURCE = re.compile(r"(?:^|\s)-c\s+['\"]?([^\s'\"]+)")
+
+
+def ninja_unit(line: str) -> tuple[int, int, str | None] | None:
+    """``(finished, total, source file name)`` of a ninja status line of the build log (the name is
+    that of ``-c``'s argument, None when the command has none), else None."""
+    m = _NINJA_STATUS.match(line.rstrip("\r\n"))
+    if not m:
+        return None
+    src = _COMPILE_SOURCE.search(m[3])
+    return int(m[1]), int(m[2]), Path(src[1]).name if src else None
+
+
+def _duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 60} min {s % 60} s" if s >= 60 else f"{s} s"
+
+
+def unit_message(done: int, total: int, name: str | None, elapsed: float, estimate_s: float | None) -> str:
+    """What a build's progress says when ninja reports a finished compile unit, e.g. ``compiling: 2/5
+    done (flash_fwd_hdim32_fp16_sm80.cu just finished), 3 min 10 s of est. 5 min 50 s``."""
+    msg = f"compiling: {done}/{total} done" + (f" ({name} just finished)" if name else "")
+    if done >= total:
+        msg += ", linking and packaging"
+    msg += f", {_duration(elapsed)}"
+    if estimate_s:
+        msg += f" of est. {_duration(estimate_s)}" if elapsed <= estimate_s else f", over est. {_duration(estimate_s)}"
+    return msg
+
+
+class LogFollower:
+    """Follows a build log from its current end while the build runs (a thread polling every
+    ``interval`` s, and once more on exit) and calls ``on_unit(done, total, name)`` once per ninja
+    status line (:func:`ninja_unit`), so at most once per compile unit. A failing callback is ignored:
+    progress never fails a build."""
+
+    def __init__(self, log: Path, on_unit: Callable[[int, int, str | None], None], interval: float = 0.5):
+        self.log, self.on_unit, self.interval = Path(log), on_unit, interval
+        self.pos = self.log.stat().st_size if self.log.exists() else 0
+        self.buf = b""
+        self.seen: set[tuple[int, int]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"follow {self.log.name}", daemon=True)
+
+    def __enter__(self) -> "LogFollower":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll(final=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.poll()
+
+    def poll(self, final: bool = False) -> None:
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(0, 2)
+                if f.tell() < self.pos:  # the log was replaced: read it from the start
+                    self.pos, self.buf = 0, b""
+                f.seek(self.pos)
+                data = f.read()
+        except OSError:
+            return
+        self.pos += len(data)
+        *lines, self.buf = (self.buf + data).split(b"\n")
+        if final and self.buf:
+            lines.append(self.buf)
+            self.buf = b""
+        for raw in lines:
+            unit = ninja_unit(raw.decode("utf-8", "replace"))
+            if unit is None or unit[:2] in self.seen:
+                continue
+            self.seen.add(unit[:2])
+            try:
+                self.on_unit(*unit)
+            except Exception:  # noqa: BLE001 - a display's error must not stop the build
+                pass
+
+
 #: A compiler's error line: nvcc ``file.cu(6): error: ...`` (also ``catastrophic error``, ``error #20-D``),
 #: gcc/clang ``file.cpp:41:5: error: ...`` (also ``fatal error``). setuptools' ``error: command ...
 #: failed`` names no file and line: not a compiler error.
@@ -209,7 +300,9 @@ class BuildError(RuntimeError):
 
 def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kernels, archs,
                  jobs: dict, log: Path, extra_env: dict | None = None, timeout: float | None = None,
-                 compile_cache: dict | None = None, cache_root: Path | None = None) -> tuple[Path, dict]:
+                 compile_cache: dict | None = None, cache_root: Path | None = None,
+                 on_progress: Callable[[str], None] | None = None,
+                 estimate_s: float | None = None) -> tuple[Path, dict]:
     """Build a flash-attn wheel from ``sdist`` with the env interpreter ``python``.
 
     The sdist is unpacked into ``workdir/src`` whatever its version (the compile cache keys on
@@ -218,7 +311,9 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
     ``FLASH_ATTENTION_FORCE_BUILD=TRUE`` (no release download). ``compile_cache``: the shim settings of
     :func:`compcache.shim_settings` (None: no cache), ``cache_root`` matrix-run's cache root (for
     sccache's server settings and counters; the manifest's ``compile_cache.stats`` are this build's
-    hits and misses). Returns ``(wheel_path, manifest)``. Raises BuildError with the log's tail on failure.
+    hits and misses). ``on_progress``: called with :func:`unit_message` (``estimate_s`` the build's
+    estimate) each time ninja reports a finished compile unit in the log, while the build runs.
+    Returns ``(wheel_path, manifest)``. Raises BuildError with the log's tail on failure.
     """
     if workdir.exists():
         shutil.rmtree(workdir)
@@ -265,8 +360,13 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
             (workdir / "settings.json").write_text(json.dumps(settings))
     env.update(extra_env or {})
     t0 = time.monotonic()
-    res = run_logged([str(python), str(shim), str(workdir / "settings.json")], cwd=src, env_extra=env,
-                     log=log, timeout=timeout)
+    follow = contextlib.nullcontext()
+    if on_progress is not None:
+        follow = LogFollower(log, lambda done, total, name: on_progress(
+            unit_message(done, total, name, time.monotonic() - t0, estimate_s)))
+    with follow:
+        res = run_logged([str(python), str(shim), str(workdir / "settings.json")], cwd=src, env_extra=env,
+                         log=log, timeout=timeout)
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if compile_cache:
         after = compcache.stats(sccache, root)

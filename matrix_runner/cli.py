@@ -1039,6 +1039,8 @@ def _prepare_envs(reqs, items, opts, dprobe, cases) -> list[envmod.EnvResult]:
 
         def progress(label, msg):
             prog.update(tasks[label], description=f"{label}: {msg}")
+            if not console.is_terminal:  # a log gets each step as a line (a build: one per compile unit)
+                console.print(f"{label}: {msg}", markup=False, soft_wrap=True)
 
         def one(i):
             r = reqs[i]

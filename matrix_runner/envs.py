@@ -1068,7 +1068,9 @@ def _build_into_cache(req, item, key, opts, py, progress, log, info) -> Path:
                                                     kernels=kernels if kernels != [] else "all",
                                                     archs=item.archs if item.archs != [] else "all", jobs=jobs,
                                                     log=log, extra_env=extra, compile_cache=cc,
-                                                    cache_root=opts.cache_dir)
+                                                    cache_root=opts.cache_dir,
+                                                    on_progress=lambda msg: progress(req.label, msg),
+                                                    estimate_s=item.estimate_s)
             if cc and keys and not (manifest.get("compile_cache") or {}).get("off"):
                 secs = {}  # ninja's log names objects: flash_fwd_hdim32_fp16_sm80.o, matrix_run_stubs.o
                 for n, t in (manifest.get("compile_seconds") or {}).items():

@@ -463,3 +463,72 @@ def test_a_failed_build_without_compiler_errors_shows_the_logs_tail(tmp_path, mo
     err, log = _failing_build(tmp_path, monkeypatch, "running bdist_wheel\nerror: invalid command 'bdist_wheel'\n")
     assert str(err) == f"source build of flash-attn 2.8.3 failed (exit code 1); log: {log}"
     assert err.tail == "running bdist_wheel\nerror: invalid command 'bdist_wheel'"
+
+
+FAKE_NINJA = r'''
+import sys, time
+def w(s):
+    sys.stdout.write(s)
+    sys.stdout.flush()
+w("running build_ext\n")
+time.sleep(0.8)
+w("[1/3] /usr/local/cuda/bin/nvcc -ccbin c++ -c /w/src/foo_1.cu -o /w/build/foo_1.o -O3\n")
+time.sleep(0.8)
+w("[2/3] /usr/local/cuda/bin/nvcc -c /w/src/fo")  # a line the follower sees in two parts
+time.sleep(0.8)
+w("o_2.cu -o /w/build/foo_2.o\nfoo_2.cu(3): warning #177-D: variable declared but never referenced\n")
+time.sleep(0.8)
+w("[3/3] c++ -MMD -c /w/src/foo_3.cu -o /w/build/foo_3.o")  # the last line, without a newline
+'''
+
+
+def test_a_source_build_reports_each_finished_compile_unit_while_it_runs(tmp_path, monkeypatch):
+    import sys
+    import time
+    from matrix_runner import proc
+    sd_root = tmp_path / "sd" / "flash_attn-2.8.3"
+    sd_root.mkdir(parents=True)
+    (sd_root / "setup.py").write_text("raise SystemExit(1)\n")
+    sdist = tmp_path / "flash_attn-2.8.3.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        tf.add(sd_root, arcname="flash_attn-2.8.3")
+    log = tmp_path / "logs" / "b.log"
+    log.parent.mkdir()
+    log.write_text("[7/9] an earlier step's line -c old.cu (before this build: not its progress)\n")
+    ended = []
+
+    def fake_run_logged(argv, *, cwd=None, env_extra=None, log=None, timeout=None):
+        dist = Path(cwd).parent / "dist"
+        dist.mkdir()
+        (dist / "flash_attn-2.8.3-cp311-cp311-linux_x86_64.whl").write_bytes(b"")
+        res = proc.run_logged([sys.executable, "-c", FAKE_NINJA], log=log, timeout=120)
+        ended.append(time.monotonic())
+        return res
+
+    monkeypatch.setattr(build, "run_logged", fake_run_logged)
+    calls = []
+    wheel, _ = build.source_build(python=Path("/nonexistent/python"), sdist=sdist, workdir=tmp_path / "w",
+                                  version="2.8.3", kernels=["fwd_hdim32_fp16"], archs=["90"],
+                                  jobs={"max_jobs": 1, "nvcc_threads": 1}, log=log,
+                                  on_progress=lambda m: calls.append((m, time.monotonic())), estimate_s=350)
+    assert wheel.name.endswith(".whl")
+    msgs = [m for m, _ in calls]
+    assert [m.split(", ")[0] for m in msgs] == ["compiling: 1/3 done (foo_1.cu just finished)",
+                                                "compiling: 2/3 done (foo_2.cu just finished)",
+                                                "compiling: 3/3 done (foo_3.cu just finished)"]
+    assert re.fullmatch(r"compiling: 1/3 done \(foo_1\.cu just finished\), \d s of est\. 5 min 50 s", msgs[0])
+    assert msgs[2].startswith("compiling: 3/3 done (foo_3.cu just finished), linking and packaging, ")
+    assert calls[0][1] < ended[0]  # followed while the build ran, not read afterwards
+
+
+def test_ninja_status_lines_and_progress_wording():
+    line = ("[2/5] /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile --dependency-output x.o.d "
+            "-ccbin gcc -c /cache/build/slot-0/src/csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.cu -o x.o")
+    assert build.ninja_unit(line) == (2, 5, "flash_fwd_hdim32_fp16_sm80.cu")
+    assert build.ninja_unit("[5/5] c++ -shared a.o b.o -o x.so") == (5, 5, None)
+    assert build.ninja_unit("  [1/5] indented is not ninja's") is None
+    assert (build.unit_message(2, 5, "flash_fwd_hdim32_fp16_sm80.cu", 190, 350)
+            == "compiling: 2/5 done (flash_fwd_hdim32_fp16_sm80.cu just finished), 3 min 10 s of est. 5 min 50 s")
+    assert build.unit_message(1, 5, None, 29.4, None) == "compiling: 1/5 done, 29 s"
+    assert (build.unit_message(5, 5, "flash_api.cpp", 400, 350)
+            == "compiling: 5/5 done (flash_api.cpp just finished), linking and packaging, 6 min 40 s, over est. 5 min 50 s")
