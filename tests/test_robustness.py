@@ -315,3 +315,61 @@ def test_two_processes_share_envs_and_cache_without_rebuilding(standins, tmp_pat
     for lab in ("a", "b"):  # env records are complete JSON
         rec = json.loads((tmp_path / "envs" / lab / "matrix-run-env.json").read_text())
         assert rec["status"] == "ok" and rec["label"] == lab
+
+
+# ---------------------------------------------------------------------------------------------
+# a results.json with an edited sample: a one-line error naming the file and field (exit 2), or the
+# sample skipped with a note; never a traceback
+REAL = Path(__file__).resolve().parent.parent / "reports" / "h200-aa-4" / "results.json"
+
+
+def _edited(tmp_path: Path, value: str, where: str = "samples") -> Path:
+    """A copy of a committed run (marked interrupted, so --resume takes it) with one wall sample of its
+    first case replaced by the JSON text ``value``; its stored command builds nothing outside tmp_path."""
+    d = json.loads(REAL.read_text())
+    w = d["cases"][0]["metrics"]["wall_us"]
+    if where == "samples":
+        w["samples"][0][0] = "__X__"
+    else:
+        w["by_set"]["0"][next(iter(w["by_set"]["0"]))] = "__X__"
+    d["timing"]["stop_reason"] = "interrupted"
+    d["settings"]["cwd"] = str(tmp_path)
+    d["command"] = ["matrix-run", "--versions", "a=2.6.3,b=2.6.3", "--offline", "--envs-dir",
+                    str(tmp_path / "envs"), "--output", str(tmp_path / "run")]
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    p = run / "results.json"
+    p.write_text(json.dumps(d).replace('"__X__"', value))
+    return p
+
+
+@pytest.mark.parametrize("where", ["samples", "by_set"])
+@pytest.mark.parametrize("cmd", ["compare", "resume"])
+def test_edited_sample_string_is_a_one_line_error_naming_file_and_field(capsys, tmp_path, cmd, where):
+    p = _edited(tmp_path, '"abc"', where)
+    args = ["compare", str(p), str(REAL)] if cmd == "compare" else ["--resume", str(p.parent)]
+    code, err = main(capsys, *args)
+    assert code == 2, err
+    assert "Traceback" not in err and "internal error" not in err
+    field = ("cases[0].metrics.wall_us.samples[0][0]" if where == "samples"
+             else "cases[0].metrics.wall_us.by_set[\"0\"]")
+    assert str(p) in err and field in err and "'abc'" in err, err
+    assert not (tmp_path / "envs").exists()  # refused before anything was built
+
+
+@pytest.mark.parametrize("value", ["null", "NaN", "Infinity"])
+def test_edited_sample_null_or_nan_is_skipped_with_a_note(capsys, tmp_path, value):
+    from matrix_runner import config, runner
+
+    p = _edited(tmp_path, value)
+    code, err = main(capsys, "compare", str(p), str(REAL))
+    assert code == 0 and "Traceback" not in err, err
+    doc = results.load(p)
+    err = " ".join(capsys.readouterr().err.split())
+    if value != "null":  # null is how results.json stores a missing (non-finite) sample: no note
+        assert "cases[0].metrics.wall_us.samples[0][0]" in err and "skipped" in err, err
+    first = doc["cases"][0]["metrics"]["wall_us"]["samples"][0]
+    assert first[0] is None and all(isinstance(x, float) for x in first[1:])
+    cfg = config.parse_config(doc["config"], "results.json", max_cases=None)
+    data = runner.data_from_results(doc, cfg.cases)  # what --resume keeps: every other sample
+    assert len(data) == len(doc["cases"])
