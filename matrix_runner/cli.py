@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -450,6 +451,7 @@ def cmd_envs(args) -> int:
     unknown = wanted - {r["label"] for r in rows}
     if unknown:
         raise envmod.UsageError(f"envs clean: no env named {', '.join(sorted(unknown))} in {envs_dir}")
+    busy: list[str] = []
     for r in rows:
         if not wanted or r["label"] in wanted:
             if r.get("foreign"):
@@ -458,10 +460,17 @@ def cmd_envs(args) -> int:
             if r.get("symlink"):
                 os.unlink(r["path"])  # the link only: what it points to is outside --envs-dir
                 console.print(f"removed the link {r['path']}")
-            else:
+                continue
+            with ExitStack() as held:
+                if not envmod.try_exclusive(envs_dir, r["label"], held):
+                    busy.append(r["label"])
+                    console.print(f"[yellow]left {r['path']} alone: a running matrix-run uses it (it holds "
+                                  f"{envmod.use_lock(envs_dir, r['label'])}); clean it once that run has "
+                                  "finished[/]")
+                    continue
                 shutil.rmtree(r["path"])
-                console.print(f"removed {r['path']} ({r['size_mb']} MB)")
-    return EXIT_OK
+            console.print(f"removed {r['path']} ({r['size_mb']} MB)")
+    return EXIT_FAILED if busy else EXIT_OK
 
 
 def cmd_report(args) -> int:
@@ -636,6 +645,8 @@ def cmd_run(args, argv: list[str]) -> int:
     finally:
         proc.kill_all()  # nothing started by this run outlives it
         restore()
+        if getattr(args, "_env_holds", None) is not None:
+            args._env_holds.close()
         _release_out_lock(args)
         proc.reset()
         os.chdir(cwd)
@@ -854,6 +865,9 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
 
     # ---- envs -------------------------------------------------------------------------------
     t_env = time.monotonic()
+    if args.backend != "here":  # held until the run ends (cmd_run): envs clean leaves these envs alone
+        args._env_holds = ExitStack()
+        envmod.hold_envs(opts.envs_dir, [r.label for r in reqs], args._env_holds)
     if args.backend == "here":
         env_results = [envmod.prepare_here(reqs[0], dprobe)]
     else:

@@ -1142,6 +1142,49 @@ def is_matrix_run_env(d: Path) -> bool:
     return (d / "pyvenv.cfg").is_file() and (d.parent / ".logs" / f"{d.name}.log").is_file()
 
 
+def use_lock(envs_dir: Path, label: str) -> Path:
+    """The lock file a run holds (shared) on env ``label`` for its whole duration, preparing and timing:
+    ``envs clean`` removes no env whose lock it cannot take exclusively."""
+    return Path(envs_dir) / f".{label}.use.lock"
+
+
+def hold_envs(envs_dir: Path, labels: list[str], stack: ExitStack) -> None:
+    """Hold every env of ``labels`` in use (a shared lock per env, so runs sharing an env do not wait
+    for each other) until ``stack`` closes. Waits while ``envs clean`` is removing one of them."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): envs clean only sees the prepare lock
+        return
+    Path(envs_dir).mkdir(parents=True, exist_ok=True)
+    for label in dict.fromkeys(labels):
+        fd = os.open(use_lock(envs_dir, label), os.O_RDWR | os.O_CREAT, 0o644)
+        stack.callback(os.close, fd)  # closing the file releases the lock
+        fcntl.flock(fd, fcntl.LOCK_SH)
+
+
+def try_exclusive(envs_dir: Path, label: str, stack: ExitStack) -> bool:
+    """Take env ``label`` for removal (its use lock exclusively and its prepare lock, held until
+    ``stack`` closes) without waiting: False when a running matrix-run holds it (timing with it or
+    preparing it)."""
+    prep = FileLock(str(Path(envs_dir) / f".{label}.lock"))
+    try:
+        prep.acquire(timeout=0)
+    except Timeout:
+        return False
+    stack.callback(prep.release)
+    try:
+        import fcntl
+    except ImportError:
+        return True
+    fd = os.open(use_lock(envs_dir, label), os.O_RDWR | os.O_CREAT, 0o644)
+    stack.callback(os.close, fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 def list_envs(envs_dir: Path) -> list[dict]:
     """Records of every env under ``envs_dir`` (with size in MB), for ``matrix-run envs list``."""
     out = []

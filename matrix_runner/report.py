@@ -125,14 +125,29 @@ def short_labels(cases: list[dict]) -> tuple[dict, str]:
     return short, " · ".join(x for x in (shared, dtype) if x)
 
 
+#: Said wherever a run's verdicts are summarized when its SDPA control got a faster/slower verdict.
+SDPA_WARNING = "the SDPA control differs between envs that run the same torch: treat this run's verdicts with care"
+
+
 def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
               device: list[dict] | None = None, host: list[dict] | None = None,
-              min_effect: float = 0.05, prefix: str = "", quick: bool = False, interrupted: bool = False) -> dict:
+              min_effect: float = 0.05, prefix: str = "", quick: bool = False, interrupted: bool = False,
+              n_control: int = 0) -> dict:
     """The one-line verdict for a candidate: ``{cls, text, detail}``. ``quick``: the run was a
     ``--quick`` one (else one process per version means it stopped early); ``interrupted``: it was.
 
     ``wall``: the candidate's wall comparisons (with attribution), ``name``: case id -> short name
-    (label + op). ``cls`` is slower / faster / mixed / same / none for the colour."""
+    (label + op). ``cls`` is slower / faster / mixed / same / none for the colour.
+
+    The SDPA control (comparisons with ``impl`` sdpa; ``n_cases`` counts its cases too) times torch,
+    the same in every env: it is never counted as a finding, and a faster/slower verdict on it adds
+    :data:`SDPA_WARNING` (the measurement itself is unreliable)."""
+    control = [c for c in wall if c.get("impl") == "sdpa"]
+    if control or n_control:
+        wall = [c for c in wall if c.get("impl") != "sdpa"]
+        device = [c for c in device or [] if c.get("impl") != "sdpa"]
+        host = [c for c in host or [] if c.get("impl") != "sdpa"]
+        n_cases -= max(n_control, len(control))
     counts = {v: [c for c in wall if c["verdict"] == v]
               for v in ("slower", "faster", "same", "ambiguous", "provisional")}
     parts = []
@@ -194,7 +209,15 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
         else:
             text += (" Only one worker process per version was timed, so the intervals ignore "
                      "process-to-process spread (modes up to 2x apart); do not act on a verdict yet.")
+    differs = [c for c in control if c["verdict"] in ("slower", "faster")]
+    if differs:
+        text += (f" Warning: {SDPA_WARNING} (" + ", ".join(
+            f"{name.get(c['case'], c['case'])} {c['verdict']} {fmt_x(c['ratio'])}" for c in differs) + ").")
     detail = []
+    if control:
+        cv = {v: sum(1 for c in control if c["verdict"] == v) for v in ("slower", "faster", "same", "ambiguous", "provisional")}
+        detail.append("SDPA control (torch's own attention, the same in every env; not counted above): " +
+                      ", ".join(f"{v} in {n}" for v, n in cv.items() if n) + f" of {len(control)}")
     for lst, what in ((device, "Kernel (device) time"), (host, "Host time")):
         if not lst:
             continue
@@ -202,7 +225,8 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
               for v in ("slower", "faster", "same", "ambiguous", "provisional")}
         detail.append(what + ": " + ", ".join(f"{v} in {n}" for v, n in vc.items() if n) + f" of {len(lst)}")
     return {"cls": cls, "text": text, "detail": ". ".join(detail) + ("." if detail else ""),
-            "counts": {k: len(v) for k, v in counts.items()}}
+            "counts": {k: len(v) for k, v in counts.items()}, "control_differs": len(differs),
+            "control_warning": SDPA_WARNING if differs else None}
 
 
 def ci_bands(cases: list[dict], metric: str = "wall_us", n_boot: int = 1000) -> dict:
@@ -283,10 +307,13 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     name = {r["id"]: f"{r['short']} {r['op']}" for r in rows}
     summaries = []
     for j, cand in enumerate(ok_labels[1:]):
-        pick = lambda k: [c[k] for r in rows for c in r["comps"][j:j + 1] if c[k]]  # noqa: E731
+        # a comparison's impl is its case's (comparisons written before impl was stored lack it)
+        pick = lambda k: [dict(c[k], impl=r["case"].get("impl", "flash_attn"))  # noqa: E731
+                          for r in rows for c in r["comps"][j:j + 1] if c[k]]
         s = summarize(pick("wall"), len(rows), name, cand, base, pick("device"), pick("host"), min_effect,
                       quick=bool((res.get("settings") or {}).get("quick")),
-                      interrupted=(res.get("timing") or {}).get("stop_reason") == "interrupted")
+                      interrupted=(res.get("timing") or {}).get("stop_reason") == "interrupted",
+                      n_control=sum(1 for r in rows if r["case"].get("impl") == "sdpa"))
         hb = {lab: sum(1 for r in rows if lab in r["host_bound"]) for lab in (base, cand)}
         if any(r["case"].get("host_bound") is not None for r in rows):
             s["detail"] += (" Host-bound (host dispatch ≥ kernel time): " +
@@ -628,7 +655,9 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
                 skipped.append({"env": la, "case": cid, "why": "no wall samples"})
                 continue
             attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
-            w = dict(per["wall_us"], case=cid, attribution=attr, attribution_why=why)
+            impl = x.get("impl", "flash_attn")
+            w = dict(per["wall_us"], case=cid, attribution=attr, attribution_why=why, impl=impl)
+            per = {m: (dict(v, impl=impl) if v else v) for m, v in per.items()}
             rows.append({"env": la, "env_b": lb, "id": cid, "label": x.get("label", cid), "short": short.get(cid, cid),
                          "op": x.get("op"), "wall": w, "host": per.get("host_us"), "device": per.get("device_us"),
                          "host_bound": {"a": x.get("host_bound"), "b": y.get("host_bound")}})
@@ -643,7 +672,8 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
         env_name = la if la == lb else f"{la} (A) / {lb} (B)"
         s = summarize([r["wall"] for r in rs], n, name, "B", "A", [r["device"] for r in rs if r["device"]],
                       [r["host"] for r in rs if r["host"]], eff, prefix=f"{env_name} — ",
-                      quick=any((x.get("settings") or {}).get("quick") for x in (a, b)))
+                      quick=any((x.get("settings") or {}).get("quick") for x in (a, b)),
+                      n_control=len([c for c in a.get("cases", []) if c["env"] == la and c.get("impl") == "sdpa"]))
         s["env"] = la
         summaries.append(s)
     unpaired = ([f"A {e['label']}" for e in a.get("envs", []) if e["label"] not in {p[0] for p in pairs}] +

@@ -27,7 +27,9 @@ above 1 the candidate is slower.
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 import tempfile
 import zlib
 from pathlib import Path
@@ -214,7 +216,94 @@ def load(path: str | Path) -> dict:
     if not isinstance(data, dict) or data.get("schema") not in READABLE:
         raise ResultsError(f"{p}: schema {data.get('schema') if isinstance(data, dict) else None!r} is not "
                            f"one of {', '.join(READABLE)}")
+    for note in _check_metrics(p, data):
+        print(f"note: {note}", file=sys.stderr)
     return data
+
+
+def _path(parts: list) -> str:
+    """``["cases", 0, "metrics", "wall_us", "by_set", "0", "7"]`` -> ``cases[0].metrics.wall_us.by_set["0"]["7"]``."""
+    out, keyed = "", False  # keys below by_set are set and cycle ids: written as JSON keys
+    for x in parts:
+        out += f"[{x}]" if isinstance(x, int) else (f'["{x}"]' if keyed else f".{x}")
+        keyed = keyed or x == "by_set"
+    return out.lstrip(".")
+
+
+def _check_metrics(p: Path, data: dict) -> list[str]:
+    """Check every measured value under ``cases[].metrics`` (summaries, ``samples``, ``by_set``) is a
+    number or null, in place: NaN and infinities become null (a missing sample, what :func:`write_json`
+    stores for them; returned as notes). Raises ResultsError naming the file and the field of anything
+    else (a string, a list where a number belongs, a set or cycle id that is not an integer)."""
+    notes: list[str] = []
+    cases = data.get("cases")
+    if cases is None:
+        return notes
+    if not isinstance(cases, list):
+        raise ResultsError(f"{p}: cases is {type(cases).__name__}, not a list: restore the file from its run")
+
+    def bad(parts: list, what: str) -> ResultsError:
+        return ResultsError(f"{p}: {_path(parts)} is {what}, not a number: restore it or set it to null "
+                            "(a missing sample)")
+
+    def num(v, parts: list):
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise bad(parts, repr(v) if isinstance(v, str) and len(v) <= 40 else f"a {type(v).__name__}")
+        if not math.isfinite(v):
+            notes.append(f"{p}: {_path(parts)} is {v!r}: sample skipped (treated as missing)")
+            return None
+        return v
+
+    def nums(v, parts: list, depth: int):
+        """A list (depth 1) or list of lists (depth 2) of numbers or null, checked in place."""
+        if not isinstance(v, list):
+            raise bad(parts, repr(v) if isinstance(v, str) and len(v) <= 40 else f"a {type(v).__name__}")
+        for i, x in enumerate(v):
+            if depth > 1:
+                nums(x, [*parts, i], depth - 1)
+            else:
+                v[i] = num(x, [*parts, i])
+
+    for ci, c in enumerate(cases):
+        if not isinstance(c, dict):
+            raise ResultsError(f"{p}: cases[{ci}] is {type(c).__name__}, not an object: restore the file from its run")
+        metrics = c.get("metrics")
+        if metrics is None:
+            continue
+        if not isinstance(metrics, dict):
+            raise ResultsError(f"{p}: cases[{ci}].metrics is {type(metrics).__name__}, not an object: restore "
+                               "the file from its run")
+        for m, md in metrics.items():
+            at = ["cases", ci, "metrics", m]
+            if not isinstance(md, dict):
+                raise ResultsError(f"{p}: {_path(at)} is {type(md).__name__}, not an object: restore the file "
+                                   "from its run")
+            for k, v in md.items():
+                if k == "samples":
+                    nums(v, [*at, k], 2)
+                elif k == "round_medians":
+                    nums(v, [*at, k], 1)
+                elif k == "by_set":
+                    if not isinstance(v, dict):
+                        raise bad([*at, k], f"a {type(v).__name__}")
+                    for sid, sv in v.items():
+                        sp = [*at, k, sid]
+                        if not str(sid).lstrip("-").isdigit():
+                            raise ResultsError(f"{p}: {_path(sp)}: the set id {sid!r} is not an integer: restore "
+                                               "the file from its run")
+                        if isinstance(sv, dict):
+                            for cyc in list(sv):
+                                if not str(cyc).lstrip("-").isdigit():
+                                    raise ResultsError(f"{p}: {_path([*sp, cyc])}: the cycle id {cyc!r} is not an "
+                                                       "integer: restore the file from its run")
+                                sv[cyc] = num(sv[cyc], [*sp, cyc])
+                        else:
+                            nums(sv, sp, 1)
+                else:
+                    md[k] = num(v, [*at, k])
+    return notes
 
 
 def merge(runs: list[dict], min_effect: float | None = None) -> dict:

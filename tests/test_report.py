@@ -719,3 +719,58 @@ def test_short_labels_keep_a_parenthesized_group_whole():
     short, common = short_labels(cs)
     assert short == {"a": "S4096 H16 L64-4096 (sum 9128)", "b": "S2877 H28/4 L1141-2877 (sum 16424)"}
     assert common == "varlen B8 D128 · bf16"
+
+
+# --------------------------------------------------------------------------------------------
+# the SDPA control: the same torch in every env, so a verdict on it is a measurement problem
+SDPA_WARNING = "the SDPA control differs between envs that run the same torch: treat this run's verdicts with care"
+
+
+def _sdpa_run() -> dict:
+    """flash_attn cases equal in both envs; the SDPA control case 2x slower in the candidate."""
+    cases = []
+    for i, (impl, s) in enumerate([("flash_attn", 64), ("flash_attn", 256), ("sdpa", 64)]):
+        for lab, wall in (("1.0", 100.0), ("2.0", 200.0 if impl == "sdpa" else 100.0)):
+            c = make_case(lab, "fwd", 2, s, wall, 50.0, 40.0, seed=i * 7 + (lab == "2.0"))
+            c["impl"] = impl
+            if impl == "sdpa":
+                c["id"] += "-sdpa"
+                c["label"] += " sdpa"
+            cases.append(c)
+    return make_results([env("1.0"), env("2.0")], cases)
+
+
+def test_sdpa_control_verdict_is_not_a_finding_and_warns_everywhere(tmp_path):
+    from html import unescape
+
+    from rich.console import Console
+
+    res = _sdpa_run()
+    sdpa = [c for c in res["comparisons"] if c["metric"] == "wall_us" and c["impl"] == "sdpa"]
+    assert sdpa and sdpa[0]["verdict"] == "slower"  # the planted control difference is found...
+    (s,) = report.view_model(res)["summaries"]
+    assert s["counts"]["slower"] == 0 and s["counts"]["faster"] == 0  # ...but never counted as a finding
+    assert "slower in" not in s["text"] and s["cls"] != "slower", s["text"]
+    assert SDPA_WARNING in s["text"], s["text"]
+    con = Console(record=True, width=200, color_system=None)
+    report.terminal_table(res, con)
+    assert SDPA_WARNING in " ".join(con.export_text().split())
+    html = report.write_html(res, tmp_path, None).read_text()
+    assert SDPA_WARNING in " ".join(unescape(html).split())
+    assert SDPA_WARNING in " ".join(unescape(report.markdown(res)).split())
+    # matrix-run compare A B: the same
+    cmp = report.compare_runs(_sdpa_run() | {"cases": [c for c in res["cases"] if c["env"] == "1.0"]},
+                              {**res, "cases": [dict(c, env="1.0") for c in res["cases"] if c["env"] == "2.0"],
+                               "envs": [env("1.0")]})
+    (cs,) = cmp["summaries"]
+    assert cs["counts"]["slower"] == 0 and SDPA_WARNING in cs["text"], cs["text"]
+
+
+def test_sdpa_control_that_agrees_gives_no_warning():
+    res = _sdpa_run()
+    for c in res["cases"]:
+        if c["env"] == "2.0" and c["impl"] == "sdpa":
+            c["metrics"] = next(x for x in res["cases"] if x["env"] == "1.0" and x["id"] == c["id"])["metrics"]
+    res["comparisons"] = results.comparisons(res["cases"], ["1.0", "2.0"], 0.05)
+    (s,) = report.view_model(res)["summaries"]
+    assert SDPA_WARNING not in s["text"]

@@ -315,3 +315,131 @@ def test_two_processes_share_envs_and_cache_without_rebuilding(standins, tmp_pat
     for lab in ("a", "b"):  # env records are complete JSON
         rec = json.loads((tmp_path / "envs" / lab / "matrix-run-env.json").read_text())
         assert rec["status"] == "ok" and rec["label"] == lab
+
+
+# ---------------------------------------------------------------------------------------------
+# a results.json with an edited sample: a one-line error naming the file and field (exit 2), or the
+# sample skipped with a note; never a traceback
+REAL = Path(__file__).resolve().parent.parent / "reports" / "h200-aa-4" / "results.json"
+
+
+def _edited(tmp_path: Path, value: str, where: str = "samples") -> Path:
+    """A copy of a committed run (marked interrupted, so --resume takes it) with one wall sample of its
+    first case replaced by the JSON text ``value``; its stored command builds nothing outside tmp_path."""
+    d = json.loads(REAL.read_text())
+    w = d["cases"][0]["metrics"]["wall_us"]
+    if where == "samples":
+        w["samples"][0][0] = "__X__"
+    else:
+        w["by_set"]["0"][next(iter(w["by_set"]["0"]))] = "__X__"
+    d["timing"]["stop_reason"] = "interrupted"
+    d["settings"]["cwd"] = str(tmp_path)
+    d["command"] = ["matrix-run", "--versions", "a=2.6.3,b=2.6.3", "--offline", "--envs-dir",
+                    str(tmp_path / "envs"), "--output", str(tmp_path / "run")]
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    p = run / "results.json"
+    p.write_text(json.dumps(d).replace('"__X__"', value))
+    return p
+
+
+@pytest.mark.parametrize("where", ["samples", "by_set"])
+@pytest.mark.parametrize("cmd", ["compare", "resume"])
+def test_edited_sample_string_is_a_one_line_error_naming_file_and_field(capsys, tmp_path, cmd, where):
+    p = _edited(tmp_path, '"abc"', where)
+    args = ["compare", str(p), str(REAL)] if cmd == "compare" else ["--resume", str(p.parent)]
+    code, err = main(capsys, *args)
+    assert code == 2, err
+    assert "Traceback" not in err and "internal error" not in err
+    field = ("cases[0].metrics.wall_us.samples[0][0]" if where == "samples"
+             else "cases[0].metrics.wall_us.by_set[\"0\"]")
+    assert str(p) in err and field in err and "'abc'" in err, err
+    assert not (tmp_path / "envs").exists()  # refused before anything was built
+
+
+@pytest.mark.parametrize("value", ["null", "NaN", "Infinity"])
+def test_edited_sample_null_or_nan_is_skipped_with_a_note(capsys, tmp_path, value):
+    from matrix_runner import config, runner
+
+    p = _edited(tmp_path, value)
+    code, err = main(capsys, "compare", str(p), str(REAL))
+    assert code == 0 and "Traceback" not in err, err
+    doc = results.load(p)
+    err = " ".join(capsys.readouterr().err.split())
+    if value != "null":  # null is how results.json stores a missing (non-finite) sample: no note
+        assert "cases[0].metrics.wall_us.samples[0][0]" in err and "skipped" in err, err
+    first = doc["cases"][0]["metrics"]["wall_us"]["samples"][0]
+    assert first[0] is None and all(isinstance(x, float) for x in first[1:])
+    cfg = config.parse_config(doc["config"], "results.json", max_cases=None)
+    data = runner.data_from_results(doc, cfg.cases)  # what --resume keeps: every other sample
+    assert len(data) == len(doc["cases"])
+
+
+# ---------------------------------------------------------------------------------------------
+# envs clean while a run uses the envs: the env a running matrix-run holds is left alone, and named
+def _fake_env(envs: Path, label: str) -> Path:
+    d = envs / label
+    d.mkdir(parents=True)
+    (d / envmod.RECORD).write_text(json.dumps({"label": label, "status": "ok"}))
+    return d
+
+
+def test_envs_clean_leaves_an_env_a_running_matrix_run_holds(capsys, tmp_path):
+    from filelock import FileLock
+
+    envs = tmp_path / "envs"
+    a, b = _fake_env(envs, "a"), _fake_env(envs, "b")
+    with FileLock(str(envs / ".a.use.lock")):  # stands in for a run timing env a
+        code, err = main(capsys, "envs", "clean", "--envs-dir", str(envs))
+        assert code == 3, err
+        assert a.is_dir() and not b.exists()
+        assert f"left {a} alone: a running matrix-run uses it" in err, err
+        code, err = main(capsys, "envs", "clean", "a", "--envs-dir", str(envs))
+        assert code == 3 and a.is_dir() and f"left {a} alone" in err, err
+    code, err = main(capsys, "envs", "clean", "a", "--envs-dir", str(envs))  # that run ended
+    assert code == 0 and not a.exists(), err
+
+
+def test_a_run_holds_its_envs_shared_until_it_ends(capsys, tmp_path):
+    """Two runs may use one env together; envs clean waits for neither, and removes it after both."""
+    from contextlib import ExitStack
+
+    envs = tmp_path / "envs"
+    a = _fake_env(envs, "a")
+    with ExitStack() as run1, ExitStack() as run2:
+        envmod.hold_envs(envs, ["a"], run1)
+        envmod.hold_envs(envs, ["a"], run2)  # a second run shares the env: not blocked
+        run1.close()
+        code, err = main(capsys, "envs", "clean", "--envs-dir", str(envs))
+        assert code == 3 and a.is_dir() and f"left {a} alone" in err, err
+    code, err = main(capsys, "envs", "clean", "--envs-dir", str(envs))
+    assert code == 0 and not a.exists(), err
+
+
+def test_envs_clean_during_a_run_leaves_its_envs_and_the_run_completes(capsys, monkeypatch, standins, tmp_path):
+    """``envs clean`` while a real run times its envs (called from inside the timing phase): refused for
+    both envs, named; the run's cases then time fine (before: FileNotFoundError in every case)."""
+    from matrix_runner import runner
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(ONE_SHAPE)
+    envs = tmp_path / "envs"
+    real, seen = runner.run_all, {}
+
+    def run_all(*a, **kw):
+        seen["clean"] = main(capsys, "envs", "clean", "--envs-dir", str(envs))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(runner, "run_all", run_all)
+    code = cli.main(["--versions", "a=2.6.3,b=2.7.0.post2", "--config", str(cfg), "--device", "cpu", "--quick",
+                     "--offline", "--find-links", str(standins["wheels"]), "--envs-dir", str(envs),
+                     "--wheel-cache", str(tmp_path / "cache"), "--output", str(tmp_path / "out")])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    ccode, err = seen["clean"]
+    assert ccode == 3, err
+    for lab in ("a", "b"):
+        assert f"left {envs / lab} alone: a running matrix-run uses it" in err, err
+    res = load_results(tmp_path / "out")
+    assert [c["status"] for c in res["cases"]] == ["ok", "ok"]
+    code, err = main(capsys, "envs", "clean", "--envs-dir", str(envs))  # the run has ended: its locks are gone
+    assert code == 0 and not (envs / "a").exists() and not (envs / "b").exists(), err
