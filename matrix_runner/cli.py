@@ -931,8 +931,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         else:
             console.print(f"[yellow]warning:[/] workers run unpinned ({cpus['why']}): process sets are not "
                           "timed on one core, so CPU speed changes are not shared; intervals are wider")
+        # not a terminal (a CI log, a pipe): no spinner, whose last frame rich prints on exit; the
+        # steps and sets are printed as lines instead
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                      console=console) as prog:
+                      console=console, disable=not console.is_terminal) as prog:
             task = prog.add_task("timing", total=None)
 
             def on_progress(msg):
@@ -1021,7 +1023,8 @@ def _explain(envs, cases, device, out_dir, args, cpus) -> dict | None:
     pass itself is reported and never fails the run."""
     console.print("[dim]explain: layers, frame profile, call counts, first calls (own worker processes)[/]")
     try:
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as prog:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      disable=not console.is_terminal) as prog:
             task = prog.add_task("explain", total=None)
             raw = explain.run(envs, cases, device=device, work=out_dir / ".work", case_timeout=args.case_timeout,
                               cpus=cpus, on_progress=lambda m: prog.update(task, description=m))
@@ -1048,7 +1051,8 @@ def regressions(doc: dict, pct: float) -> list[dict]:
 def _prepare_envs(reqs, items, opts, dprobe, cases) -> list[envmod.EnvResult]:
     """Prepare every env in parallel threads (builds run as subprocesses), with a progress display."""
     res: list[envmod.EnvResult | None] = [None] * len(reqs)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as prog:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      disable=not console.is_terminal) as prog:
         tasks = {r.label: prog.add_task(f"{r.label}: planning", total=None) for r in reqs}
 
         def progress(label, msg):

@@ -22,6 +22,10 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
     cp, res = first_run["cp"], first_run["res"]
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert "Traceback" not in cp.stderr
+    # a piped log (CI) gets lines, not a spinner's last frames; every env step and set is a line
+    log = cp.stdout + cp.stderr
+    assert not set("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏") & set(log), log[-2000:]
+    assert "set 0:" in log and "2.6.3: creating venv (uv)" in log, log[-2000:]
     assert res["schema"] == "matrix-runner/results/2"
     assert [e["label"] for e in res["envs"]] == ["2.6.3", "2.7.0.post2"]
     for e in res["envs"]:
