@@ -783,8 +783,9 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     if args.markdown:
         _check_writable_file(Path(args.markdown), "--markdown")
 
-    console.print(f"[bold]matrix-run[/] {__version__}: {len(reqs)} env(s), {len(cfg.cases)} case(s) "
-                  f"({cfg.source}) → {out_dir}")
+    # two lines: a long output path on the first line wrapped it mid-way in 80 columns
+    console.print(f"[bold]matrix-run[/] {__version__}: {len(reqs)} env(s), {len(cfg.cases)} case(s) ({cfg.source})")
+    console.print(f"  output: {escape(str(out_dir))}", soft_wrap=True)
     if shard.submitted(args):  # scale-out (shard module): --executor slurm|submitit-local, shards as jobs
         doc = shard.submit(args, argv, out_dir, cfg.cases, stop, prior, log=console.print)
         doc.update(run_id=run_id, created=created.isoformat(timespec="seconds"), title=cfg.title,
