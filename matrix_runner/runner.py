@@ -669,7 +669,7 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
     batch-512 one (H200, seed config: per-cycle SD 0.05-0.13 vs 0.015-0.04), so cycles in
     proportion to variance (Neyman allocation for equal precision, capped; the lower quartile as
     reference so one very quiet case does not send everything else to the cap) should have evened
-    out the intervals. Measured (H200, 2026-12-01, reports/h200-variant-weights-lq-aa-1..3 vs h200-aa-4..10): the
+    out the intervals. Measured (H200, 2026-12-01, reports/h200-variant-weights-lq-aa-1..3 vs h200-aa-4..7): the
     batch-2 cases got ~12 cycles per set instead of ~6 and their sets' spread did not shrink (set
     SD 0.02-0.05 either way: it is between sets, not within), while the batch-512 ones, down to ~3,
     got wider. The weights use only
