@@ -33,6 +33,8 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       burst_ms: 5           # each worker's turn in a cycle (ms of calls)
       alpha: 0.05           # family-wise error rate of a run's verdicts per clock
       workers_per_env: auto # worker processes per env in each set, averaged (auto: 2 with spare cores, else 1)
+      host_every: 4         # the host clock is cycled in one sweep of N (wall, which decides, in every sweep)
+      max_repeats: 1        # > 1: a noisier case's wall clock up to N times per sweep (runner.cycle_weights)
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
 (batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
@@ -255,6 +257,11 @@ class Sampling:
     #: spread where it was (set SD 0.02-0.05 either way: their spread is between sets, not within)
     #: and widened the batch-512 intervals, so the default is 1.
     max_repeats: int = 1
+    #: The host clock (dispatch overhead; it explains a wall difference, the wall clock decides it)
+    #: is cycled in one sweep of ``host_every``, the wall clock in every sweep. 2 until 2026-12-01:
+    #: the host items then took a third of a set's cycles, and in A/A runs no host comparison was
+    #: ever decided, so they were cycled to the end of every run (H200, reports/h200-aa-4..7).
+    host_every: int = 4
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another, H200: A/A set offsets up to 6 %). None:
     #: 2 where spare cores let the next set's workers start while a set is timed, else 1.
@@ -322,7 +329,8 @@ _TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "i
              "func"}
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
-_SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env"}
+_SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
+                  "host_every", "max_repeats"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -707,6 +715,8 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         alpha=float(sd["alpha"]),
         workers_per_env=(None if sd.get("workers_per_env") in (None, "auto")
                          else _pos_int("sampling.workers_per_env", sd["workers_per_env"])),
+        host_every=_pos_int("sampling.host_every", sd.get("host_every", Sampling.host_every)),
+        max_repeats=_pos_int("sampling.max_repeats", sd.get("max_repeats", Sampling.max_repeats)),
     )
     if not 0 < sampling.min_effect < 1:
         raise _err("sampling.min_effect", sampling.min_effect, "must be between 0 and 1 (0.05 = 5 %)")

@@ -75,6 +75,8 @@ class Worker:
         self.p = proc.spawn([python, str(WORKER), "serve"], log=log, piped=True,
                              env_extra={**(env_extra or {}), "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"})
         self._buf = b""
+        #: replies read ahead by :meth:`read_ahead`, handed out first by the next reads
+        self._ready: list[dict] = []
         self._writer: threading.Thread | None = None  # queue_commands' writer, joined before any send
         self.pid = self.p.pid
         self.hello: dict | None = None
@@ -82,6 +84,11 @@ class Worker:
             set_affinity(self.pid, cpus)
 
     def _readline(self, timeout: float) -> dict:
+        if self._ready:
+            return self._ready.pop(0)
+        return self._read_record(timeout)
+
+    def _read_record(self, timeout: float) -> dict:
         end = time.monotonic() + timeout
         fd = self.p.stdout.fileno()
         while True:
@@ -109,6 +116,25 @@ class Worker:
                     rc = None
                 raise WorkerDied(f"the worker {exit_reason(rc)}{_tail(self.log)}", self.log)
             self._buf += chunk
+
+    def read_ahead(self, n: int, timeout: float) -> int:
+        """Wait up to ``timeout`` s in all for the worker's next ``n`` records (counting those
+        already read ahead) and keep them: the next :meth:`wait_hello` / :meth:`reply` calls return
+        them in order. Returns how many are waiting. Used to know that a prefetched set's set-ups
+        (GPU work) are over before the running set times kernels. A worker that dies or is still
+        busy ends the wait quietly: nothing is killed here, and the fault shows at the reply that
+        would have met it."""
+        end = time.monotonic() + timeout
+        while len(self._ready) < n:
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                rec = self._read_record(left)
+            except WorkerFault:
+                break
+            self._ready.append(rec)
+        return len(self._ready)
 
     def wait_hello(self, timeout: float) -> dict:
         """The worker's first reply (``hello`` with its env probe, or ``fatal``)."""

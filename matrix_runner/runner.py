@@ -4,7 +4,7 @@ A *process set* is one fresh worker per env, all pinned to one CPU core (lockste
 set: the workers start while the previous set is still timed, on spare cores (the *prefetch*: they
 import torch and the subject during its cycles; their config and every case's set-up -- CUDA
 context, inputs, first calls, calibration -- are queued to them after its cycles, so no CUDA work of
-theirs overlaps a cycle, and a set's start mostly collects replies), then *cycles*: each cycle gives
+theirs overlaps a cycle or a profiled kernel, and a set's start mostly collects replies), then *cycles*: each cycle gives
 every worker of the set a burst (~``burst_ms`` of calls) of one (case, clock) in turn, in a
 balanced random order (a random permutation, then its reverse for that item's next cycle), for
 ``set_seconds`` (with ``Sampling.max_repeats`` > 1, a noisier case's wall clock more often:
@@ -222,7 +222,8 @@ class _Set:
     def preload(self, cases: list[Case], config: dict) -> None:
         """Queue each worker's ``config`` and the set-up of ``cases`` while the worker still imports
         (the set is prefetched during the previous one, after its cycles): inputs, first calls and
-        calibration then run on spare cores while the previous set's profiler pass runs, and the set
+        calibration then run on spare cores while the previous set's profiler starts up (its profiled
+        calls wait for them: :meth:`await_setups`), and the set
         starts with its replies (nearly) waiting. The warm-up
         is the 6-call minimum (``warmup_s`` 0): the GPU work this adds to the running set is a few
         ms. A worker that is already gone is left to the set's start, which reports it."""
@@ -230,6 +231,19 @@ class _Set:
             w.queue_commands([config] + [{"cmd": "setup", "case": c.id, "spec": c.to_dict(), "warmup_s": 0.0}
                                          for c in cases])
             self.preloaded[key] = [c.id for c in cases]
+
+    def await_setups(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` s) until every worker has answered its hello, its config and the
+        set-ups :meth:`preload` queued, keeping the replies for the set's start
+        (:meth:`lockstep.Worker.read_ahead`). The running set calls this before its profiler pass
+        times kernels: the set-ups' CUDA work (contexts, first calls) running on the same GPU
+        inflated kernel times up to 2.6x (H200, 2026-12-01: B512 S300 bwd 2,840 µs in quiet sets,
+        3,500-9,000 µs in 7 of 11 sets of an A/A run whose profiler pass overlapped them)."""
+        end = time.monotonic() + timeout
+        for key, w in self.workers.items():
+            if key in self.preloaded:
+                w.read_ahead((0 if w.hello else 1) + 1 + len(self.preloaded[key]),
+                             max(0.0, end - time.monotonic()))
 
     def close(self, park: set | None = None) -> None:
         """Stop the set's workers: all are signalled at once, and reaped in the background (the next
@@ -320,11 +334,15 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
 
             def prefetch(stage: str, _sid=sid):
                 """``spawn``: start the next set's workers (they import during this set's cycles);
-                ``setup``: queue their config and set-ups (CUDA work: after this set's cycles)."""
+                ``setup``: queue their config and set-ups (CUDA work: after this set's cycles);
+                ``await``: wait until those set-ups are over (before this set's profiler pass)."""
                 nonlocal pending
                 if quick or stop.is_set() or others is None:  # no spare core: start after this set
                     return
-                if stage == "spawn":
+                if stage == "await":
+                    if pending is not None:
+                        pending.await_setups(case_timeout)
+                elif stage == "spawn":
                     pending = _Set(_sid + 1, envs, work, others, sampling.workers_per_env, worker_env, closing)
                 elif pending is not None:
                     # not the cases under retry after a fault: their set-up waits for this set's outcome
@@ -556,8 +574,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     if n not in cd.notes:
                         cd.notes.append(n)
         phase("finish")
-        # the next set's CUDA work (context, inputs, first calls) overlaps the profiler pass, never
-        # the cycles: on the H200 it made 30 % of the last quarter's bursts outliers (up to 3x)
+        # the next set's CUDA work (context, inputs, first calls) overlaps the profiler's start-up,
+        # never the cycles (on the H200 it made 30 % of the last quarter's bursts outliers, up to
+        # 3x) nor the profiled calls (prefetch("await") below)
         prefetch("setup")
         dev_todo = _needed(data, labels, ready, sampling, "device_us") if device == "cuda" else set()
         if dev_todo:
@@ -583,6 +602,10 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                 except lockstep.WorkerFault as ex:
                     live.pop(key, None)
                     rec["workers"].setdefault(key, {})["error"] = f"profiler start-up: {ex}"
+            # the next set's set-ups ran beside the profiler's start-up (CPU work here); its kernels
+            # are timed only once they are over, with the GPU to itself
+            prefetch("await")
+            phase("device_init")
             for c in ready:
                 if c.id not in dev_todo:
                     continue
@@ -716,7 +739,8 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     how many ran. A cycle is one (case, clock) item: every worker of the set times a burst of it, in
     a random order, reversed for that item's next cycle. With several workers per env, an env's
     value of a cycle is the geometric mean of its workers' bursts. A comparison decided and within
-    ``sampling.precision`` drops its item for this set; the host clock is sampled every other sweep;
+    ``sampling.precision`` drops its item for this set; the host clock is sampled in one sweep of
+    ``sampling.host_every``;
     a case's wall clock comes up :func:`cycle_weights` times per sweep (1 unless ``max_repeats`` > 1).
     A worker fault ends the cycles (the set's other data stay)."""
     sid, lab_of = st.sid, st.label_of
@@ -740,8 +764,8 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     sweep = 0
     on_progress(f"set {sid}: lockstep cycles ({len(items)} case-clock items)")
     while time.monotonic() < t_end and items:
-        # the host clock in every other sweep: wall decides the run, host only explains it
-        now = [it for it in items if it[1] == "wall_us" or sweep % 2 == 0] or list(items)
+        # the host clock in one sweep of Sampling.host_every: wall decides the run, host explains it
+        now = [it for it in items if it[1] == "wall_us" or sweep % sampling.host_every == 0] or list(items)
         now = [it for it in now for _ in range(reps.get(it[0].id, 1) if it[1] == "wall_us" else 1)]
         sweep += 1
         rng.shuffle(now)

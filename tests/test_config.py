@@ -64,6 +64,11 @@ def test_top_level_rules():
         parse_config({"sampling": {"burst_ms": 0}})
     assert parse_config({"sampling": {"workers_per_env": "auto"}}).sampling.workers_per_env is None
     assert parse_config({"sampling": {"workers_per_env": 3}}).sampling.workers_per_env == 3
+    samp = parse_config({"sampling": {"host_every": 2, "max_repeats": 3}}).sampling
+    assert (samp.host_every, samp.max_repeats) == (2, 3)
+    assert (parse_config({}).sampling.host_every, parse_config({}).sampling.max_repeats) == (4, 1)
+    with pytest.raises(ConfigError, match="sampling.host_every = 0: must be a positive integer"):
+        parse_config({"sampling": {"host_every": 0}})
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         parse_config(["a"])
 

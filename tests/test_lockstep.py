@@ -196,3 +196,57 @@ def test_queued_commands_never_block_the_driver_on_a_full_pipe(tmp_path):
     w.p.wait(10)
     assert [json.loads(x)["case"] for x in out[:-1]] == [f"c{i}" for i in range(600)]
     assert json.loads(out[-1]) == {"cmd": "last"}
+
+
+def _fake_worker(tmp_path, script: str) -> lockstep.Worker:
+    import subprocess
+    w = object.__new__(lockstep.Worker)
+    w.label, w.log, w._writer, w._buf, w._ready, w.hello = "x", tmp_path / "log", None, b"", [], None
+    w.p = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    w.pid = w.p.pid
+    return w
+
+
+def test_read_ahead_keeps_replies_in_order_for_the_next_reads(tmp_path):
+    """A prefetched set's replies are read ahead (so the running set knows its set-ups are over)
+    and then handed out, in order, by wait_hello/reply, before anything read later."""
+    w = _fake_worker(tmp_path, "import json, time\nfor i in range(4):\n    time.sleep(0.05)\n"
+                               "    print(json.dumps({'i': i}), flush=True)\ntime.sleep(30)")
+    try:
+        assert w.read_ahead(3, 10.0) == 3
+        assert w.read_ahead(3, 10.0) == 3  # already there: no further read
+        assert w.wait_hello(5.0) == {"i": 0}
+        assert [w.reply(5.0)["i"] for _ in range(3)] == [1, 2, 3]
+        t0 = time.perf_counter()
+        assert w.read_ahead(1, 0.3) == 0  # still busy: the wait ends at its timeout, nothing is killed
+        assert 0.25 < time.perf_counter() - t0 < 5 and w.p.poll() is None
+    finally:
+        w.p.kill()
+        w.p.wait(10)
+
+
+def test_read_ahead_of_a_dead_worker_leaves_the_fault_to_the_reply(tmp_path):
+    w = _fake_worker(tmp_path, "import json\nprint(json.dumps({'i': 0}), flush=True)")
+    assert w.read_ahead(3, 10.0) == 1
+    assert w.reply(5.0) == {"i": 0}
+    with pytest.raises(lockstep.WorkerDied):
+        w.reply(5.0)
+
+
+def test_await_setups_waits_for_hello_config_and_every_queued_set_up():
+    """The running set's profiler pass waits for the next set's hello, config and set-up replies."""
+    from matrix_runner.runner import _Set
+
+    class W:
+        def __init__(self, hello):
+            self.hello, self.asked = hello, None
+
+        def read_ahead(self, n, timeout):
+            self.asked = n
+            return n
+
+    st = object.__new__(_Set)
+    st.workers = {"a": W(None), "b": W({"type": "hello"}), "c": W(None)}
+    st.preloaded = {"a": ["c1", "c2", "c3"], "b": ["c1", "c2", "c3"]}  # c: nothing was queued
+    st.await_setups(10.0)
+    assert (st.workers["a"].asked, st.workers["b"].asked, st.workers["c"].asked) == (5, 4, None)
