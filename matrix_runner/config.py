@@ -33,7 +33,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       burst_ms: 5           # each worker's turn in a cycle (ms of calls)
       alpha: 0.05           # family-wise error rate of a run's verdicts per clock
       workers_per_env: auto # worker processes per env in each set, averaged (auto: 2 with spare cores, else 1)
-      host_every: 4         # the host clock is cycled in one sweep of N (wall, which decides, in every sweep)
+      host_every: 2         # the host clock is cycled in one sweep of N (wall, which decides, in every sweep)
       max_repeats: 1        # > 1: a noisier case's wall clock up to N times per sweep (runner.cycle_weights)
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
@@ -258,10 +258,12 @@ class Sampling:
     #: and widened the batch-512 intervals, so the default is 1.
     max_repeats: int = 1
     #: The host clock (dispatch overhead; it explains a wall difference, the wall clock decides it)
-    #: is cycled in one sweep of ``host_every``, the wall clock in every sweep. 2 until 2026-12-01:
-    #: the host items then took a third of a set's cycles, and in A/A runs no host comparison was
-    #: ever decided, so they were cycled to the end of every run (H200, reports/h200-aa-4..7).
-    host_every: int = 4
+    #: is cycled in one sweep of ``host_every``, the wall clock in every sweep. Measured (H200,
+    #: 2026-12-01, reports/h200-variant-host4-*): 4 gave each wall item ~7.8 cycles per set instead
+    #: of ~6.4, but no narrower wall intervals in 3 A/A + 2 seed runs (batch-2 median ±5.3 % fwd,
+    #: ±4.5 % bwd vs ±5.0 %, ±5.7 % at 2), while the host intervals widened (median ±15 % vs ±11 %)
+    #: and 1-2 of 12 seed host comparisons were left ambiguous, so the default stays 2.
+    host_every: int = 2
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another, H200: A/A set offsets up to 6 %). None:
     #: 2 where spare cores let the next set's workers start while a set is timed, else 1.

@@ -66,7 +66,7 @@ def test_top_level_rules():
     assert parse_config({"sampling": {"workers_per_env": 3}}).sampling.workers_per_env == 3
     samp = parse_config({"sampling": {"host_every": 2, "max_repeats": 3}}).sampling
     assert (samp.host_every, samp.max_repeats) == (2, 3)
-    assert (parse_config({}).sampling.host_every, parse_config({}).sampling.max_repeats) == (4, 1)
+    assert (parse_config({}).sampling.host_every, parse_config({}).sampling.max_repeats) == (2, 1)
     with pytest.raises(ConfigError, match="sampling.host_every = 0: must be a positive integer"):
         parse_config({"sampling": {"host_every": 0}})
     with pytest.raises(ConfigError, match="top level must be a mapping"):
