@@ -14,6 +14,7 @@ OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
 mkdir -p "$OUT" /tmp/lk
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD
+mkdir -p .carry/built  # --find-links needs it to exist
 COMMON=(--find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
 nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 step() { local name=$1; shift; local t=$SECONDS
