@@ -172,17 +172,21 @@ def ninja_times(src: Path) -> dict[str, float]:
 #: (torch runs ``ninja -v``). With its output going to a file (not a smart terminal) ninja prints it
 #: when the edge FINISHES, followed by that command's output: ``[2/5]`` means 2 of 5 jobs are done.
 _NINJA_STATUS = re.compile(r"^\[(\d+)/(\d+)\] (.*)$")
-_COMPILE_SOURCE = re.compile(r"(?:^|\s)-c\s+['\"]?([^\s'\"]+)")
+
+
+_SOURCE_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".c")
 
 
 def ninja_unit(line: str) -> tuple[int, int, str | None] | None:
-    """``(finished, total, source file name)`` of a ninja status line of the build log (the name is
-    that of ``-c``'s argument, None when the command has none), else None."""
+    """``(finished, total, source file name)`` of a ninja status line of the build log, else None.
+    The name is that of the command's one token with a source suffix (.cu, .cpp, ...; ``-o``'s
+    object and ``--dependency-output``'s .d are not): taking ``-c``'s argument named ``-c`` on the
+    H200 (the console said "-c just finished" for every unit); None when there is none (a link)."""
     m = _NINJA_STATUS.match(line.rstrip("\r\n"))
     if not m:
         return None
-    src = _COMPILE_SOURCE.search(m[3])
-    return int(m[1]), int(m[2]), Path(src[1]).name if src else None
+    src = next((Path(t).name for t in (x.strip("'\"") for x in m[3].split()) if t.endswith(_SOURCE_SUFFIXES)), None)
+    return int(m[1]), int(m[2]), src
 
 
 def _duration(s: float) -> str:

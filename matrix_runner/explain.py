@@ -645,6 +645,40 @@ def sampler_effect(ls: dict) -> dict:
     return out
 
 
+#: The timed call's frame in the sampled loops (worker.Bench.call): its samples are the call's own time.
+CALL_FRAME = "Bench.call ("
+
+
+def _call_share(parsed: dict) -> float | None:
+    """Share of the sampled loop's samples inside the timed call (:data:`CALL_FRAME` on the stack)."""
+    n = parsed.get("n") or 0
+    k = sum(v for f, v in (parsed.get("total") or {}).items() if f.startswith(CALL_FRAME))
+    return k / n if n and k else None
+
+
+def speed_matched(be: dict, ce: dict, base: str, cand: str, main_base_us: float | None) -> tuple | None:
+    """(baseline, candidate) µs per call of the sampled loops at the timing phase's CPU speed, or None.
+
+    Why: each env is profiled in its own window, seconds apart, and the CPU's speed differs between
+    the windows and from the timing phase's (H200, seed config, B2 S300 fwd: 2.6.3 looped at 56.2
+    µs while profiled, its co-pinned partner 2.7.0.post2 at 124.7; 2.7.0.post2 at 133.9 with the 2.6.3
+    partner at 62.5; the timing phase's wall medians 64.9 and 140.5 µs): the raw difference of the
+    two windows' µs (77.7) mixes the versions' difference with the windows' speeds. Inside a window
+    the profiled worker and its partner take turns on one core, so their ratio is free of the speed
+    (lockstep module doc). So the baseline is put at the timing phase's wall median ``main_base_us``
+    and the candidate at that times its window's ratio to its baseline partner (the on-phase
+    medians, :func:`sampler_effect`). Needs the lockstep records of both, the candidate's partner
+    being the baseline; else None (the raw µs are used)."""
+    if not main_base_us or be.get("method") != "lockstep" or ce.get("method") != "lockstep":
+        return None
+    if ce.get("partner") != base:
+        return None
+    x, p = ce.get("on_us"), ce.get("partner_on_us")
+    if not x or not p:
+        return None
+    return main_base_us, main_base_us * x / p
+
+
 def analyze(doc: dict) -> dict | None:
     """Everything the report and the terminal show, from results.json's ``explain`` record (and, for
     the profiled case, the main comparison's host and wall deltas from ``doc['comparisons']``)."""
@@ -705,23 +739,41 @@ def analyze(doc: dict) -> dict | None:
             if lab not in pv["envs"] or base not in pv["envs"]:
                 continue
             d: dict = {"candidate": lab}
-            if lab in parsed and base in parsed:
-                bu, cu = pv["envs"][base]["on_us"], pv["envs"][lab]["on_us"]
-                d["frames"] = frame_diff(parsed[base], parsed[lab], bu, cu)
-                d["sampled_delta_us"] = cu - bu
-                grown = [r for r in d["frames"] if r["delta_self_us"] > 0]
-                d["top_grown"] = grown[0] if grown else None
-            be, ce = (prof["envs"].get(base) or {}).get("counts"), (prof["envs"].get(lab) or {}).get("counts")
-            if be and ce:
-                d["counts"] = counts_diff(be, ce)
+            main_base_wall = None
             for comp in doc.get("comparisons") or []:
                 if comp.get("case") == prof["case"] and comp.get("candidate") == lab and comp.get("baseline", base) == base:
                     d[f"main_{comp['metric']}"] = comp.get("delta_us")
-            # the profile explains what the clocks saw: sampled delta (the sum of every frame's self
-            # delta) over the timing phase's host delta of the same case
-            mh = d.get("main_host_us")
-            if d.get("sampled_delta_us") is not None and mh:
-                d["explained_fraction"] = d["sampled_delta_us"] / mh
+                    if comp["metric"] == "wall_us":
+                        main_base_wall = comp.get("base_median")
+            if lab in parsed and base in parsed:
+                bu, cu = pv["envs"][base]["on_us"], pv["envs"][lab]["on_us"]
+                d["sampled_delta_us"] = cu - bu
+                scale = speed_matched(pv["envs"][base], pv["envs"][lab], base, lab, main_base_wall)
+                if scale:  # the frames' µs at the timing phase's CPU speed (speed_matched's doc)
+                    bu, cu = scale
+                    d["speed_matched"] = True
+                    d["matched_delta_us"] = cu - bu
+                d["frames"] = frame_diff(parsed[base], parsed[lab], bu, cu)
+                grown = [r for r in d["frames"] if r["delta_self_us"] > 0]
+                d["top_grown"] = grown[0] if grown else None
+                # the frames of the timed call itself (samples under Bench.call): the loop's own code
+                # and the synchronize after each call are left out, as the host clock leaves them out
+                sb, sc = _call_share(parsed[base]), _call_share(parsed[lab])
+                if sb is not None and sc is not None:
+                    d["call_delta_us"] = cu * sc - bu * sb
+            be, ce = (prof["envs"].get(base) or {}).get("counts"), (prof["envs"].get(lab) or {}).get("counts")
+            if be and ce:
+                d["counts"] = counts_diff(be, ce)
+            # the profile explains what the clocks saw: the sum of every frame's self delta (the
+            # sampled loops time synchronized calls: the wall clock) over the timing phase's wall
+            # delta of the same case, at the timing phase's CPU speed where the lockstep turns give
+            # it; the host delta beside it
+            total = d.get("matched_delta_us", d.get("sampled_delta_us"))
+            if total is not None and d.get("main_wall_us"):
+                d["explained_wall_fraction"] = total / d["main_wall_us"]
+            if d.get("call_delta_us") is not None and d.get("main_host_us"):
+                d["explained_host_fraction"] = d["call_delta_us"] / d["main_host_us"]
+            d["explained_fraction"] = d.get("explained_host_fraction", d.get("explained_wall_fraction"))
             pv["diffs"].append(d)
     return {"base": base, "labels": labels, "layers": layers, "first_call": first, "profile": pv,
             "notes": raw.get("notes") or [], "seconds": raw.get("seconds"), "settings": raw.get("settings")}
@@ -758,12 +810,24 @@ def summary_lines(view: dict | None) -> list[str]:
                     out.append("    next: " + "; ".join(f"{r['frame']} {r['delta_self_us']:+.1f} µs ({r['status']})"
                                                      for r in more))
             if d.get("sampled_delta_us") is not None:
-                s = f"  frames add up to {d['sampled_delta_us']:+.1f} µs per call (sampled loop, wall)"
-                if d.get("main_host_us") is not None:
-                    s += f"; the timing phase's host delta {d['main_host_us']:+.1f} µs"
-                    if d.get("explained_fraction") is not None:
-                        s += f" ({d['explained_fraction'] * 100:.0f} % explained)"
+                if d.get("speed_matched"):
+                    s = (f"  frames add up to {d['matched_delta_us']:+.1f} µs per call (sampled loops of synchronized "
+                         f"calls, at the timing phase's CPU speed; {d['sampled_delta_us']:+.1f} µs as sampled)")
+                else:
+                    s = f"  frames add up to {d['sampled_delta_us']:+.1f} µs per call (sampled loop, wall)"
+                if d.get("main_wall_us") is not None:
+                    s += f"; the timing phase's wall delta {d['main_wall_us']:+.1f} µs"
+                    if d.get("explained_wall_fraction") is not None:
+                        s += f" ({d['explained_wall_fraction'] * 100:.0f} % explained)"
                 out.append(s)
+                if d.get("call_delta_us") is not None:
+                    s = (f"  the timed call's own frames (without the loop and its synchronize) add up to "
+                         f"{d['call_delta_us']:+.1f} µs per call")
+                    if d.get("main_host_us") is not None:
+                        s += f"; the timing phase's host delta {d['main_host_us']:+.1f} µs"
+                        if d.get("explained_host_fraction") is not None:
+                            s += f" ({d['explained_host_fraction'] * 100:.0f} % explained)"
+                    out.append(s)
             c = d.get("counts")
             if c:
                 out.append(f"  calls per call (cProfile): {view['base']} {c['base_total']:.0f}, {d['candidate']} "

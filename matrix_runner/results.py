@@ -166,13 +166,16 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
 
 
 def write_json(path: Path, data: dict) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, rename)."""
+    """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, rename), as compact JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
     try:
         os.chmod(tmp, 0o644)  # a report's data, readable like its index.html
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(_finite(data), f, indent=1, default=_default, allow_nan=False)
+            # compact: a run's per-cycle data made indented files ~45 % larger (0.52 vs 0.36 MB for a
+            # 60 s seed run), and committed reports travel to the GPU machine with the tree
+            # (`python -m json.tool results.json` shows one indented)
+            json.dump(_finite(data), f, separators=(",", ":"), default=_default, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -195,6 +195,12 @@ def _undecided(cmp: dict) -> set:
     return {key for key, v in cmp.items() if v is None or v["verdict"] in ("ambiguous", "provisional")}
 
 
+def _settled(cmp: dict, sampling: Sampling) -> set:
+    """The comparisons that need no more sampling: decided, and the interval's upper end within
+    ``sampling.precision`` of the ratio (the run's stop rule, and what :func:`_cycles` drops)."""
+    return {k for k in set(cmp) - _undecided(cmp) if cmp[k]["ci_high"] / cmp[k]["ratio"] - 1 <= sampling.precision}
+
+
 class _Set:
     """One process set: ``per_env`` workers per env (see module doc). Worker keys are the env label,
     or ``label#j`` with several per env."""
@@ -306,8 +312,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             sid = len(sets)
             labels = [e.label for e in envs]
             wall_cmp = comparisons_now(data, labels, cases, sampling, "wall_us", quick, family_extra)
-            if sets and len(labels) >= 2 and wall_cmp and not _undecided(wall_cmp) and all(
-                    v["ci_high"] / v["ratio"] - 1 <= sampling.precision for v in wall_cmp.values()):
+            if sets and len(labels) >= 2 and wall_cmp and len(_settled(wall_cmp, sampling)) == len(wall_cmp):
                 reason = (f"all wall-time verdicts decided, every interval within ±{sampling.precision:.0%} of its "
                           "ratio (anytime-valid intervals)")
                 break
@@ -750,7 +755,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
         done: set = set()
         if len(labels) >= 2 and not quick:
             cmp = comparisons_now(data, labels, cases, sampling, m)
-            done = {k for k in set(cmp) - _undecided(cmp) if cmp[k]["ci_high"] / cmp[k]["ratio"] - 1 <= sampling.precision}
+            done = _settled(cmp, sampling)
         for c in cases:
             if len(labels) < 2 or any((cand, c.id) not in done for cand in labels[1:]):
                 items.append((c, m))

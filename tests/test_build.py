@@ -526,6 +526,11 @@ def test_ninja_status_lines_and_progress_wording():
             "-ccbin gcc -c /cache/build/slot-0/src/csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.cu -o x.o")
     assert build.ninja_unit(line) == (2, 5, "flash_fwd_hdim32_fp16_sm80.cu")
     assert build.ninja_unit("[5/5] c++ -shared a.o b.o -o x.so") == (5, 5, None)
+    # torch's nvcc rule as it ran on the H200 (the console said "-c just finished")
+    assert build.ninja_unit("[1/5] /tmp/site/bin/sccache /usr/local/cuda/bin/nvcc --generate-dependencies-with-compile "
+                            "--dependency-output /b/flash_fwd_hdim32_fp16_sm80.o.d -I/x -c -c "
+                            "/s/csrc/flash_attn/src/flash_fwd_hdim32_fp16_sm80.cu -o /b/flash_fwd_hdim32_fp16_sm80.o "
+                            "-gencode arch=compute_90,code=sm_90") == (1, 5, "flash_fwd_hdim32_fp16_sm80.cu")
     assert build.ninja_unit("  [1/5] indented is not ninja's") is None
     assert (build.unit_message(2, 5, "flash_fwd_hdim32_fp16_sm80.cu", 190, 350)
             == "compiling: 2/5 done (flash_fwd_hdim32_fp16_sm80.cu just finished), 3 min 10 s of est. 5 min 50 s")

@@ -458,3 +458,31 @@ def test_a_lost_partner_leaves_the_profile_and_says_so(tmp_path, monkeypatch):
     assert view["profile"]["envs"]["a"]["effect"] is None
     assert any("sampler effect on wall time, a: not measured (the partner worker b was lost" in ln
                for ln in explain.summary_lines(view))
+
+
+def test_frames_are_put_at_the_timing_phases_cpu_speed_on_the_committed_h200_run():
+    """Each version is profiled in its own window, at that moment's CPU speed (H200: 2.6.3 looped at
+    56.2 µs while profiled, 2.7.0.post2 at 133.9 with its 2.6.3 partner at 62.5; the timing phase's
+    wall medians 64.9 and 140.5 µs). The co-pinned ratio puts both at the timing phase's speed; the
+    timed call's own frames (loop and synchronize left out) are read against the host delta."""
+    root = Path(__file__).resolve().parents[1]
+    doc = json.loads((root / "reports/h200-explain-2.6.3-vs-2.7.0.post2-lockstep-sampler/results.json").read_text())
+    (d,) = explain.analyze(doc)["profile"]["diffs"]
+    assert d["sampled_delta_us"] == pytest.approx(133.88 - 56.17, abs=0.05)
+    base_wall = next(c["base_median"] for c in doc["comparisons"]
+                     if c["case"] == doc["explain"]["profile"]["case"] and c["metric"] == "wall_us")
+    assert d["speed_matched"] and d["matched_delta_us"] == pytest.approx(base_wall * (133.88 / 62.478 - 1), rel=1e-3)
+    assert d["explained_wall_fraction"] == pytest.approx(d["matched_delta_us"] / d["main_wall_us"])
+    assert d["call_delta_us"] == pytest.approx(65.4, abs=0.1)
+    assert d["explained_fraction"] == d["explained_host_fraction"] == pytest.approx(65.4 / 59.56, abs=0.01)
+    assert 0.8 <= d["explained_fraction"] <= 1.2  # issue #12's figure, on the committed run
+
+
+def test_speed_matching_needs_both_lockstep_records_and_the_baseline_as_partner():
+    lock = {"method": "lockstep", "on_us": 130.0, "partner_on_us": 65.0, "partner": "a"}
+    assert explain.speed_matched({"method": "lockstep"}, lock, "a", "b", 50.0) == (50.0, 100.0)
+    assert explain.speed_matched({"method": "bracket"}, lock, "a", "b", 50.0) is None
+    assert explain.speed_matched({"method": "lockstep"}, {**lock, "partner": "c"}, "a", "b", 50.0) is None
+    assert explain.speed_matched({"method": "lockstep"}, lock, "a", "b", None) is None
+    assert explain._call_share({"n": 10, "total": {"Bench.call (matrix_runner/worker.py)": 8, "g (x.py)": 3}}) == 0.8
+    assert explain._call_share({"n": 10, "total": {"g (x.py)": 3}}) is None
