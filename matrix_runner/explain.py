@@ -40,10 +40,17 @@ What it measures, per env (one fresh worker per env, all pinned to one set core 
    with -1.2 % and -3.3 % of drift between the loops without it), so loops seconds apart cannot
    bound it. Two worker processes pinned to the same core and taking turns ms apart see the same
    speed, so the log ratio of their turns cancels the drift (H200: per-turn SD ~0.05-0.1 with 5-20
-   ms turns). So the profiled env's worker X is paired with a *partner* P, another env's worker on
-   the same core (the baseline's; the baseline's own partner is the first candidate's), and they take
-   turns in *cycles*: one ``loop`` of ``sampler_loop_s`` (20 ms) each, the order random per cycle
-   (a seeded random.Random). ``sampler_cycles`` (K) cycles without the sampler (*off*), cycles
+   ms turns). So the profiled env's worker X takes turns with a *twin* T (a second worker of the
+   same env, set up with the same case) and a *partner* P (another env's worker: the baseline's;
+   the baseline's own partner is the first candidate's), all on the same core, in *cycles*: one
+   ``loop`` of ``sampler_loop_s`` (20 ms) each, the order a random permutation per cycle (a seeded
+   random.Random). The effect is read from X/T (r below with T for P): the same code, so the ratio
+   holds still when the CPU's speed moves, where X/P did not (two versions with different shares of
+   host work drift apart as the speed changes; H200, 2.6.3/2.7.0.post2: -6.5 % [-8.5, -4.4] between
+   the cycles before and after the sampler). T/P, both unsampled, is the versions' ratio at one
+   moment: it puts the frames at the timing phase's speed (:func:`speed_matched`). Records written
+   before the twins, and runs whose twin could not start, read the effect from X/P, as written
+   here. ``sampler_cycles`` (K) cycles without the sampler (*off*), cycles
    while py-spy samples X (*on*: as long as py-spy runs, ``--duration profile_s``; a cycle counts
    only if it started ``sampler_lead_s`` after py-spy was started, its attach, and ended within
    ``profile_s`` of it, the others are ``on_edge``), then K cycles without it again (*off2*). X
@@ -153,6 +160,7 @@ def run(envs, cases, *, device: str, work: Path, case_timeout: float = 300.0, cp
     fcases = _flash_cases(cases)
     raw["setup_order"] = [c.id for c in fcases]
     workers: dict = {}
+    twins: dict = {}
     try:
         for e in envs:
             say(f"explain: starting {e.label}")
@@ -167,10 +175,27 @@ def run(envs, cases, *, device: str, work: Path, case_timeout: float = 300.0, cp
                 workers[e.label] = w
             except (lockstep.WorkerFault, proc.Stopped) as ex:
                 raw["notes"].append(f"{e.label}: explain worker failed to start: {ex}")
+        # a twin per env (a second worker of the same version): the sampler's effect is read against
+        # it, and the other version's worker gives the speed-free ratio between the versions
+        if len(workers) > 1 and st.get("twins", True):
+            for lab in list(workers):
+                e = next(x for x in envs if x.label == lab)
+                say(f"explain: starting a twin of {lab}")
+                try:
+                    w = lockstep.Worker(f"{lab}~twin", e.python, work / f"explain-{lab}-twin.log")
+                    hello = w.wait_hello(case_timeout)
+                    if hello.get("type") != "hello":
+                        raise lockstep.WorkerDied(str(hello.get("error")))
+                    rep = w.request({"cmd": "config", "device": device, "seed": 0}, case_timeout)
+                    if rep.get("type") == "fatal":
+                        raise lockstep.WorkerDied(str(rep.get("error")))
+                    twins[lab] = w
+                except (lockstep.WorkerFault, proc.Stopped) as ex:
+                    raw["notes"].append(f"{lab}: its twin worker (the sampler's reference) failed to start: {ex}")
         raw["pinned_cpu"] = None  # the one core every explain worker is pinned to (None: not pinned)
         if cpus and cpus.get("pinned") and cpus.get("set_cpus"):
             raw["pinned_cpu"] = cpus["set_cpus"][0]
-            for lab, w in workers.items():
+            for lab, w in [*workers.items(), *((f"{k}~twin", v) for k, v in twins.items())]:
                 try:
                     rep = w.request({"cmd": "pin", "cpu": cpus["set_cpus"][0]}, case_timeout)
                     if rep.get("status") != "ok":
@@ -222,9 +247,9 @@ def run(envs, cases, *, device: str, work: Path, case_timeout: float = 300.0, cp
                     rec[lab]["layers"] = rep["layers"]
                     rec[lab]["rounds"].append({"round": r, **rep["us"]})
             raw["layers"][c.id] = rec
-        raw["profile"] = _profile(workers, ok, fcases, raw, st, work, case_timeout, say)
+        raw["profile"] = _profile(workers, ok, fcases, raw, st, work, case_timeout, say, twins=twins)
     finally:
-        for w in workers.values():
+        for w in [*workers.values(), *twins.values()]:
             w.close()
     raw["seconds"] = round(time.monotonic() - t0, 2)
     return raw
@@ -259,7 +284,7 @@ def _pyspy_argv(pyspy: str, pid: int, st: dict, secs: float, folded: Path) -> li
             str(int(math.ceil(secs))), "--format", "raw", "--function", "--nonblocking", "-o", str(folded)]
 
 
-def _sampled_lockstep(lab, w, plab, pw, case, st, pyspy, folded, log, case_timeout, say, seed):
+def _sampled_lockstep(lab, w, plab, pw, case, st, pyspy, folded, log, case_timeout, say, seed, tw=None):
     """Module doc, 3: the sampler's effect on ``lab``'s worker ``w``, read against the co-pinned
     partner ``pw`` (another env's worker) in cycles of one short ``loop`` each (order random per
     cycle): K cycles without the sampler, cycles while py-spy samples ``w`` (its profile), K cycles
@@ -271,6 +296,9 @@ def _sampled_lockstep(lab, w, plab, pw, case, st, pyspy, folded, log, case_timeo
     lead = float(st["sampler_lead_s"])
     rng = random.Random(seed)
     rec: dict = {"partner": plab, "loop_s": ls, "cycles_per_off_phase": k, "lead_s": lead, "cycles": []}
+    twin = [tw] if tw is not None else []
+    if twin:
+        rec["twin"] = f"{lab}~twin"
     t0 = time.monotonic()
     lost: list = []
 
@@ -286,10 +314,20 @@ def _sampled_lockstep(lab, w, plab, pw, case, st, pyspy, folded, log, case_timeo
             c["order"] = "X"
             turn("x", w, c)
         else:
-            c["order"] = "XP" if rng.random() < 0.5 else "PX"
-            for who in c["order"].lower():
-                if who == "x":
+            order = ["X", "P"] + (["T"] if twin else [])
+            rng.shuffle(order)
+            c["order"] = "".join(order)
+            for who in order:
+                if who == "X":
                     turn("x", w, c)
+                    continue
+                if who == "T":
+                    try:
+                        turn("t", twin[0], c)
+                    except lockstep.WorkerFault as ex:  # the twin is gone: partner-referenced from here
+                        rec["twin_error"] = f"the twin worker was lost: {ex}"
+                        twin.clear()
+                        c["order"] = c["order"].replace("T", "")
                     continue
                 try:
                     turn("p", pw, c)
@@ -355,9 +393,12 @@ def _sampled_bracket(lab, w, case, st, pyspy, folded, log, case_timeout, say, e)
     return res
 
 
-def _profile(workers, ok, fcases, raw, st, work, case_timeout, say) -> dict | None:
+def _profile(workers, ok, fcases, raw, st, work, case_timeout, say, twins=None) -> dict | None:
     """The sampled steady loop, its sampler effect and the call counts of one case (module doc, 3
-    and 4). ``workers`` (label -> lockstep.Worker, in env order) loses a worker that faults."""
+    and 4). ``workers`` (label -> lockstep.Worker, in env order) loses a worker that faults;
+    ``twins`` (label -> a second worker of that env, or none) are set up with the profiled case and
+    take turns as the sampler's reference."""
+    twins = dict(twins or {})
     base = raw["envs"][0]
     per = raw["per_call_us"]
     cands = [c for c in fcases if c.op == "fwd" and all(c.id in ok.get(lab, ()) for lab in workers)]
@@ -372,6 +413,15 @@ def _profile(workers, ok, fcases, raw, st, work, case_timeout, say) -> dict | No
     else:
         out["sampler"] = {"tool": "py-spy", "path": pyspy, "rate_hz": st["rate"], "seconds": st["profile_s"],
                           "args": "record --format raw --function --nonblocking"}
+    for lab, tw in list(twins.items()):
+        try:
+            rep = tw.request({"cmd": "setup", "case": case.id, "spec": case.to_dict(), "warmup_s": st["warmup_s"]},
+                             case_timeout)
+            if rep.get("status") != "ok":
+                raise lockstep.WorkerFault(str(rep.get("error")))
+        except (lockstep.WorkerFault, AttributeError) as ex:
+            raw["notes"].append(f"{lab}: its twin worker could not set up {case.id}: {ex}")
+            twins.pop(lab)
     for i, lab in enumerate(list(workers)):
         w = workers.get(lab)
         if w is None:  # lost earlier (as another env's partner)
@@ -389,7 +439,8 @@ def _profile(workers, ok, fcases, raw, st, work, case_timeout, say) -> dict | No
                 else:
                     try:
                         e["lockstep"], res = _sampled_lockstep(lab, w, plab, workers[plab], case, st, pyspy, folded,
-                                                               log, case_timeout, say, seed=1000 + i)
+                                                               log, case_timeout, say, seed=1000 + i,
+                                                               tw=twins.get(lab))
                     except _PartnerLost as pl:
                         e["lockstep"], res = pl.args[1], pl.args[2]
                         raw["notes"].append(f"{plab}: worker lost as the sampler-effect partner of {lab}: {pl.args[0]}")
@@ -617,21 +668,35 @@ def sampler_effect(ls: dict) -> dict:
     (off2 against off, the same way: whether X/P held still without the sampler), X's and P's plain
     µs per call (medians of their loops) without / with the sampler, cycle counts, ``contention``
     (median mean/median of X's sampled loops)."""
-    cyc = [c for c in ls.get("cycles") or [] if (c.get("x_us") or 0) > 0 and (c.get("p_us") or 0) > 0]
+    every = ls.get("cycles") or []
+    # the reference: the twin (a second worker of the same version: their ratio does not move with
+    # the CPU's speed) where the record has one, else the partner (records before the twins)
+    ref = "t" if any((c.get("t_us") or 0) > 0 for c in every) else "p"
+    cyc = [c for c in every if (c.get("x_us") or 0) > 0 and (c.get(f"{ref}_us") or 0) > 0]
     by = {ph: [c for c in cyc if c.get("phase") == ph] for ph in ("off", "on", "off2")}
-    lr = {ph: [math.log(c["x_us"] / c["p_us"]) for c in v] for ph, v in by.items()}
+    lr = {ph: [math.log(c["x_us"] / c[f"{ref}_us"]) for c in v] for ph, v in by.items()}
     off = lr["off"] + lr["off2"]
     # the frames are scaled by the sampled loops' µs per call: the "on" cycles (else any X loop the
     # sampler ran over, the partner lost)
     on_x = [c["x_us"] for c in by["on"]] or [c.get("x_us") for c in ls.get("cycles") or []
                                              if c.get("phase") in ("on", "on_edge")]
+    # the versions' ratio at one moment (speed_matched): the unsampled twin over the partner in every
+    # cycle with both; without a twin, the sampled worker over the partner (on-phase medians)
+    tp = [math.log(c["t_us"] / c["p_us"]) for c in every if (c.get("t_us") or 0) > 0 and (c.get("p_us") or 0) > 0
+          and c.get("phase") in ("off", "on", "off2")]
+    on_xp = [c for c in every if c.get("phase") == "on" and (c.get("x_us") or 0) > 0 and (c.get("p_us") or 0) > 0]
+    cross = (math.exp(sum(tp) / len(tp)) if tp else
+             _median([c["x_us"] for c in on_xp]) / _median([c["p_us"] for c in on_xp]) if on_xp else None)
     out = {"method": "lockstep", "partner": ls.get("partner"), "pinned_cpu": ls.get("pinned_cpu"),
+           "reference": "twin" if ref == "t" else "partner", "twin": ls.get("twin"),
+           "cross_ratio": cross, "n_cross": len(tp) or len(on_xp),
            "loop_s": ls.get("loop_s"), "n_off": len(lr["off"]), "n_off2": len(lr["off2"]), "n_on": len(lr["on"]),
            "off_us": _median([c["x_us"] for c in by["off"] + by["off2"]]), "on_us": _median(on_x),
            "partner_off_us": _median([c["p_us"] for c in by["off"] + by["off2"]]),
            "partner_on_us": _median([c["p_us"] for c in by["on"]]),
            "effect": None, "effect_lo": None, "effect_hi": None, "verdict": None, "ratio_drift": None,
-           "ratio_drift_lo": None, "ratio_drift_hi": None, "error": ls.get("error")}
+           "ratio_drift_lo": None, "ratio_drift_hi": None,
+           "error": ls.get("error") or ls.get("twin_error")}
     if lr["on"] and off:
         out["effect"], out["effect_lo"], out["effect_hi"] = _welch(lr["on"], off)
         lo, hi = out["effect_lo"], out["effect_hi"]
@@ -666,17 +731,16 @@ def speed_matched(be: dict, ce: dict, base: str, cand: str, main_base_us: float 
     two windows' µs (77.7) mixes the versions' difference with the windows' speeds. Inside a window
     the profiled worker and its partner take turns on one core, so their ratio is free of the speed
     (lockstep module doc). So the baseline is put at the timing phase's wall median ``main_base_us``
-    and the candidate at that times its window's ratio to its baseline partner (the on-phase
-    medians, :func:`sampler_effect`). Needs the lockstep records of both, the candidate's partner
-    being the baseline; else None (the raw µs are used)."""
+    and the candidate at that times its window's ratio to its baseline partner
+    (:func:`sampler_effect`'s ``cross_ratio``: its unsampled twin over the partner in every cycle;
+    records without twins: the sampled worker over the partner, on-phase medians). Needs the
+    lockstep records of both, the candidate's partner being the baseline; else None (the raw µs are
+    used)."""
     if not main_base_us or be.get("method") != "lockstep" or ce.get("method") != "lockstep":
         return None
-    if ce.get("partner") != base:
+    if ce.get("partner") != base or not ce.get("cross_ratio"):
         return None
-    x, p = ce.get("on_us"), ce.get("partner_on_us")
-    if not x or not p:
-        return None
-    return main_base_us, main_base_us * x / p
+    return main_base_us, main_base_us * ce["cross_ratio"]
 
 
 def analyze(doc: dict) -> dict | None:
@@ -872,7 +936,8 @@ def lockstep_effect_text(lab: str, e: dict) -> str:
     if e.get("effect_lo") is not None:
         s += f" [{_pct(e['effect_lo'])}, {_pct(e['effect_hi'])}]"
     how = "a co-pinned" if e.get("pinned_cpu") is not None else "an unpinned (drift not cancelled)"
-    s += (f" (against {how} unsampled {e['partner']} worker, {e['n_off']}+{e['n_off2']} cycles without the "
+    who = f"twin (a second {lab} worker)" if e.get("reference") == "twin" else f"{e['partner']} worker"
+    s += (f" (against {how} unsampled {who}, {e['n_off']}+{e['n_off2']} cycles without the "
           f"sampler, {e['n_on']} with it")
     if e.get("verdict"):
         s += "; " + VERDICT_TEXT[e["verdict"]].format(tol=SAMPLER_TOL * 100)
@@ -887,7 +952,8 @@ def _lockstep_lines(lab: str, e: dict) -> list[str]:
         s = (f"    {lab} without / with the sampler: {e['off_us']:.1f} / {e['on_us']:.1f} µs per call (medians of its "
              f"{(e.get('loop_s') or 0) * 1e3:g} ms loops)")
         if e.get("ratio_drift") is not None:
-            s += f"; {lab}/{e['partner']} after vs before the sampler {_pct(e['ratio_drift'])} %"
+            ref = "twin" if e.get("reference") == "twin" else e["partner"]
+            s += f"; {lab}/{ref} after vs before the sampler {_pct(e['ratio_drift'])} %"
             if e.get("ratio_drift_lo") is not None:
                 s += f" [{_pct(e['ratio_drift_lo'])}, {_pct(e['ratio_drift_hi'])}]"
         if (e.get("contention") or 0) > 1.2:

@@ -221,9 +221,11 @@ def test_matrix_run_explain_rerenders_from_saved_data(explained_run, tmp_path):
     assert 'id="explain"' in (tmp_path / "html" / "index.html").read_text()
     res = load_results(out)
     if explain.find_pyspy() is not None:  # the sampler effect: lockstep wording, and an old record's old wording
-        assert "sampler effect on wall time, 2.6.3: " in cp.stdout and "unsampled 2.7.0.post2 worker" in cp.stdout
+        assert "sampler effect on wall time, 2.6.3: " in cp.stdout
+        assert "unsampled twin (a second 2.6.3 worker)" in cp.stdout, cp.stdout
         html = (tmp_path / "html" / "index.html").read_text()
-        assert "unsampled 2.7.0.post2 worker" in html and "Welch t 95 % interval" in html
+        assert "unsampled twin (a second 2.7.0.post2 worker)" in html and "Welch t 95 % interval" in html
+        assert res["explain"]["profile"]["envs"]["2.6.3"]["lockstep"]["twin"] == "2.6.3~twin"
         old = json.loads(json.dumps(res))
         for e in old["explain"]["profile"]["envs"].values():  # as written before the lockstep cycles
             ls = e.pop("lockstep")
@@ -368,6 +370,8 @@ class FakeWorker:
             f = 1 + 0.1 * math.sin((time.monotonic() - self.t0) * 2)
             us = self.us * f * (1.05 if sampled else 1.0)
             return {"type": "loop", "status": "ok", "us_per_call": us, "mean_us_per_call": us, "calls": 100}
+        if cmd["cmd"] == "setup":
+            return {"type": "setup", "status": "ok", "per_call_us": self.us}
         if cmd["cmd"] == "counts":
             return {"type": "counts", "status": "ok", "counts": {"calls": 5, "per_call": {"f": 2.0}, "total": 2.0}}
         raise AssertionError(cmd)
@@ -385,12 +389,16 @@ def _fake_profile(tmp_path, monkeypatch, labels, **kw):
     spy.chmod(0o755)
     monkeypatch.setenv("MATRIX_RUN_PYSPY", str(spy))
     log, t0 = [], time.monotonic()
+    twin = kw.pop("twins", False)
     workers = {lab: FakeWorker(lab, 4000 + i, (100.0, 80.0)[i], mark, log, t0, **kw.get(lab, {}))
                for i, lab in enumerate(labels)}
-    case = SimpleNamespace(id="c1", op="fwd", label="b1")
+    twins = {lab: FakeWorker(f"{lab}~twin", 5000 + i, (100.0, 80.0)[i], mark, log, t0)
+             for i, lab in enumerate(labels)} if twin else None
+    case = SimpleNamespace(id="c1", op="fwd", label="b1", to_dict=lambda: {"op": "fwd"})
     raw = {"envs": list(labels), "per_call_us": {"c1": {lab: 100.0 for lab in labels}}, "notes": [], "pinned_cpu": 0}
     st = {**explain.DEFAULTS, "profile_s": 1, "sampler_cycles": 6, "sampler_loop_s": 0.01, "count_calls": 5}
-    prof = explain._profile(workers, {lab: {"c1"} for lab in labels}, [case], raw, st, tmp_path, 30.0, lambda m: None)
+    prof = explain._profile(workers, {lab: {"c1"} for lab in labels}, [case], raw, st, tmp_path, 30.0, lambda m: None,
+                            twins=twins)
     raw["profile"] = prof
     return raw, log, workers
 
@@ -479,10 +487,47 @@ def test_frames_are_put_at_the_timing_phases_cpu_speed_on_the_committed_h200_run
 
 
 def test_speed_matching_needs_both_lockstep_records_and_the_baseline_as_partner():
-    lock = {"method": "lockstep", "on_us": 130.0, "partner_on_us": 65.0, "partner": "a"}
+    lock = {"method": "lockstep", "cross_ratio": 2.0, "partner": "a"}
     assert explain.speed_matched({"method": "lockstep"}, lock, "a", "b", 50.0) == (50.0, 100.0)
     assert explain.speed_matched({"method": "bracket"}, lock, "a", "b", 50.0) is None
     assert explain.speed_matched({"method": "lockstep"}, {**lock, "partner": "c"}, "a", "b", 50.0) is None
     assert explain.speed_matched({"method": "lockstep"}, lock, "a", "b", None) is None
+    assert explain.speed_matched({"method": "lockstep"}, {**lock, "cross_ratio": None}, "a", "b", 50.0) is None
     assert explain._call_share({"n": 10, "total": {"Bench.call (matrix_runner/worker.py)": 8, "g (x.py)": 3}}) == 0.8
     assert explain._call_share({"n": 10, "total": {"g (x.py)": 3}}) is None
+
+
+def test_profile_with_twins_reads_the_effect_against_the_same_versions_twin(tmp_path, monkeypatch):
+    """X, its twin T and the other version's partner P take turns in a random order; the effect is
+    read from X/T (never sampled, the same code: the ±10 % drift cancels, the fake sampler's +5 %
+    comes out), and T/P, both unsampled, is the versions' ratio that puts the frames at the timing
+    phase's speed (fake: 100 / 80 µs)."""
+    raw, log, _ = _fake_profile(tmp_path, monkeypatch, ["a", "b"], twins=True)
+    prof = raw["profile"]
+    assert prof["error"] is None and not raw["notes"]
+    assert [w for w, c, _ in log if c == "setup"] == ["a~twin", "b~twin"]  # the profiled case, in each twin
+    for x, p in (("a", "b"), ("b", "a")):
+        ls = prof["envs"][x]["lockstep"]
+        assert ls["partner"] == p and ls["twin"] == f"{x}~twin"
+        orders = {c["order"] for c in ls["cycles"]}
+        assert all(sorted(o) == ["P", "T", "X"] for o in orders) and len(orders) > 2  # permutations of three
+        assert all(c.get("t_us") and c.get("p_us") and c.get("x_us") for c in ls["cycles"])
+    assert not any(s for w, c, s in log if c == "loop" and w.endswith("~twin"))  # a twin is never sampled
+    view = explain.analyze({"explain": raw, "cases": [], "comparisons": [
+        {"case": "c1", "candidate": "b", "baseline": "a", "metric": "wall_us", "base_median": 50.0, "delta_us": -10.0}]})
+    for lab, cross in (("a", 100 / 80), ("b", 80 / 100)):
+        e = view["profile"]["envs"][lab]
+        assert e["reference"] == "twin" and e["effect"] == pytest.approx(0.05, abs=0.01), e
+        assert e["cross_ratio"] == pytest.approx(cross, rel=2e-3)  # the fake drift moves between turns
+        assert f"against a co-pinned unsampled twin (a second {lab} worker)" in explain.lockstep_effect_text(lab, e)
+    (d,) = view["profile"]["diffs"]
+    assert d["speed_matched"] and d["matched_delta_us"] == pytest.approx(50.0 * 0.8 - 50.0, rel=0.02)
+
+
+def test_a_lost_twin_falls_back_to_the_partner(tmp_path, monkeypatch):
+    raw, log, _ = _fake_profile(tmp_path, monkeypatch, ["a", "b"], twins=True)
+    ls = raw["profile"]["envs"]["a"]["lockstep"]
+    for c in ls["cycles"]:  # a record whose twin was lost before the first cycle
+        c.pop("t_us", None)
+    e = explain.sampler_effect(ls)
+    assert e["reference"] == "partner" and e["effect"] is not None
