@@ -54,8 +54,9 @@ What it measures, per env (one fresh worker per env, all pinned to one set core 
    while py-spy samples X (*on*: as long as py-spy runs, ``--duration profile_s``; a cycle counts
    only if it started ``sampler_lead_s`` after py-spy was started, its attach, and ended within
    ``profile_s`` of it, the others are ``on_edge``), then K cycles without it again (*off2*). X
-   loops about half of the sampled window, so it gets about half of ``profile_s`` x ``rate``
-   samples (~2,700 of 6,000 at the defaults: as many as the one 3 s loop it had before the turns). With a cycle's log ratio r = log(X µs / P µs):
+   loops about a third of the sampled window (half without a twin); the samples under its loop
+   were 760-980 per env on the H200 with the twins (1,180-1,380 with the partner alone) at the
+   defaults. With a cycle's log ratio r = log(X µs / P µs):
 
        effect = exp(mean(r | on) - mean(r | off, off2)) - 1
 
@@ -101,8 +102,8 @@ from . import lockstep, proc, stats
 
 SCHEMA = "matrix-runner/explain/1"
 #: Defaults: layer rounds, ms per layer burst, seconds sampled per env (py-spy's --duration: the
-#: profiled worker loops about half of it, taking turns with its partner, so 6 s give it ~2,700
-#: samples, as many as the one 3 s loop before the turns; with 3 s, ~1,300 samples, the CPU test's
+#: profiled worker loops about a third of it, taking turns with its twin and partner: 760-980 samples
+#: under its loop on the H200; with 3 s and the partner alone, the CPU test's
 #: planted 20 µs read 16.4-26.6 µs over 7 runs on the loaded 2-core machine, with 6 s 19.5-22.9 over
 #: 4), py-spy samples per second, cProfile'd calls per env, set-up warm-up seconds per case; the
 #: sampler effect (module doc, 3):
