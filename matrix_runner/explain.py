@@ -163,36 +163,33 @@ def run(envs, cases, *, device: str, work: Path, case_timeout: float = 300.0, cp
     workers: dict = {}
     twins: dict = {}
     try:
+        def start(key: str, python: str, log: Path) -> lockstep.Worker:
+            w = lockstep.Worker(key, python, log)
+            hello = w.wait_hello(case_timeout)
+            if hello.get("type") != "hello":
+                raise lockstep.WorkerDied(str(hello.get("error")))
+            rep = w.request({"cmd": "config", "device": device, "seed": 0}, case_timeout)
+            if rep.get("type") == "fatal":
+                raise lockstep.WorkerDied(str(rep.get("error")))
+            return w
+
         for e in envs:
             say(f"explain: starting {e.label}")
             try:
-                w = lockstep.Worker(e.label, e.python, work / f"explain-{e.label}.log")
-                hello = w.wait_hello(case_timeout)
-                if hello.get("type") != "hello":
-                    raise lockstep.WorkerDied(str(hello.get("error")))
-                rep = w.request({"cmd": "config", "device": device, "seed": 0}, case_timeout)
-                if rep.get("type") == "fatal":
-                    raise lockstep.WorkerDied(str(rep.get("error")))
-                workers[e.label] = w
+                workers[e.label] = start(e.label, e.python, work / f"explain-{e.label}.log")
             except (lockstep.WorkerFault, proc.Stopped) as ex:
                 raw["notes"].append(f"{e.label}: explain worker failed to start: {ex}")
         # a twin per env (a second worker of the same version): the sampler's effect is read against
         # it, and the other version's worker gives the speed-free ratio between the versions
         if len(workers) > 1 and st.get("twins", True):
-            for lab in list(workers):
-                e = next(x for x in envs if x.label == lab)
-                say(f"explain: starting a twin of {lab}")
+            for e in envs:
+                if e.label not in workers:
+                    continue
+                say(f"explain: starting a twin of {e.label}")
                 try:
-                    w = lockstep.Worker(f"{lab}~twin", e.python, work / f"explain-{lab}-twin.log")
-                    hello = w.wait_hello(case_timeout)
-                    if hello.get("type") != "hello":
-                        raise lockstep.WorkerDied(str(hello.get("error")))
-                    rep = w.request({"cmd": "config", "device": device, "seed": 0}, case_timeout)
-                    if rep.get("type") == "fatal":
-                        raise lockstep.WorkerDied(str(rep.get("error")))
-                    twins[lab] = w
+                    twins[e.label] = start(f"{e.label}~twin", e.python, work / f"explain-{e.label}-twin.log")
                 except (lockstep.WorkerFault, proc.Stopped) as ex:
-                    raw["notes"].append(f"{lab}: its twin worker (the sampler's reference) failed to start: {ex}")
+                    raw["notes"].append(f"{e.label}: its twin worker (the sampler's reference) failed to start: {ex}")
         raw["pinned_cpu"] = None  # the one core every explain worker is pinned to (None: not pinned)
         if cpus and cpus.get("pinned") and cpus.get("set_cpus"):
             raw["pinned_cpu"] = cpus["set_cpus"][0]
