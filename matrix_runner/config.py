@@ -245,11 +245,10 @@ class Sampling:
     #: ratio, and the run goes on (within its budget) until every one is: precise ratios, not just verdicts.
     precision: float = 0.01
     #: Most process sets that take a case's kernel time (profiler pass) and CUDA-graph clock (both
-    #: are also skipped once decided). Kernel time hardly varies between processes, but a single
-    #: glitched profiler set (seed run: B512 S300 bwd [0.44, 2.95]) kept the profiler in every set of
-    #: a run. The pass itself costs little: the next set's set-ups run beside it (H200: with the
-    #: pass capped at 6 sets, later sets waited 1.2-1.9 s for those set-ups instead, no faster, and
-    #: 4 of 12 kernel-time comparisons of an A/A stayed ambiguous at 6 sets).
+    #: are also skipped once decided). Kernel time hardly varies between processes, but glitched
+    #: profiler sets (seed run: B512 S300 bwd [0.44, 2.95]) kept the profiler in every set of a run;
+    #: the glitch was the next set's set-ups running on the GPU beside the profiled calls (fixed
+    #: 2026-12-01: runner._Set.await_setups; since then kernel time is decided within 6-7 sets).
     clock_sets: int = 12
     #: Most times one case's wall clock is timed per sweep of a set's cycles (:func:`runner.cycle_weights`);
     #: 1 = every case once per sweep. Measured (H200, A/A and seed runs, 2026-12-01): giving the
