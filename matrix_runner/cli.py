@@ -166,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pb = sub.add_parser(
         "publish", help="build a static site of saved runs: an index page linking each run's report",
-        description="Build a static site from REPORTS_DIR/*/results.json (schema matrix-runner/results/1; "
+        description="Build a static site from REPORTS_DIR/*/results.json (schema matrix-runner/results/1 or /2; "
                     "anything else is skipped with a warning): SITE/index.html lists the runs, newest first, with "
                     "date, machine, versions and headline verdict; SITE/<run>/ holds a copy of each run's "
                     "index.html and results.json. Open SITE/index.html from disk or serve SITE as static files.")
@@ -846,7 +846,9 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     if args.backend == "here" and len(reqs) != 1:
         raise envmod.UsageError("--backend here times this interpreter: give exactly one --versions entry")
     items = []
-    if args.backend == "uv" and (dprobe.get("torch") or opts.torch != "inherit"):
+    if args.backend == "uv" and (dprobe.get("torch") or opts.torch != "inherit" or device != "none"):
+        # (without torch and --torch inherit, plan_env raises the usage error that says to install it;
+        # only a no-GPU run, which builds nothing, goes on without a plan)
         items = _plan_all(reqs, cfg.cases, opts, dprobe)
     if items:
         _print_plan(items)

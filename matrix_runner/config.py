@@ -341,9 +341,9 @@ def _err(where: str, value: Any, rule: str) -> ConfigError:
     return ConfigError(f"{where} = {value!r}: {rule}")
 
 
-def _pos_int(where: str, v: Any) -> int:
+def _pos_int(where: str, v: Any, alt: str = "") -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise _err(where, v, "must be a positive integer")
+        raise _err(where, v, "must be a positive integer" + (f" {alt}" if alt else ""))
     return v
 
 
@@ -703,10 +703,12 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
             raise _err(f"sampling.{k}", samp[k], f"is no longer used: {why}")
     _unknown("sampling", samp, _SAMPLING_KEYS)
     sd = {**DEFAULT_CONFIG["sampling"], **samp}
-    for k in ("time_budget_s", "set_seconds", "burst_ms"):
+    for k in ("time_budget_s", "set_seconds", "burst_ms", "min_effect", "alpha"):
         v = sd[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise _err(f"sampling.{k}", v, "must be a positive number")
+            hint = (" (YAML reads 1e9 as a string: write 1.0e9)" if isinstance(v, str) and "e" in v.lower()
+                    and v.replace(".", "", 1).lower().replace("e", "", 1).lstrip("+-").isdigit() else "")
+            raise _err(f"sampling.{k}", v, "must be a positive number" + hint)
     sampling = Sampling(
         time_budget_s=float(sd["time_budget_s"]),
         min_effect=float(sd["min_effect"]),
@@ -715,7 +717,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         burst_ms=float(sd["burst_ms"]),
         alpha=float(sd["alpha"]),
         workers_per_env=(None if sd.get("workers_per_env") in (None, "auto")
-                         else _pos_int("sampling.workers_per_env", sd["workers_per_env"])),
+                         else _pos_int("sampling.workers_per_env", sd["workers_per_env"], "or auto")),
         host_every=_pos_int("sampling.host_every", sd.get("host_every", Sampling.host_every)),
         max_repeats=_pos_int("sampling.max_repeats", sd.get("max_repeats", Sampling.max_repeats)),
     )

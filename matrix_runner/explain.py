@@ -920,7 +920,7 @@ def _pct(x) -> str:
 
 #: What a lockstep sampler effect's ``verdict`` reads as (tolerance :data:`SAMPLER_TOL`).
 VERDICT_TEXT = {"within": "within ±{tol:g} %", "over": "over {tol:g} %",
-                "undecided": "interval wider than ±{tol:g} %: not decided"}
+                "undecided": "the interval reaches past ±{tol:g} %: not decided"}
 
 
 def lockstep_effect_text(lab: str, e: dict) -> str:

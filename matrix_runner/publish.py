@@ -8,7 +8,7 @@ Layout of SITE::
     SITE/.matrix-run-site        marker: a site inside REPORTS_DIR is never taken for a run
 
 ``<run>`` is the run's directory name under REPORTS_DIR. Runs are found as REPORTS_DIR/*/results.json
-of schema ``matrix-runner/results/1``; anything else is skipped with a warning. Every page is
+of a schema ``results.load`` reads (``matrix-runner/results/1`` or ``/2``); anything else is skipped with a warning. Every page is
 self-contained (inline CSS, no script, nothing fetched) and every string from a results file is
 escaped.
 """

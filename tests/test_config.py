@@ -69,6 +69,14 @@ def test_top_level_rules():
     assert (parse_config({}).sampling.host_every, parse_config({}).sampling.max_repeats) == (2, 1)
     with pytest.raises(ConfigError, match="sampling.host_every = 0: must be a positive integer"):
         parse_config({"sampling": {"host_every": 0}})
+    # wrong types are config errors (exit 2), not internal errors (new-user trial, 2026-12-01)
+    for k, v in (("min_effect", "abc"), ("min_effect", "0.05"), ("alpha", None), ("alpha", [0.05])):
+        with pytest.raises(ConfigError, match=f"sampling.{k} = .*: must be a positive number"):
+            parse_config({"sampling": {k: v}})
+    with pytest.raises(ConfigError, match=r"YAML reads 1e9 as a string: write 1.0e9"):
+        parse_config({"sampling": {"burst_ms": "1e9"}})
+    with pytest.raises(ConfigError, match="must be a positive integer or auto"):
+        parse_config({"sampling": {"workers_per_env": "lots"}})
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         parse_config(["a"])
 

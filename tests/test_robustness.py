@@ -443,3 +443,20 @@ def test_envs_clean_during_a_run_leaves_its_envs_and_the_run_completes(capsys, m
     assert [c["status"] for c in res["cases"]] == ["ok", "ok"]
     code, err = main(capsys, "envs", "clean", "--envs-dir", str(envs))  # the run has ended: its locks are gone
     assert code == 0 and not (envs / "a").exists() and not (envs / "b").exists(), err
+
+
+def test_a_run_in_a_python_without_torch_says_to_install_it(tmp_path, capsys, monkeypatch):
+    """--device cpu (or a GPU run) from an interpreter that cannot import torch, with --torch inherit:
+    the usage error `plan` gives (exit 2), not an internal IndexError (new-user trial, 2026-12-01)."""
+    real = envmod.probe
+
+    def no_torch(python, *a, **kw):
+        p = real(python, *a, **kw)
+        return {**p, "torch": None, "error": "ModuleNotFoundError: No module named 'torch'"}
+
+    monkeypatch.setattr(envmod, "probe", no_torch)
+    code, err = main(capsys, "--versions", "2.6.3,2.7.0.post2", "--device", "cpu", "--quick", "--offline",
+                     "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"),
+                     "--output", str(tmp_path / "out"))
+    assert code == 2, err
+    assert "cannot import torch" in err and "internal error" not in err, err
