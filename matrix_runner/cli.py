@@ -560,9 +560,17 @@ def cmd_compare(args) -> int:
             return ", ".join(e["label"] + ("" if e.get("status") == "ok" else f" ({e.get('status')})")
                              for e in doc.get("envs", [])) or "none"
 
+        def dup_versions(doc: dict) -> list:
+            vs = [e.get("flash_attn_version") or e.get("requested_version") for e in doc.get("envs", [])
+                  if e.get("status") == "ok"]
+            return sorted({v for v in vs if v and vs.count(v) > 1})
+
+        dups = [f"{side} has {', '.join(dup_versions(doc))} under several labels (an A/A run), so a version "
+                "does not name one env there" for side, doc in (("A", a), ("B", b)) if dup_versions(doc)]
         raise results.ResultsError(
             f"no env timed in both runs: A has {envs_of(a)}, B has {envs_of(b)} (envs are matched by label, else by "
-            "flash-attn version; an env counts only where it was built and timed)")
+            "flash-attn version; an env counts only where it was built and timed"
+            + ("; " + "; ".join(dups) if dups else "") + ")")
     ids_a = {c["id"] for c in a.get("cases", [])}
     ids_b = {c["id"] for c in b.get("cases", [])}
     if not ids_a & ids_b:
@@ -812,10 +820,13 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         device = "cuda" if has_gpu else "none"
         if not has_gpu:
             t = dprobe.get("torch") or {}
+            torch_says = (f"torch {t['version']} reports no CUDA device" if t.get("version") else
+                          f"torch cannot be imported by {sys.executable} (install a CUDA build of torch there)")
+            shown = ("showed the plan for each env, " if dprobe.get("torch") or opts.torch != "inherit" else "")
             no_gpu_msg = ("flash-attn needs an NVIDIA GPU (its kernels are CUDA-only), and none is visible here: "
-                          f"nvidia-smi is missing and torch {t.get('version', '(not importable)')} reports no CUDA device. "
-                          "Nothing was built or timed. Did instead: checked the config and the versions, showed the "
-                          "plan for each env, and wrote results.json and index.html marking every env 'skipped'. "
+                          f"nvidia-smi is missing and {torch_says}. "
+                          f"Nothing was built or timed. Did instead: checked the config and the versions, {shown}"
+                          "and wrote results.json and index.html marking every env 'skipped'. "
                           "Run on a machine with an NVIDIA GPU, or use --device cpu to exercise the pipeline on CPU "
                           "(real flash-attn rejects CPU tensors; README.md, 'Without a GPU', shows a stand-in).")
 

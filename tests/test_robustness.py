@@ -460,3 +460,11 @@ def test_a_run_in_a_python_without_torch_says_to_install_it(tmp_path, capsys, mo
                      "--output", str(tmp_path / "out"))
     assert code == 2, err
     assert "cannot import torch" in err and "internal error" not in err, err
+
+
+def test_compare_with_an_aa_run_says_why_versions_do_not_match(capsys):
+    """A seed run against an A/A run: no label matches, and the A/A run's version names two envs."""
+    root = Path(__file__).resolve().parents[1] / "reports"
+    code, err = main(capsys, "compare", str(root / "h200-2.6.3-vs-2.7.0.post2-prefetch"), str(root / "h200-aa-4"))
+    assert code == 2, err
+    assert "B has 2.6.3 under several labels (an A/A run)" in err, err
