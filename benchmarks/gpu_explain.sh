@@ -23,6 +23,8 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .carry/py_spy
   || echo "py-spy wheel missing in .carry/: the frame profile will be skipped (the run says so)" | tee -a "$OUT/summary.txt"
 export PYTHONPATH=/tmp/site:$PWD
 export MATRIX_RUN_PYSPY=/tmp/pyspy/bin/py-spy
+mkdir -p .carry/built  # --find-links needs it to exist
+rm -rf /tmp/ex/seed   # a second call on a warm machine: --output refuses an existing run
 [ -x "$MATRIX_RUN_PYSPY" ] && "$MATRIX_RUN_PYSPY" --version | tee -a "$OUT/summary.txt"
 COMMON=(--find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
 nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
