@@ -810,14 +810,17 @@ def analyze(doc: dict) -> dict | None:
             if lab in parsed and base in parsed:
                 bu, cu = pv["envs"][base]["on_us"], pv["envs"][lab]["on_us"]
                 d["sampled_delta_us"] = cu - bu
-                scale = speed_matched(pv["envs"][base], pv["envs"][lab], base, lab, main_base_wall)
-                if scale:  # the frames' µs at the timing phase's CPU speed (speed_matched's doc)
-                    bu, cu = scale
-                    d["speed_matched"] = True
-                    d["matched_delta_us"] = cu - bu
+                # each frame in µs per call of the sampled loops, as sampled (the planted CPU test's
+                # 20 µs read 26.9 µs once scaled to the timing phase's level: its bursts and the
+                # explain loops do not cost the same per call there, not only the CPU's speed)
                 d["frames"] = frame_diff(parsed[base], parsed[lab], bu, cu)
                 grown = [r for r in d["frames"] if r["delta_self_us"] > 0]
                 d["top_grown"] = grown[0] if grown else None
+                scale = speed_matched(pv["envs"][base], pv["envs"][lab], base, lab, main_base_wall)
+                if scale:  # the totals compared with the timing phase, at its speed (speed_matched's doc)
+                    bu, cu = scale
+                    d["speed_matched"] = True
+                    d["matched_delta_us"] = cu - bu
                 # the frames of the timed call itself (samples under Bench.call): the loop's own code
                 # and the synchronize after each call are left out, as the host clock leaves them out
                 sb, sc = _call_share(parsed[base]), _call_share(parsed[lab])

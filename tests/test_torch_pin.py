@@ -1,6 +1,7 @@
 """--torch X.Y.Z: each env gets its own torch, installed by uv (here from the machine's local torch
 wheel via --find-links), instead of inheriting the driver's."""
 import glob
+import json
 import sys
 
 import pytest
@@ -19,8 +20,8 @@ def test_pinned_torch_env(standins, tiny_config, tmp_path):
     res = load_results(tmp_path / "out")
     (env,) = res["envs"]
     assert env["status"] == "ok" and env["torch"].startswith("2.13.0")
-    rec = (tmp_path / "envs" / "2.6.3" / "matrix-run-env.json").read_text()
-    assert '"mode": "pinned"' in rec
+    rec = json.loads((tmp_path / "envs" / "2.6.3" / "matrix-run-env.json").read_text())
+    assert rec["torch"]["mode"] == "pinned"
     # the env has its own torch, not a .pth onto the driver's site-packages
     assert not list((tmp_path / "envs" / "2.6.3").rglob("_matrix_run_inherit.pth"))
     assert list((tmp_path / "envs" / "2.6.3").rglob("site-packages/torch/__init__.py"))
