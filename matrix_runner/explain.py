@@ -48,7 +48,8 @@ What it measures, per env (one fresh worker per env, all pinned to one set core 
    holds still when the CPU's speed moves, where X/P did not (two versions with different shares of
    host work drift apart as the speed changes; H200, 2.6.3/2.7.0.post2: -6.5 % [-8.5, -4.4] between
    the cycles before and after the sampler). T/P, both unsampled, is the versions' ratio at one
-   moment: it puts the frames at the timing phase's speed (:func:`speed_matched`). Records written
+   moment: it puts the frames' sums at the timing phase's speed for the check that they add up
+   (:func:`speed_matched`; each frame stays in µs per call of the sampled loop). Records written
    before the twins, and runs whose twin could not start, read the effect from X/P, as written
    here. ``sampler_cycles`` (K) cycles without the sampler (*off*), cycles
    while py-spy samples X (*on*: as long as py-spy runs, ``--duration profile_s``; a cycle counts
@@ -417,7 +418,7 @@ def _profile(workers, ok, fcases, raw, st, work, case_timeout, say, twins=None) 
                              case_timeout)
             if rep.get("status") != "ok":
                 raise lockstep.WorkerFault(str(rep.get("error")))
-        except (lockstep.WorkerFault, AttributeError) as ex:
+        except lockstep.WorkerFault as ex:
             raw["notes"].append(f"{lab}: its twin worker could not set up {case.id}: {ex}")
             twins.pop(lab)
     for i, lab in enumerate(list(workers)):
@@ -719,7 +720,7 @@ def _call_share(parsed: dict) -> float | None:
     return k / n if n and k else None
 
 
-def speed_matched(be: dict, ce: dict, base: str, cand: str, main_base_us: float | None) -> tuple | None:
+def speed_matched(be: dict, ce: dict, base: str, main_base_us: float | None) -> tuple | None:
     """(baseline, candidate) µs per call of the sampled loops at the timing phase's CPU speed, or None.
 
     Why: each env is profiled in its own window, seconds apart, and the CPU's speed differs between
@@ -816,7 +817,7 @@ def analyze(doc: dict) -> dict | None:
                 d["frames"] = frame_diff(parsed[base], parsed[lab], bu, cu)
                 grown = [r for r in d["frames"] if r["delta_self_us"] > 0]
                 d["top_grown"] = grown[0] if grown else None
-                scale = speed_matched(pv["envs"][base], pv["envs"][lab], base, lab, main_base_wall)
+                scale = speed_matched(pv["envs"][base], pv["envs"][lab], base, main_base_wall)
                 if scale:  # the totals compared with the timing phase, at its speed (speed_matched's doc)
                     bu, cu = scale
                     d["speed_matched"] = True

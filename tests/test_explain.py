@@ -488,11 +488,11 @@ def test_frames_are_put_at_the_timing_phases_cpu_speed_on_the_committed_h200_run
 
 def test_speed_matching_needs_both_lockstep_records_and_the_baseline_as_partner():
     lock = {"method": "lockstep", "cross_ratio": 2.0, "partner": "a"}
-    assert explain.speed_matched({"method": "lockstep"}, lock, "a", "b", 50.0) == (50.0, 100.0)
-    assert explain.speed_matched({"method": "bracket"}, lock, "a", "b", 50.0) is None
-    assert explain.speed_matched({"method": "lockstep"}, {**lock, "partner": "c"}, "a", "b", 50.0) is None
-    assert explain.speed_matched({"method": "lockstep"}, lock, "a", "b", None) is None
-    assert explain.speed_matched({"method": "lockstep"}, {**lock, "cross_ratio": None}, "a", "b", 50.0) is None
+    assert explain.speed_matched({"method": "lockstep"}, lock, "a", 50.0) == (50.0, 100.0)
+    assert explain.speed_matched({"method": "bracket"}, lock, "a", 50.0) is None
+    assert explain.speed_matched({"method": "lockstep"}, {**lock, "partner": "c"}, "a", 50.0) is None
+    assert explain.speed_matched({"method": "lockstep"}, lock, "a", None) is None
+    assert explain.speed_matched({"method": "lockstep"}, {**lock, "cross_ratio": None}, "a", 50.0) is None
     assert explain._call_share({"n": 10, "total": {"Bench.call (matrix_runner/worker.py)": 8, "g (x.py)": 3}}) == 0.8
     assert explain._call_share({"n": 10, "total": {"g (x.py)": 3}}) is None
 
