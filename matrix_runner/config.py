@@ -691,7 +691,9 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
                          head_dim=head_dim, dtype=s_dtype, causal=s_causal, dropout_p=dropout,
                          softmax_scale=scale, **{"layout": layout, **extra}, impl=impl)
                 if c.id in seen:
-                    raise ConfigError(f"{w}: duplicate of an earlier shape ({c.label} {c.dtype}); remove one")
+                    raise ConfigError(f"{w}: duplicate of an earlier shape ({c.label} {c.dtype}) -- the same case twice "
+                                      f"({c.op}, {impl}): a shape written twice, or a list naming one value twice "
+                                      "(ops, impls, or dtype fp16 and float16); remove one")
                 seen.add(c.id)
                 cases.append(c)
 

@@ -165,6 +165,9 @@ def test_axis_errors_name_the_key_and_the_value():
         parse_config({"causal": [False, "yes"], "shapes": [shape]})
     with pytest.raises(ConfigError, match=r"shapes\[1\]: duplicate of an earlier shape \(B2 S8 H2 D16 fp16\)"):
         parse_config({"shapes": [{**shape, "batch": [1, 2]}, {**shape, "batch": 2}]})
+    # one value twice in a list: the message names the lists, not only the shapes (new-user trial)
+    with pytest.raises(ConfigError, match=r"a list naming one value twice \(ops, impls, or dtype fp16 and float16\)"):
+        parse_config({"impls": ["flash_attn", "flash_attn"], "shapes": [shape]})
 
 
 def test_too_large_a_product_is_refused_unless_allowed():
