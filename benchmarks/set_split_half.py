@@ -12,14 +12,12 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 
-
-def _tm(x) -> float:
-    x = np.sort(np.asarray(x, dtype=float))
-    g = int(0.2 * len(x))
-    return float(x[g:len(x) - g].mean())
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from matrix_runner.stats import set_log_ratio  # noqa: E402  (a set's value as the run computes it)
 
 
 def main(argv: list[str]) -> None:
@@ -41,12 +39,14 @@ def main(argv: list[str]) -> None:
             full, dif, ncy = [], [], []
             for sid in A:
                 cys = sorted((cy for cy in A[sid] if cy in B.get(sid, {})), key=int)
-                lr = np.array([math.log(B[sid][cy] / A[sid][cy]) for cy in cys])
-                if len(lr) < 4:
+                if len(cys) < 4:
                     continue
-                full.append(_tm(lr))
-                ncy.append(len(lr))
-                dif.append(_tm(lr[0::2]) - _tm(lr[1::2]))
+                half = [cys[0::2], cys[1::2]]
+                a_h = [{cy: A[sid][cy] for cy in h} for h in half]
+                b_h = [{cy: B[sid][cy] for cy in h} for h in half]
+                full.append(set_log_ratio(A[sid], B[sid]))
+                ncy.append(len(cys))
+                dif.append(set_log_ratio(a_h[0], b_h[0]) - set_log_ratio(a_h[1], b_h[1]))
             if len(full) > 2:
                 res.setdefault(f"{a['label']} {a['op']}", []).append(
                     (np.var(full, ddof=1), np.mean(np.square(dif)) / 4, np.mean(ncy)))

@@ -565,8 +565,8 @@ def cmd_compare(args) -> int:
                   if e.get("status") == "ok"]
             return sorted({v for v in vs if v and vs.count(v) > 1})
 
-        dups = [f"{side} has {', '.join(dup_versions(doc))} under several labels (an A/A run), so a version "
-                "does not name one env there" for side, doc in (("A", a), ("B", b)) if dup_versions(doc)]
+        dups = [f"{side} has {', '.join(vs)} under several labels (an A/A run), so a version does not name one "
+                "env there" for side, vs in (("A", dup_versions(a)), ("B", dup_versions(b))) if vs]
         raise results.ResultsError(
             f"no env timed in both runs: A has {envs_of(a)}, B has {envs_of(b)} (envs are matched by label, else by "
             "flash-attn version; an env counts only where it was built and timed"
