@@ -12,17 +12,22 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
 mkdir -p "$OUT" /tmp/lk
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl || exit 1
+# uv: from .carry, or already installed into /tmp/site by an earlier call while the machine is warm
+# (the tracked tree plus uv's and both slim wheels exceed one call's 64 MiB carry)
+[ -x /tmp/site/bin/uv ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl || exit 1
+[ "${ONLY_UV:-0}" = 1 ] && { echo "uv installed into /tmp/site"; exit 0; }
 export PYTHONPATH=/tmp/site:$PWD
 mkdir -p .carry/built  # --find-links needs it to exist
 COMMON=(--find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
 nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 step() { local name=$1; shift; local t=$SECONDS
+  # TRACE=1: every burst's raw samples and CPU-speed probe readings (worker.speed_probe) per worker
+  if [ "${TRACE:-0}" = 1 ]; then mkdir -p /tmp/lk/trace-$name; export MATRIX_RUN_BURST_TRACE=/tmp/lk/trace-$name; fi
   timeout --signal=TERM --kill-after=10 "$1" "${@:2}" --output /tmp/lk/$name > /tmp/lk/$name.log 2>&1; local rc=$?
   echo "== $name: exit $rc, $((SECONDS - t)) s wall" | tee -a "$OUT/summary.txt"
   grep -E "✓|✗|time:|stopped|failed|warning|pinned" /tmp/lk/$name.log | head -8 | tee -a "$OUT/summary.txt"
   python3 benchmarks/lockstep_summary.py /tmp/lk/$name/results.json 2>&1 | tee -a "$OUT/summary.txt"; }
-step seed 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
+[ "${SEED:-1}" = 1 ] && step seed 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
 for i in $(seq 1 "${AA:-3}"); do
   step aa$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}"
 done

@@ -24,7 +24,7 @@ ENV_ALLOW = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "TMPDIR", "TZ", 
              "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY",
              "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "XDG_CACHE_HOME")
 ENV_ALLOW_PREFIXES = ("LC_", "UV_", "NVIDIA_", "NCCL_", "TORCH_", "TRITON_", "CUBLAS_", "CUDNN_",
-                      "NVSHMEM_", "PYTORCH_", "OMP_", "MKL_", "OPENBLAS_")
+                      "NVSHMEM_", "PYTORCH_", "OMP_", "MKL_", "OPENBLAS_", "MATRIX_RUN_")
 
 
 def clean_env(extra: dict | None = None) -> dict:

@@ -60,6 +60,9 @@ def case_record(cd, case: Case) -> dict:
         if s:
             s["by_set"] = {str(sid): ({str(k): x for k, x in v.items()} if isinstance(v, dict) else list(v))
                            for sid, v in by.items()}
+            refs = getattr(cd, "refs", {}).get(m)
+            if refs:  # the CPU-speed probe read over the same bursts (worker.speed_probe), µs
+                s["ref_by_set"] = {str(sid): {str(k): x for k, x in v.items()} for sid, v in refs.items()}
             metrics[m] = s
     d["metrics"] = metrics
     med = {m: v["median"] for m, v in metrics.items()}

@@ -58,6 +58,8 @@ class CaseData:
     env: str
     case: Case
     sets: dict = field(default_factory=lambda: {m: {} for m in METRICS})
+    #: wall/host: set id -> cycle id -> the CPU-speed probe's µs over the same bursts (worker.speed_probe)
+    refs: dict = field(default_factory=lambda: {m: {} for m in CYCLED})
     kernels: list | None = None
     correctness: list = field(default_factory=list)
     status: str = "pending"  # pending | ok | error
@@ -789,6 +791,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 rng.shuffle(order)
                 flip[item] = order
             got: dict = {}
+            refs: dict = {}
             for key in order:
                 cd = data[(lab_of[key], c.id)]
                 t1 = time.monotonic()
@@ -812,12 +815,17 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     got = {}
                     break
                 got.setdefault(lab_of[key], []).append(us)
+                ref = rep.get("ref_us")
+                refs.setdefault(lab_of[key], []).append(float(ref) if isinstance(ref, (int, float)) else math.nan)
                 cd.inner[m] = rep.get("inner")
             for lab, vals in got.items():
                 cd = data[(lab, c.id)]
                 if any(v <= 0 or not math.isfinite(v) for v in vals):
                     continue
                 cd.sets[m].setdefault(sid, {})[n] = math.exp(sum(math.log(v) for v in vals) / len(vals))
+                rv = refs.get(lab) or []
+                if rv and all(math.isfinite(v) and v > 0 for v in rv):
+                    cd.refs[m].setdefault(sid, {})[n] = math.exp(sum(math.log(v) for v in rv) / len(rv))
                 if cd.status != "ok":
                     if cd.status == "error":
                         cd.notes.append(f"set {sid}: timed again after the earlier fault")
@@ -844,6 +852,9 @@ def case_data_from_record(rec: dict, case: Case) -> CaseData:
         cd.correctness = [corr["tensors"]]
     elif corr.get("skipped"):
         cd.correctness = [{"skipped": corr["skipped"]}]
+    for m in CYCLED:
+        for sid, v in ((metrics.get(m) or {}).get("ref_by_set") or {}).items():
+            cd.refs[m][int(sid)] = {int(k): float(x) for k, x in v.items() if x is not None}
     cd.status = rec.get("status") if rec.get("status") in ("ok", "error") else "pending"
     cd.error, cd.error_kind = rec.get("error"), rec.get("error_kind")
     cd.kernels = rec.get("kernels")

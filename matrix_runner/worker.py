@@ -510,25 +510,33 @@ class Bench:
             self.first_call_ms = times[0] / 1e6
         return statistics.median(times[len(times) // 2:]) / 1e3
 
-    def wall_samples(self, inner: int, budget_s: float) -> list:
-        """Synchronized µs per call, samples of ``inner`` calls for ``budget_s`` s (>= 1 sample)."""
+    def wall_samples(self, inner: int, budget_s: float, refs: list | None = None) -> list:
+        """Synchronized µs per call, samples of ``inner`` calls for ``budget_s`` s (>= 1 sample).
+        With ``refs``, the CPU-speed probe (:func:`speed_probe`, µs) is timed before each sample
+        and once after the last, outside the timed samples, and appended there."""
         pc, call, sync = time.perf_counter_ns, self.call, self.sync
         out = []
         t_end = pc() + int(budget_s * 1e9)
         while not out or pc() < t_end:
+            if refs is not None:
+                refs.append(speed_probe())
             t0 = pc()
             for _ in range(inner):
                 call()
                 sync()
             out.append((pc() - t0) / inner / 1e3)
+        if refs is not None:
+            refs.append(speed_probe())
         return out
 
-    def host_samples(self, inner: int, budget_s: float) -> list:
+    def host_samples(self, inner: int, budget_s: float, refs: list | None = None) -> list:
         """Host dispatch µs per call (device idle before each call), like :meth:`wall_samples`."""
         pc, call, sync = time.perf_counter_ns, self.call, self.sync
         out = []
         t_end = pc() + int(budget_s * 1e9)
         while not out or pc() < t_end:
+            if refs is not None:
+                refs.append(speed_probe())
             tot = 0
             for _ in range(inner):
                 sync()
@@ -537,6 +545,8 @@ class Bench:
                 tot += pc() - t0
             sync()
             out.append(tot / inner / 1e3)
+        if refs is not None:
+            refs.append(speed_probe())
         return out
 
     #: Profiler activities of the kernel-time pass: GPU activity only (CUPTI kernel records), which
@@ -954,6 +964,47 @@ def _short_path(path: str) -> str:
     return "/".join(p.split("/")[-2:])
 
 
+# -- the CPU-speed probe ------------------------------------------------------------------------
+#: Iterations of :func:`speed_probe`'s loop (fixed: every worker of every version runs the same work).
+PROBE_ITERS = 48
+
+
+def _probe_work(n: int) -> int:
+    d: dict = {}
+    s = 0
+    for i in range(n):
+        d[i & 7] = i
+        s += len(d) + (i ^ 3)
+    return s
+
+
+def speed_probe(n: int = PROBE_ITERS) -> float:
+    """µs taken by a fixed piece of pure-Python work (``n`` loop iterations of dict stores, ``len``
+    and integer ops: ~4-12 µs on the machines measured), run once untimed and timed the second
+    time, so what it reads is the CPU's speed at that moment (frequency, a busy sibling
+    hyperthread) and not how much of its code and data the preceding call evicted. It is the same
+    code in every worker of every version; it runs between a burst's samples, never inside them.
+    Returns µs."""
+    _probe_work(n)
+    pc = time.perf_counter_ns
+    t0 = pc()
+    _probe_work(n)
+    return (pc() - t0) / 1e3
+
+
+#: ``MATRIX_RUN_BURST_TRACE=DIR``: every burst's raw samples and probe readings are appended, one
+#: JSON line per burst, to ``DIR/<pid>.jsonl`` (a diagnostic for benchmarks/, off by default).
+_TRACE = os.environ.get("MATRIX_RUN_BURST_TRACE")
+
+
+def _trace(rec: dict) -> None:
+    try:
+        with open(os.path.join(_TRACE, f"{os.getpid()}.jsonl"), "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    except OSError:
+        pass
+
+
 # -- lockstep serving (the current protocol) ----------------------------------------------------
 SERVE_SCHEMA = "matrix-runner/lockstep/1"
 #: Samples per burst: a burst of B ms is timed as samples of ~B/8 ms (at least one call each).
@@ -1010,8 +1061,14 @@ class Server:
                 sample_us = max(ms * 1e3 / BURST_SAMPLES, 1.0)
                 inner = max(1, int(round(sample_us / max(per, 1e-3))))
                 fn = b.wall_samples if cmd["clock"] == "wall" else b.host_samples
-                samples = fn(inner, ms / 1e3)
-                rec.update(us=statistics.median(samples), n=len(samples), inner=inner)
+                refs: list = []
+                t0 = time.monotonic_ns()
+                samples = fn(inner, ms / 1e3, refs)
+                rec.update(us=statistics.median(samples), n=len(samples), inner=inner,
+                           ref_us=statistics.median(refs))
+                if _TRACE:
+                    _trace({"t0": t0, "t1": time.monotonic_ns(), "case": cid, "clock": cmd["clock"],
+                            "inner": inner, "samples": samples, "refs": refs})
             elif op == "finish":
                 b = self.benches[cid]
                 notes: list = []
