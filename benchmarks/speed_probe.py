@@ -6,12 +6,16 @@ If the burst-to-burst noise of a host-bound call is the CPU's speed of the momen
 ratio of the calls (d) follows the per-cycle log ratio of the probes (r), and d - beta * r is
 narrower. This prints, per comparison of each run (wall clock, candidate vs baseline):
 
-- per-cycle SD of d, the correlation of d and r, the pooled within-set slope beta of d on r;
-- the per-cycle SD of d - beta * r (beta from all sets: the best case), and the share of variance left;
-- mean r over all cycles (must be ~0: the probe is the same code in every worker; a nonzero mean
-  would move the corrected ratio away from the truth);
-- the set-level anytime interval (stats.t_cs, as the run computes it) half-width, raw and corrected
-  with beta from *earlier sets only* (what a run could do; the first set uncorrected).
+- per-cycle SD (each set's mean removed) of the plain burst medians and of the speed-adjusted ones,
+  the correlation of d and r, the slope used;
+- mean r over all cycles (should be ~0: the probe is the same code in every worker; a nonzero mean
+  would move the adjusted ratio away from the plain one);
+- the ratio and its anytime interval's half-width (stats.set_log_ratio + stats.t_cs at the run's
+  level, as the run computes them) from the plain and from the adjusted burst values.
+
+Runs made with ``sampling.speed_adjust`` (the default since 2026-12-01) carry both (``raw_by_set`` and
+``by_set``); for older runs with probe readings the adjustment is approximated per burst with one
+slope over all sets.
 
 Usage: python benchmarks/speed_probe.py RUN_DIR_OR_RESULTS_JSON...
 """
@@ -62,6 +66,25 @@ def trimmed(x):
     return float(np.mean(x[g:len(x) - g]))
 
 
+def set_cs(b: dict, k: dict, alpha: float, c_mix: float):
+    """(ratio, half-width as a share of the ratio, set SD) of the run's estimator on cycle dicts."""
+    vals = [v for sid in b if sid in k for v in [stats.set_log_ratio(b[sid], k[sid])] if v is not None]
+    m, lo, hi = stats.t_cs(vals, alpha, c_mix)
+    h = (math.exp(hi) - math.exp(lo)) / 2 / math.exp(m) if math.isfinite(hi) else math.inf
+    return math.exp(m), h, float(np.std(vals, ddof=1)) if len(vals) > 1 else math.nan
+
+
+def cyc_sd(b: dict, k: dict) -> float:
+    """Per-cycle SD of the paired log ratios, each set's mean removed."""
+    res = []
+    for sid in b:
+        if sid in k:
+            d = [math.log(y) - math.log(x) for x, y in stats._paired(b[sid], k[sid])]
+            if len(d) > 1:
+                res += [v - float(np.mean(d)) for v in d]
+    return float(np.std(res)) if res else math.nan
+
+
 def analyse(path: Path) -> None:
     p = path / "results.json" if path.is_dir() else path
     doc = json.loads(p.read_text())
@@ -72,9 +95,11 @@ def analyse(path: Path) -> None:
     alpha = stats.FAMILY_ALPHA / max(1, ncmp)
     n_target = doc.get("settings", {}).get("planned_sets") or 8
     c_mix = stats.lai_mixing(int(n_target), alpha)
-    print(f"== {p.parent.name}: {len(doc.get('sets', []))} sets, {ncmp} wall comparisons")
-    print(f"  {'case':34s} {'cyc':>4s} {'sd d':>6s} {'corr':>5s} {'beta':>5s} {'sd adj':>6s} {'var left':>8s} "
-          f"{'mean r':>7s}  {'±raw':>6s} {'±adj':>6s}  {'ratio raw':>9s} {'ratio adj':>9s}")
+    adjusted = any("raw_by_set" in (c["metrics"].get("wall_us") or {}) for c in doc["cases"])
+    print(f"== {p.parent.name}: {len(doc.get('sets', []))} sets, {ncmp} wall comparisons, "
+          f"{'speed-adjusted by the run (raw = the bursts plain medians)' if adjusted else 'plain medians; adj = beta over all sets'}")
+    print(f"  {'case':26s} {'cyc':>4s} {'sd raw':>6s} {'sd adj':>6s} {'corr':>5s} {'beta':>5s} {'mean r':>7s}  "
+          f"{'ratio raw':>9s} {'±raw':>6s} {'ratio adj':>9s} {'±adj':>6s}")
     for cand in labels[1:]:
         for c in doc["comparisons"]:
             if c["metric"] != "wall_us" or c.get("candidate", cand) != cand:
@@ -86,32 +111,31 @@ def analyse(path: Path) -> None:
             if "ref_by_set" not in mb or "ref_by_set" not in mk:
                 print(f"  {c['label']} {c['op']}: no probe readings in this run")
                 continue
-            sets = cycles(mb["by_set"], mk["by_set"], mb["ref_by_set"], mk["ref_by_set"])
+            ib = {int(s): {int(k): x for k, x in v.items()} for s, v in mb["by_set"].items()}
+            ik = {int(s): {int(k): x for k, x in v.items()} for s, v in mk["by_set"].items()}
+            rb = {int(s): {int(k): x for k, x in v.items()} for s, v in mb["ref_by_set"].items()}
+            rk = {int(s): {int(k): x for k, x in v.items()} for s, v in mk["ref_by_set"].items()}
+            if adjusted:
+                raw_b = {int(s): {int(k): x for k, x in v.items()} for s, v in mb["raw_by_set"].items()}
+                raw_k = {int(s): {int(k): x for k, x in v.items()} for s, v in mk["raw_by_set"].items()}
+                adj_b, adj_k = ib, ik
+                sp = mb.get("speed_by_set") or {}
+                beta = float(np.mean([v["beta"] for v in sp.values()])) if sp else math.nan
+            else:  # burst-level correction with one slope over all sets (an upper bound of its gain)
+                raw_b, raw_k = ib, ik
+                sets = cycles(raw_b, raw_k, rb, rk)
+                beta = pooled_beta(sets)
+                adj_b = {s: {cy: x * rb[s][cy] ** -beta for cy, x in v.items() if cy in rb.get(s, {})} for s, v in raw_b.items()}
+                adj_k = {s: {cy: x * rk[s][cy] ** -beta for cy, x in v.items() if cy in rk.get(s, {})} for s, v in raw_k.items()}
+            sets = cycles(raw_b, raw_k, rb, rk)
             allrows = [r for rows in sets.values() for r in rows]
             d = np.array([r[0] for r in allrows])
             r = np.array([r[1] for r in allrows])
-            beta = pooled_beta(sets)
-            # within-set residual SDs (set means removed: what the set value's noise is made of)
-            wd = np.concatenate([np.array([x[0] for x in rows]) - np.mean([x[0] for x in rows])
-                                 for rows in sets.values() if len(rows) > 1])
-            wa = np.concatenate([np.array([x[0] - beta * x[1] for x in rows]) - np.mean([x[0] - beta * x[1] for x in rows])
-                                 for rows in sets.values() if len(rows) > 1])
             corr = float(np.corrcoef(d, r)[0, 1]) if d.size > 2 else math.nan
-            # set values: raw, and adjusted with beta from earlier sets only
-            raw, adj = [], []
-            order = sorted(sets, key=int)
-            for i, sid in enumerate(order):
-                rows = sets[sid]
-                raw.append(trimmed([x[0] for x in rows]))
-                b_prev = pooled_beta({s: sets[s] for s in order[:i]}) if i else 0.0
-                adj.append(trimmed([x[0] - b_prev * x[1] for x in rows]))
-            m0, lo0, hi0 = stats.t_cs(raw, alpha, c_mix)
-            m1, lo1, hi1 = stats.t_cs(adj, alpha, c_mix)
-            h0 = (math.exp(hi0) - math.exp(lo0)) / 2 / math.exp(m0) if math.isfinite(hi0) else math.inf
-            h1 = (math.exp(hi1) - math.exp(lo1)) / 2 / math.exp(m1) if math.isfinite(hi1) else math.inf
-            print(f"  {c['label'] + ' ' + c['op']:34s} {d.size:4d} {wd.std(ddof=1):6.3f} {corr:5.2f} {beta:5.2f} "
-                  f"{wa.std(ddof=1):6.3f} {wa.var() / wd.var():8.0%} {r.mean():+7.3f}  {h0:6.1%} {h1:6.1%}  "
-                  f"{math.exp(m0):9.3f} {math.exp(m1):9.3f}")
+            r0, h0, _ = set_cs(raw_b, raw_k, alpha, c_mix)
+            r1, h1, _ = set_cs(adj_b, adj_k, alpha, c_mix)
+            print(f"  {c['label'] + ' ' + c['op']:26s} {d.size:4d} {cyc_sd(raw_b, raw_k):6.3f} {cyc_sd(adj_b, adj_k):6.3f} "
+                  f"{corr:5.2f} {beta:5.2f} {r.mean():+7.3f}  {r0:9.3f} {h0:6.1%} {r1:9.3f} {h1:6.1%}")
 
 
 if __name__ == "__main__":

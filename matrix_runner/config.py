@@ -35,6 +35,8 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       workers_per_env: auto # worker processes per env in each set, averaged (auto: 2 with spare cores, else 1)
       host_every: 2         # the host clock is cycled in one sweep of N (wall, which decides, in every sweep)
       max_repeats: 1        # > 1: a noisier case's wall clock up to N times per sweep (runner.cycle_weights)
+      speed_adjust: true    # compare bursts at one reference CPU speed (stats.SpeedSlope); false: plain medians
+      prefetch_spawn: cycles  # when the next set's workers start: during this set's cycles, or after them
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
 (batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
@@ -263,6 +265,14 @@ class Sampling:
     #: ±4.5 % bwd vs ±5.0 %, ±5.7 % at 2), while the host intervals widened (median ±15 % vs ±11 %)
     #: and 1-2 of 12 seed host comparisons were left ambiguous, so the default stays 2.
     host_every: int = 2
+    #: Each burst's value is taken at a reference CPU speed read by the speed probe between its
+    #: samples (stats.SpeedSlope); False: the bursts' plain medians (the raw ones are kept either way).
+    speed_adjust: bool = True
+    #: When the next process set's workers are started (they import torch and the subject on spare
+    #: cores): ``cycles`` -- during this set's cycles (their start then costs nothing); ``after`` --
+    #: once this set's cycles are over (the import load on other vCPUs can slow the set's own vCPU
+    #: under a hypervisor: benchmarks/cpu_contention.py).
+    prefetch_spawn: str = "cycles"
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another, H200: A/A set offsets up to 6 %). None:
     #: 2 where spare cores let the next set's workers start while a set is timed, else 1.
@@ -331,7 +341,7 @@ _TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "i
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
-                  "host_every", "max_repeats"}
+                  "host_every", "max_repeats", "speed_adjust", "prefetch_spawn"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -722,7 +732,11 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
                          else _pos_int("sampling.workers_per_env", sd["workers_per_env"], "or auto")),
         host_every=_pos_int("sampling.host_every", sd.get("host_every", Sampling.host_every)),
         max_repeats=_pos_int("sampling.max_repeats", sd.get("max_repeats", Sampling.max_repeats)),
+        speed_adjust=_bool("sampling.speed_adjust", sd.get("speed_adjust", Sampling.speed_adjust)),
+        prefetch_spawn=sd.get("prefetch_spawn", Sampling.prefetch_spawn),
     )
+    if sampling.prefetch_spawn not in ("cycles", "after"):
+        raise _err("sampling.prefetch_spawn", sampling.prefetch_spawn, "must be cycles or after")
     if not 0 < sampling.min_effect < 1:
         raise _err("sampling.min_effect", sampling.min_effect, "must be between 0 and 1 (0.05 = 5 %)")
     if not 0 < sampling.alpha < 0.5:

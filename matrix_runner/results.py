@@ -60,9 +60,15 @@ def case_record(cd, case: Case) -> dict:
         if s:
             s["by_set"] = {str(sid): ({str(k): x for k, x in v.items()} if isinstance(v, dict) else list(v))
                            for sid, v in by.items()}
-            refs = getattr(cd, "refs", {}).get(m)
-            if refs:  # the CPU-speed probe read over the same bursts (worker.speed_probe), µs
-                s["ref_by_set"] = {str(sid): {str(k): x for k, x in v.items()} for sid, v in refs.items()}
+            # wall/host: the CPU-speed probe read over the same bursts (worker.speed_probe, µs), the
+            # bursts' plain medians (µs; by_set holds them at the reference speed: stats.SpeedSlope)
+            # and the slope and centre each set ended with
+            for name, attr in (("ref_by_set", "refs"), ("raw_by_set", "raw")):
+                got = getattr(cd, attr, {}).get(m)
+                if got:
+                    s[name] = {str(sid): {str(k): x for k, x in v.items()} for sid, v in got.items()}
+            if getattr(cd, "speed", {}).get(m):
+                s["speed_by_set"] = {str(sid): v for sid, v in cd.speed[m].items()}
             metrics[m] = s
     d["metrics"] = metrics
     med = {m: v["median"] for m, v in metrics.items()}

@@ -60,6 +60,11 @@ class CaseData:
     sets: dict = field(default_factory=lambda: {m: {} for m in METRICS})
     #: wall/host: set id -> cycle id -> the CPU-speed probe's µs over the same bursts (worker.speed_probe)
     refs: dict = field(default_factory=lambda: {m: {} for m in CYCLED})
+    #: wall/host: set id -> cycle id -> the bursts' plain medians (µs per call); ``sets`` holds them
+    #: at the reference CPU speed (stats.SpeedSlope), which the comparisons use
+    raw: dict = field(default_factory=lambda: {m: {} for m in CYCLED})
+    #: wall/host: set id -> {"beta", "center"} of the speed adjustment at the set's last cycle
+    speed: dict = field(default_factory=lambda: {m: {} for m in CYCLED})
     kernels: list | None = None
     correctness: list = field(default_factory=list)
     status: str = "pending"  # pending | ok | error
@@ -307,6 +312,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
         sampling.workers_per_env = 2 if others and len(others) >= 4 else 1
     labels = [e.label for e in envs]
     durations: list[float] = []
+    slopes: dict = {}  # (case id, metric) -> stats.SpeedSlope, over every set of this run
     pending: _Set | None = None
     reason = None
     try:
@@ -360,7 +366,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             with monitor:
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
                                case_timeout=case_timeout, stop=stop, rng=rng, on_progress=on_progress,
-                               prefetch=prefetch, seed=seed, labels=labels, park=park)
+                               prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes)
             rec["gpu"] = monitor.summary()
             sets.append(rec)
             durations.append(rec["seconds"])
@@ -400,7 +406,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
 
 def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, device: str, quick: bool,
              cpu: int | None, case_timeout: float, stop: threading.Event, rng: random.Random,
-             on_progress, prefetch, seed: int, labels: list[str], park: set | None = None) -> dict:
+             on_progress, prefetch, seed: int, labels: list[str], park: set | None = None,
+             slopes: dict | None = None) -> dict:
     """Run one process set to its end; returns its record. Faults are handled as the module doc says."""
     sid = st.sid
     st.t0 = time.monotonic()  # the set's own time: its workers may have started during the previous set
@@ -539,7 +546,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         while st.closing:
             st.closing.pop().join(timeout=10)
         phase("teardown")
-        prefetch("spawn")
+        if sampling.prefetch_spawn == "cycles":
+            prefetch("spawn")
         phase("prefetch")
         if cpu is not None:  # every thread of every worker of the set to the set's core
             for key, w in list(live.items()):
@@ -552,8 +560,11 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     rec["pinned"] = False
                     rec["error"] = f"pinning failed: {rep.get('error')}"
         rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
-                                rng=rng, on_progress=on_progress, fault=fault, labels=labels)
+                                rng=rng, on_progress=on_progress, fault=fault, labels=labels,
+                                slopes=slopes if slopes is not None else {})
         phase("cycles")
+        if sampling.prefetch_spawn == "after":
+            prefetch("spawn")
         # correctness and the graph clock, then the profiler pass: on each env's first worker
         first = {}
         for key in live:
@@ -741,11 +752,13 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
 
 def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampling, *, quick: bool,
             case_timeout: float, stop: threading.Event, rng: random.Random, on_progress, fault,
-            labels: list[str]) -> int:
+            labels: list[str], slopes: dict) -> int:
     """The set's lockstep cycles for ``sampling.set_seconds`` (quick: ``quick_set_seconds``); returns
     how many ran. A cycle is one (case, clock) item: every worker of the set times a burst of it, in
     a random order, reversed for that item's next cycle. With several workers per env, an env's
-    value of a cycle is the geometric mean of its workers' bursts. A comparison decided and within
+    value of a cycle is the geometric mean of its workers' bursts. Each burst's value is taken at the
+    reference CPU speed (``sampling.speed_adjust``: stats.SpeedSlope, fixed from the earlier bursts
+    of the item for every burst of a cycle); its plain median is kept in ``CaseData.raw``. A comparison decided and within
     ``sampling.precision`` drops its item for this set; the host clock is sampled in one sweep of
     ``sampling.host_every``;
     a case's wall clock comes up :func:`cycle_weights` times per sweep (1 unless ``max_repeats`` > 1).
@@ -784,6 +797,9 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
             if any(data[(lab_of[k], c.id)].status == "error" and not _retried(data[(lab_of[k], c.id)]) for k in keys):
                 continue
             item = (c.id, m)
+            slope = slopes.setdefault(item, stats.SpeedSlope())
+            beta, center = slope.beta_center() if sampling.speed_adjust else (0.0, 0.0)
+            fits = []
             if item in flip:
                 order = list(reversed(flip.pop(item)))
             else:
@@ -792,12 +808,13 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 flip[item] = order
             got: dict = {}
             refs: dict = {}
+            raws: dict = {}
             for key in order:
                 cd = data[(lab_of[key], c.id)]
                 t1 = time.monotonic()
                 try:
-                    rep = live[key].request({"cmd": "burst", "case": c.id, "clock": m[:-3], "ms": sampling.burst_ms},
-                                            case_timeout)
+                    rep = live[key].request({"cmd": "burst", "case": c.id, "clock": m[:-3], "ms": sampling.burst_ms,
+                                             "beta": beta, "center": center}, case_timeout)
                 except lockstep.WorkerFault as ex:
                     fault(key, c.id, ex, f"a {m[:-3]} burst")
                     return n
@@ -810,11 +827,14 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     break
                 try:
                     us = float(rep["us"])
+                    adj = float(rep.get("adj_us", us))
                 except (KeyError, TypeError, ValueError):  # a malformed reply fails its case, not the run
                     cd.fail("protocol", f"a {m[:-3]} burst: the worker's reply could not be read: {str(rep)[:200]}")
                     got = {}
                     break
-                got.setdefault(lab_of[key], []).append(us)
+                got.setdefault(lab_of[key], []).append(adj)
+                raws.setdefault(lab_of[key], []).append(us)
+                fits.append((key, rep.get("fit")))
                 ref = rep.get("ref_us")
                 refs.setdefault(lab_of[key], []).append(float(ref) if isinstance(ref, (int, float)) else math.nan)
                 cd.inner[m] = rep.get("inner")
@@ -823,6 +843,10 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 if any(v <= 0 or not math.isfinite(v) for v in vals):
                     continue
                 cd.sets[m].setdefault(sid, {})[n] = math.exp(sum(math.log(v) for v in vals) / len(vals))
+                rw = raws.get(lab) or []
+                if rw and all(math.isfinite(v) and v > 0 for v in rw):
+                    cd.raw[m].setdefault(sid, {})[n] = math.exp(sum(math.log(v) for v in rw) / len(rw))
+                cd.speed[m][sid] = {"beta": round(beta, 4), "center": round(center, 4)}
                 rv = refs.get(lab) or []
                 if rv and all(math.isfinite(v) and v > 0 for v in rv):
                     cd.refs[m].setdefault(sid, {})[n] = math.exp(sum(math.log(v) for v in rv) / len(rv))
@@ -830,6 +854,8 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     if cd.status == "error":
                         cd.notes.append(f"set {sid}: timed again after the earlier fault")
                     cd.status, cd.error, cd.error_kind = "ok", None, None
+            for key, fit in fits:  # after the cycle: its bursts all used the same slope
+                slope.add((sid, key), fit)
             n += 1
             if time.monotonic() >= t_end:
                 break
@@ -853,8 +879,11 @@ def case_data_from_record(rec: dict, case: Case) -> CaseData:
     elif corr.get("skipped"):
         cd.correctness = [{"skipped": corr["skipped"]}]
     for m in CYCLED:
-        for sid, v in ((metrics.get(m) or {}).get("ref_by_set") or {}).items():
-            cd.refs[m][int(sid)] = {int(k): float(x) for k, x in v.items() if x is not None}
+        for name, into in (("ref_by_set", cd.refs), ("raw_by_set", cd.raw)):
+            for sid, v in ((metrics.get(m) or {}).get(name) or {}).items():
+                into[m][int(sid)] = {int(k): float(x) for k, x in v.items() if x is not None}
+        for sid, v in ((metrics.get(m) or {}).get("speed_by_set") or {}).items():
+            cd.speed[m][int(sid)] = dict(v)
     cd.status = rec.get("status") if rec.get("status") in ("ok", "error") else "pending"
     cd.error, cd.error_kind = rec.get("error"), rec.get("error_kind")
     cd.kernels = rec.get("kernels")

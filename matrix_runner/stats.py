@@ -451,3 +451,56 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
         "cs_mixing": c, "ci_method": "lockstep sets, anytime t-CS", "paired": True,
         "n_rounds": [len(obs), len(obs)], "within_process_only": len(obs) < 2, "p_value": None,
     }
+
+
+# -- comparisons at equal CPU speed (the speed probe) ------------------------------------------
+#: Bounds of the slope of log(call µs) on log(probe µs): 0 = the call does not follow the CPU's
+#: speed (GPU-bound), 1 = it scales with it exactly; 1.5 leaves room for estimation noise.
+SLOPE_BOUNDS = (0.0, 1.5)
+
+
+class SpeedSlope:
+    """How a case's call time follows the CPU's speed, pooled over the bursts timed so far.
+
+    Why (H200, 2026-12-01, benchmarks/speed_probe.py on traced runs): the vCPU a process set is
+    pinned to runs at two speeds, the probe (worker.speed_probe) reading ~3.6 or ~7.5 µs, switching
+    every 0.1-1 s (hyperthread sharing under the hypervisor: a busy process on another vCPU can
+    halve it). A batch-2 call follows it (1.7x slower in the slow state), so two bursts of one
+    cycle ms apart can differ by 2x, and that was most of the per-cycle noise (SD 0.08-0.14).
+    Each timed sample is bracketed by two probe readings; with x = their mean log and y = the
+    sample's log µs, the burst's value is the median of y - beta (x - center)
+    (worker.speed_adjusted). This is the least-squares slope of y on x *within* each worker
+    process (each process's own mean removed, so per-process offsets and the versions' difference
+    do not enter it), pooled over workers and both versions, clamped to SLOPE_BOUNDS; ``center``
+    is the pooled mean of x. Both are fixed before a cycle from earlier bursts only and are the
+    same for both versions of a cycle, so: the centre cancels in the cycle's log ratio, and the
+    adjusted ratio estimates the same thing as the raw one wherever the two versions' bursts see
+    the same CPU speeds on average -- which the design gives (one core, turns in random order,
+    reversed on the next cycle). Measured effect on the same cycles: batch-2 per-cycle SD
+    0.08-0.11 -> 0.04-0.07 in an A/A run; batch-512 calls (slope ~0.1) are barely changed."""
+
+    def __init__(self):
+        self.per: dict = {}  # worker process id -> [n, sx, sy, sxx, sxy]
+
+    def add(self, proc_id, fit) -> None:
+        """Add one burst's ``fit`` ([n, sum x, sum y, sum x^2, sum xy], worker.speed_adjusted)."""
+        if not fit or len(fit) != 5 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in fit):
+            return
+        acc = self.per.setdefault(proc_id, [0.0] * 5)
+        for i, v in enumerate(fit):
+            acc[i] += v
+
+    def beta_center(self) -> tuple[float, float]:
+        """(slope, centre): 0 and 0 (no adjustment) until some worker has >= 8 samples with spread."""
+        sxx = sxy = n_all = sx_all = 0.0
+        for n, sx, sy, xx, xy in self.per.values():
+            if n < 2:
+                continue
+            sxx += xx - sx * sx / n
+            sxy += xy - sx * sy / n
+            n_all += n
+            sx_all += sx
+        if n_all < 8 or sxx <= 1e-9:
+            return 0.0, 0.0
+        lo, hi = SLOPE_BOUNDS
+        return min(hi, max(lo, sxy / sxx)), sx_all / n_all

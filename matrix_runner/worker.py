@@ -992,6 +992,28 @@ def speed_probe(n: int = PROBE_ITERS) -> float:
     return (pc() - t0) / 1e3
 
 
+def speed_adjusted(samples: list, refs: list, beta: float, center: float) -> dict:
+    """A burst's value at a reference CPU speed, and what the driver needs to estimate the slope.
+
+    ``samples``: µs per call, one per sample; ``refs``: the probe's µs before each sample and after
+    the last (len(samples) + 1). Per sample, x = mean log of its two bracketing probe readings and
+    y = log of its µs; the returned ``adj_us`` is exp(median of y - beta * (x - center)): the burst's
+    median µs per call moved to the probe level exp(center) along the slope ``beta`` (the driver
+    fixes both from earlier bursts: stats.SpeedSlope). ``fit`` = [n, sum x, sum y, sum x^2,
+    sum x*y] over the samples, for the driver's pooled within-worker slope."""
+    xs, ys = [], []
+    for i, v in enumerate(samples):
+        a, b = refs[i], refs[i + 1]
+        if v > 0 and a > 0 and b > 0:
+            xs.append(0.5 * (math.log(a) + math.log(b)))
+            ys.append(math.log(v))
+    if not xs:
+        return {"adj_us": statistics.median(samples), "fit": [0, 0.0, 0.0, 0.0, 0.0]}
+    z = [y - beta * (x - center) for x, y in zip(xs, ys)]
+    return {"adj_us": math.exp(statistics.median(z)),
+            "fit": [len(xs), sum(xs), sum(ys), sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))]}
+
+
 #: ``MATRIX_RUN_BURST_TRACE=DIR``: every burst's raw samples and probe readings are appended, one
 #: JSON line per burst, to ``DIR/<pid>.jsonl`` (a diagnostic for benchmarks/, off by default).
 _TRACE = os.environ.get("MATRIX_RUN_BURST_TRACE")
@@ -1066,6 +1088,7 @@ class Server:
                 samples = fn(inner, ms / 1e3, refs)
                 rec.update(us=statistics.median(samples), n=len(samples), inner=inner,
                            ref_us=statistics.median(refs))
+                rec.update(speed_adjusted(samples, refs, float(cmd.get("beta") or 0.0), float(cmd.get("center") or 0.0)))
                 if _TRACE:
                     _trace({"t0": t0, "t1": time.monotonic_ns(), "case": cid, "clock": cmd["clock"],
                             "inner": inner, "samples": samples, "refs": refs})
