@@ -134,10 +134,21 @@ def analyse(path: Path) -> None:
             corr = float(np.corrcoef(d, r)[0, 1]) if d.size > 2 else math.nan
             r0, h0, _ = set_cs(raw_b, raw_k, alpha, c_mix)
             r1, h1, _ = set_cs(adj_b, adj_k, alpha, c_mix)
+            WIDTHS.setdefault(c["label"].split()[0], []).append((h0, h1))
             print(f"  {c['label'] + ' ' + c['op']:26s} {d.size:4d} {cyc_sd(raw_b, raw_k):6.3f} {cyc_sd(adj_b, adj_k):6.3f} "
                   f"{corr:5.2f} {beta:5.2f} {r.mean():+7.3f}  {r0:9.3f} {h0:6.1%} {r1:9.3f} {h1:6.1%}")
 
 
+#: batch label (e.g. "B2") -> [(raw half-width, adjusted half-width)] over every run analysed
+WIDTHS: dict = {}
+
 if __name__ == "__main__":
     for a in sys.argv[1:]:
         analyse(Path(a))
+    if len(sys.argv) > 2:
+        print("== median half-width of the wall intervals over these runs (plain burst medians -> speed-adjusted):")
+        for b, v in sorted(WIDTHS.items()):
+            h0 = float(np.median([x for x, _ in v]))
+            h1 = float(np.median([y for _, y in v]))
+            narrower = sum(y < x for x, y in v)
+            print(f"  {b:6s} {len(v):3d} comparisons: {h0:.1%} -> {h1:.1%}; narrower in {narrower} of {len(v)}")

@@ -244,7 +244,7 @@ def ci_bands(cases: list[dict], metric: str = "wall_us", n_boot: int = 1000) -> 
     return out
 
 
-def ratio_definition(comparisons: list[dict], method: str | None = None) -> str:
+def ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None) -> str:
     """How the run's ratios were computed: lockstep process sets with an anytime-valid interval (current
     method; ``method`` = the results' ``settings.method``, which names it even when nothing was compared
     yet, e.g. a run interrupted in its first set); for results/1 runs, paired by round with a trimmed
@@ -254,9 +254,13 @@ def ratio_definition(comparisons: list[dict], method: str | None = None) -> str:
     lockstep = str(method or "").startswith("lockstep-sets")
     if (wall and all(c.get("ci_method") == "lockstep sets, anytime t-CS" for c in wall)) or (lockstep and not wall):
         c = wall[0] if wall else {}
+        speed = ("; each burst's value is taken at one reference CPU speed (a fixed piece of Python timed between "
+                 "its samples reads the CPU's speed of the moment; the case's slope of call time on it, measured "
+                 "within each worker in the earlier bursts, moves every sample there; the µs shown are the plain "
+                 "burst medians)" if speed_adjust else "")
         return (f"each process set (fresh workers of every version, all pinned to one CPU core) timed every case in "
                 f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
-                f"other; per set, the trimmed mean of those paired ratios; the interval is an anytime-valid "
+                f"other{speed}; per set, the trimmed mean of those paired ratios; the interval is an anytime-valid "
                 f"confidence sequence over the sets (Lai's t-mixture) at {1 - c.get('alpha', 0.05):.2%} per "
                 f"comparison, so all {c.get('family_size') or len(wall) or 'the'} wall-time verdicts of the run hold together "
                 f"with {1 - c.get('family_alpha', 0.05):.0%} confidence however early sampling stopped "
@@ -329,7 +333,8 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     # columns of the verdict table: envs with at least one case (a failed env is named above the table)
     table_labels = [lab for lab in labels if any(lab in r["by_env"] for r in rows)]
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
-          "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method")),
+          "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
+                                         (res.get("settings") or {}).get("speed_adjust")),
           "candidates": ok_labels[1:], "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
           "summaries": summaries, "common": common, "min_effect": min_effect,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
@@ -510,7 +515,7 @@ def markdown(res: dict) -> str:
                          if w else "–")
         lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
     lines.append("")
-    lines.append(f"ratio = candidate / baseline wall time: {ratio_definition(res.get('comparisons', []), (res.get('settings') or {}).get('method'))}; "
+    lines.append(f"ratio = candidate / baseline wall time: {ratio_definition(res.get('comparisons', []), (res.get('settings') or {}).get('method'), (res.get('settings') or {}).get('speed_adjust'))}; "
                  "(host) / (device): the difference is host overhead / kernel time.")
     for w in vm["wrong"]:
         lines.append(f"\n**Wrong results:** {esc(w[0])} {esc(w[1])} {esc(w[2])}: output or gradients differ from "

@@ -56,7 +56,10 @@ def case_record(cd, case: Case) -> dict:
               "kernels": cd.kernels, "inner": cd.inner, "clock_seconds": cd.clock_seconds, "faults": cd.faults})
     metrics = {}
     for m, by in cd.sets.items():
-        s = stats.summarize([list(v.values()) if isinstance(v, dict) else list(v) for v in by.values()])
+        # the summary (median, quartiles: the µs shown) is of the bursts' plain medians where the
+        # comparison uses speed-adjusted ones (stats.SpeedSlope)
+        shown = getattr(cd, "raw", {}).get(m) or by
+        s = stats.summarize([list(v.values()) if isinstance(v, dict) else list(v) for v in shown.values()])
         if s:
             s["by_set"] = {str(sid): ({str(k): x for k, x in v.items()} if isinstance(v, dict) else list(v))
                            for sid, v in by.items()}
@@ -159,6 +162,14 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
             if paired and bs is not None and ks is not None:
                 per[m] = stats.set_compare(bs, ks, min_effect=min_effect, family_size=family[m], family_alpha=alpha,
                                            n_target=n_target, cycles=m in ("wall_us", "host_us"), provisional=quick)
+                if per[m] is not None:  # the µs shown: the plain burst medians of the sets compared
+                    for side, mk in (("base_median", b["metrics"][m]), ("cand_median", k["metrics"][m])):
+                        raw = _by_set({"by_set": mk.get("raw_by_set")}) if mk.get("raw_by_set") else None
+                        if raw:
+                            vals = [x for sid in per[m]["sets"] for x in (raw.get(sid) or {}).values()
+                                    if x is not None and math.isfinite(x)]
+                            if vals:
+                                per[m][side] = stats._median(vals)
             else:
                 per[m] = stats.compare(b["metrics"][m]["samples"], k["metrics"][m]["samples"], min_effect,
                                        seed=zlib.crc32(f"{cid}/{m}".encode()), paired=None if paired else False)
@@ -235,10 +246,10 @@ def load(path: str | Path) -> dict:
 
 def _path(parts: list) -> str:
     """``["cases", 0, "metrics", "wall_us", "by_set", "0", "7"]`` -> ``cases[0].metrics.wall_us.by_set["0"]["7"]``."""
-    out, keyed = "", False  # keys below by_set are set and cycle ids: written as JSON keys
+    out, keyed = "", False  # keys below by_set (and its siblings) are set and cycle ids: written as JSON keys
     for x in parts:
         out += f"[{x}]" if isinstance(x, int) else (f'["{x}"]' if keyed else f".{x}")
-        keyed = keyed or x == "by_set"
+        keyed = keyed or x in ("by_set", "raw_by_set", "ref_by_set", "speed_by_set")
     return out.lstrip(".")
 
 
@@ -297,7 +308,15 @@ def _check_metrics(p: Path, data: dict) -> list[str]:
                     nums(v, [*at, k], 2)
                 elif k == "round_medians":
                     nums(v, [*at, k], 1)
-                elif k == "by_set":
+                elif k == "speed_by_set":  # set id -> {"beta", "center"}
+                    if not isinstance(v, dict):
+                        raise bad([*at, k], f"a {type(v).__name__}")
+                    for sid, sv in v.items():
+                        if not isinstance(sv, dict):
+                            raise bad([*at, k, sid], f"a {type(sv).__name__}")
+                        for kk in list(sv):
+                            sv[kk] = num(sv[kk], [*at, k, sid, kk])
+                elif k in ("by_set", "raw_by_set", "ref_by_set"):
                     if not isinstance(v, dict):
                         raise bad([*at, k], f"a {type(v).__name__}")
                     for sid, sv in v.items():

@@ -834,7 +834,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     break
                 got.setdefault(lab_of[key], []).append(adj)
                 raws.setdefault(lab_of[key], []).append(us)
-                fits.append((key, rep.get("fit")))
+                fits.append((key, rep.get("fit"), rep.get("x_median")))
                 ref = rep.get("ref_us")
                 refs.setdefault(lab_of[key], []).append(float(ref) if isinstance(ref, (int, float)) else math.nan)
                 cd.inner[m] = rep.get("inner")
@@ -854,8 +854,8 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     if cd.status == "error":
                         cd.notes.append(f"set {sid}: timed again after the earlier fault")
                     cd.status, cd.error, cd.error_kind = "ok", None, None
-            for key, fit in fits:  # after the cycle: its bursts all used the same slope
-                slope.add((sid, key), fit)
+            for key, fit, xm in fits:  # after the cycle: its bursts all used the same slope
+                slope.add((sid, key), fit, xm)
             n += 1
             if time.monotonic() >= t_end:
                 break

@@ -12,7 +12,10 @@ the interval. The ratio's interval is an **anytime-valid confidence sequence** o
 every set and stop as soon as every verdict is decided, and the interval it stops on is the one it
 reports (no fresh test at the end). Its level is 1 - alpha/m for the m comparisons of a clock in the
 run (Bonferroni), so with alpha = 0.05 the chance that *any* verdict of the run is wrong stays <= 5 %.
-``benchmarks/sim_lockstep.py`` checks this by resampling real H200 process sets.
+``benchmarks/sim_lockstep.py`` checks this by resampling real H200 process sets. A cycle's burst
+values are taken at one reference CPU speed (:class:`SpeedSlope`: the slope is fixed from earlier
+bursts and is the same for both versions, so a set's log ratio still estimates the versions' ratio
+and the interval keeps its meaning; the plain medians are kept beside them).
 
 Verdict, with ``e`` the minimum effect (default 0.05) and ``[lo, hi]`` the ratio's interval:
 ``slower`` if ratio > 1+e and lo > 1; ``faster`` if ratio < 1/(1+e) and hi < 1; ``same`` if
@@ -472,7 +475,8 @@ class SpeedSlope:
     (worker.speed_adjusted). This is the least-squares slope of y on x *within* each worker
     process (each process's own mean removed, so per-process offsets and the versions' difference
     do not enter it), pooled over workers and both versions, clamped to SLOPE_BOUNDS; ``center``
-    is the pooled mean of x. Both are fixed before a cycle from earlier bursts only and are the
+    is the median of the bursts' median x (so a burst's adjusted value stays near its plain median
+    in level: the µs shown are what the calls typically took). Both are fixed before a cycle from earlier bursts only and are the
     same for both versions of a cycle, so: the centre cancels in the cycle's log ratio, and the
     adjusted ratio estimates the same thing as the raw one wherever the two versions' bursts see
     the same CPU speeds on average -- which the design gives (one core, turns in random order,
@@ -481,9 +485,13 @@ class SpeedSlope:
 
     def __init__(self):
         self.per: dict = {}  # worker process id -> [n, sx, sy, sxx, sxy]
+        self.x_medians: list = []  # the bursts' median log probe readings
 
-    def add(self, proc_id, fit) -> None:
-        """Add one burst's ``fit`` ([n, sum x, sum y, sum x^2, sum xy], worker.speed_adjusted)."""
+    def add(self, proc_id, fit, x_median=None) -> None:
+        """Add one burst's ``fit`` ([n, sum x, sum y, sum x^2, sum xy], worker.speed_adjusted) and
+        its median x."""
+        if isinstance(x_median, (int, float)) and math.isfinite(x_median):
+            self.x_medians.append(float(x_median))
         if not fit or len(fit) != 5 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in fit):
             return
         acc = self.per.setdefault(proc_id, [0.0] * 5)
@@ -491,7 +499,7 @@ class SpeedSlope:
             acc[i] += v
 
     def beta_center(self) -> tuple[float, float]:
-        """(slope, centre): 0 and 0 (no adjustment) until some worker has >= 8 samples with spread."""
+        """(slope, centre): 0 and 0 (no adjustment) until the workers have >= 8 samples with spread."""
         sxx = sxy = n_all = sx_all = 0.0
         for n, sx, sy, xx, xy in self.per.values():
             if n < 2:
@@ -503,4 +511,5 @@ class SpeedSlope:
         if n_all < 8 or sxx <= 1e-9:
             return 0.0, 0.0
         lo, hi = SLOPE_BOUNDS
-        return min(hi, max(lo, sxy / sxx)), sx_all / n_all
+        center = _median(self.x_medians) if self.x_medians else sx_all / n_all
+        return min(hi, max(lo, sxy / sxx)), center

@@ -1000,18 +1000,20 @@ def speed_adjusted(samples: list, refs: list, beta: float, center: float) -> dic
     y = log of its µs; the returned ``adj_us`` is exp(median of y - beta * (x - center)): the burst's
     median µs per call moved to the probe level exp(center) along the slope ``beta`` (the driver
     fixes both from earlier bursts: stats.SpeedSlope). ``fit`` = [n, sum x, sum y, sum x^2,
-    sum x*y] over the samples, for the driver's pooled within-worker slope."""
+    sum x*y] over the samples, for the driver's pooled within-worker slope; ``x_median`` the median
+    x, for its centre."""
     xs, ys = [], []
     for i, v in enumerate(samples):
         a, b = refs[i], refs[i + 1]
         if v > 0 and a > 0 and b > 0:
             xs.append(0.5 * (math.log(a) + math.log(b)))
             ys.append(math.log(v))
-    if not xs:
-        return {"adj_us": statistics.median(samples), "fit": [0, 0.0, 0.0, 0.0, 0.0]}
+    fit = [len(xs), sum(xs), sum(ys), sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))]
+    xmed = statistics.median(xs) if xs else None
+    if not xs or beta == 0.0:  # no slope yet: the plain median
+        return {"adj_us": statistics.median(samples), "fit": fit, "x_median": xmed}
     z = [y - beta * (x - center) for x, y in zip(xs, ys)]
-    return {"adj_us": math.exp(statistics.median(z)),
-            "fit": [len(xs), sum(xs), sum(ys), sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))]}
+    return {"adj_us": math.exp(statistics.median(z)), "fit": fit, "x_median": xmed}
 
 
 #: ``MATRIX_RUN_BURST_TRACE=DIR``: every burst's raw samples and probe readings are appended, one

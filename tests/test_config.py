@@ -69,6 +69,14 @@ def test_top_level_rules():
     assert (parse_config({}).sampling.host_every, parse_config({}).sampling.max_repeats) == (2, 1)
     with pytest.raises(ConfigError, match="sampling.host_every = 0: must be a positive integer"):
         parse_config({"sampling": {"host_every": 0}})
+    d = parse_config({}).sampling
+    assert (d.speed_adjust, d.prefetch_spawn) == (True, "cycles")
+    d = parse_config({"sampling": {"speed_adjust": False, "prefetch_spawn": "after"}}).sampling
+    assert (d.speed_adjust, d.prefetch_spawn) == (False, "after")
+    with pytest.raises(ConfigError, match="sampling.prefetch_spawn = 'later': must be cycles or after"):
+        parse_config({"sampling": {"prefetch_spawn": "later"}})
+    with pytest.raises(ConfigError, match="sampling.speed_adjust"):
+        parse_config({"sampling": {"speed_adjust": "yes"}})
     # wrong types are config errors (exit 2), not internal errors (new-user trial, 2026-12-01)
     for k, v in (("min_effect", "abc"), ("min_effect", "0.05"), ("alpha", None), ("alpha", [0.05])):
         with pytest.raises(ConfigError, match=f"sampling.{k} = .*: must be a positive number"):

@@ -250,3 +250,57 @@ def test_await_setups_waits_for_hello_config_and_every_queued_set_up():
     st.preloaded = {"a": ["c1", "c2", "c3"], "b": ["c1", "c2", "c3"]}  # c: nothing was queued
     st.await_setups(10.0)
     assert (st.workers["a"].asked, st.workers["b"].asked, st.workers["c"].asked) == (5, 4, None)
+
+
+def test_burst_brackets_every_sample_with_probe_readings_outside_the_timed_calls():
+    b = _fake_bench(0.0003)
+    refs: list = []
+    s = worker.Bench.wall_samples(b, 2, 0.01, refs)
+    assert len(refs) == len(s) + 1  # one before each sample, one after the last
+    assert all(0 < r < 1000 for r in refs)
+    assert all(250 < x < 900 for x in s)  # the probe is not inside the timed calls
+    refs = []
+    h = worker.Bench.host_samples(b, 1, 0.005, refs)
+    assert len(refs) == len(h) + 1
+
+
+def test_speed_adjusted_moves_each_sample_to_the_reference_speed_along_the_slope():
+    import math
+    # the probe reads 4 or 8 µs; a sample bracketed by 4 and 8 sits at probe sqrt(32), and the call
+    # scales with the speed (50 µs at probe 4 µs, 70.71 µs at sqrt(32))
+    refs = [4.0, 8.0, 4.0, 8.0, 4.0, 4.0]  # sample i is bracketed by refs[i] and refs[i+1]
+    samples = [70.71, 70.71, 70.71, 70.71, 50.0]
+    out = worker.speed_adjusted(samples, refs, 1.0, math.log(4.0))
+    # at slope 1 every sample is moved to probe 4 µs: 50 µs each (70.71 at probe sqrt(32) -> 50)
+    assert abs(out["adj_us"] - 50.0) < 0.05
+    # slope 0: the plain median
+    assert abs(worker.speed_adjusted(samples, refs, 0.0, 0.0)["adj_us"] - 70.71) < 1e-9
+    n, sx, sy, sxx, sxy = out["fit"]
+    assert n == 5 and abs(sx / n - (4 * math.log(32) / 2 + math.log(4)) / 5) < 1e-9
+
+
+def test_speed_slope_is_the_within_worker_slope_pooled_and_ignores_offsets_between_workers():
+    import math
+    import random
+
+    from matrix_runner import stats
+    rng = random.Random(1)
+    sl = stats.SpeedSlope()
+    assert sl.beta_center() == (0.0, 0.0)  # nothing yet: no adjustment
+    # worker w: log µs = offset_w + 0.7 * log probe + noise; offsets differ a lot between workers
+    for w, off in enumerate((3.0, 3.5, 2.4, 4.1)):
+        for _ in range(30):
+            xs = [math.log(rng.choice((3.6, 7.5))) for _ in range(10)]
+            ys = [off + 0.7 * x + rng.gauss(0, 0.02) for x in xs]
+            sl.add((0, w), [len(xs), sum(xs), sum(ys), sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))])
+    beta, center = sl.beta_center()
+    assert abs(beta - 0.7) < 0.02
+    assert math.log(3.6) < center < math.log(7.5)
+    # bounded: a slope the data cannot have is clamped; malformed fits are ignored
+    sl2 = stats.SpeedSlope()
+    for k in range(20):
+        x = math.log(4.0 + k % 2 * 4.0)
+        sl2.add("w", [1, x, 5 * x, x * x, 5 * x * x])
+    sl2.add("w", [1, float("nan"), 0, 0, 0])
+    sl2.add("w", None)
+    assert sl2.beta_center()[0] == stats.SLOPE_BOUNDS[1]

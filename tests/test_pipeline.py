@@ -62,6 +62,15 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
         w = c["metrics"]["wall_us"]
         assert w["n_rounds"] == len(sets) and len(w["samples"]) == len(sets) and w["n"] >= 3 * len(sets)
         assert sorted(w["by_set"], key=int) == [str(s["set"]) for s in sets]
+        # every cycle also has its plain burst median and the speed probe's reading (µs), and each set
+        # the slope and centre it was taken at (stats.SpeedSlope; slope 0 before any data)
+        for sid, cyc in w["by_set"].items():
+            assert w["raw_by_set"][sid].keys() == cyc.keys() == w["ref_by_set"][sid].keys()
+            assert all(0 < v < 1e4 for v in w["ref_by_set"][sid].values())
+            sp = w["speed_by_set"][sid]
+            assert 0.0 <= sp["beta"] <= 1.5
+        if all(sp["beta"] == 0.0 for sp in w["speed_by_set"].values()):
+            assert w["by_set"] == w["raw_by_set"]
         assert w["q1"] <= w["median"] <= w["q3"] or w["n_rounds"] > 1
         assert c["correctness"]["ok"] is True
         assert c["faults"] == 0 and not c["notes"]
