@@ -6,7 +6,7 @@
 3. Planted overhead: stand-in "2.7.0.post2" wheels that busy-wait PLANTED µs per forward call;
    each must be found "slower" with an estimated delta within +-20 % of what the planted code costs
    *in context*: the stand-in's call timed in one process with the planted cost switched off and on
-   in alternating blocks (:data:`TRUTH`; on this machine a nominal 5 µs busy-wait costs ~7.5 µs inside
+   in alternating blocks (standin.in_context_us; on this machine a nominal 5 µs busy-wait costs ~7.5 µs inside
    the call, 20 µs ~23 µs: the clock calls of the wait and what it displaces). The error against the
    nominal value is printed too. 5 µs is ~6 % of the smallest stand-in call here, so these runs use
    --min-effect 0.02.
@@ -34,38 +34,9 @@ shapes:
 sampling: {time_budget_s: 60, set_seconds: 2}
 """
 PLANTED = (5.0, 20.0)
-#: The planted code's in-context cost (µs per call): the stand-in's flash_attn_func on CPU tensors in
-#: this one process, 400 paired blocks of 20 calls with the planted cost off and on (order alternated);
-#: the median of the paired differences. Args: source dir, planted µs, batch, seqlen, nheads, head_dim.
-TRUTH = r"""
-import statistics, sys, time
-import torch
-torch.set_num_threads(1)
-sys.path.insert(0, sys.argv[1])
-import flash_attn
-from flash_attn import flash_attn_interface as fi
-us = float(sys.argv[2])
-b, s, h, d = map(int, sys.argv[3:7])
-q = torch.randn(b, s, h, d, dtype=torch.float16)
-k, v = torch.randn_like(q), torch.randn_like(q)
-diffs, t = [], {}
-for rep in range(400):
-    for val in ((0.0, us) if rep % 2 == 0 else (us, 0.0)):
-        fi.PLANTED_HOST_OVERHEAD_US = val
-        t0 = time.perf_counter_ns()
-        for _ in range(20):
-            flash_attn.flash_attn_func(q, k, v)
-        t[val] = (time.perf_counter_ns() - t0) / 20 / 1000
-    diffs.append(t[us] - t[0.0])
-print(statistics.median(diffs))
-"""
-
-
 def in_context_us(src: Path, us: float, case: dict) -> float:
-    """The planted code's cost inside the stand-in's call (:data:`TRUTH`), µs per call."""
-    cp = subprocess.run([sys.executable, "-c", TRUTH, str(src), str(us), str(case["batch"]), str(case["seqlen_q"]),
-                         str(case["nheads"]), str(case["head_dim"])], capture_output=True, text=True, check=True)
-    return float(cp.stdout.strip())
+    """The planted code's cost inside the stand-in's call (standin.in_context_us), µs per call."""
+    return standin.in_context_us(src, us, case["batch"], case["seqlen_q"], case["nheads"], case["head_dim"])
 
 
 def run(tmp: Path, versions: str, wheels: Path, name: str, *extra: str) -> dict:

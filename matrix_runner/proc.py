@@ -22,9 +22,10 @@ from pathlib import Path
 ENV_ALLOW = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "TMPDIR", "TZ", "SHELL",
              "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CC", "CXX",
              "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY",
-             "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "XDG_CACHE_HOME")
+             "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "XDG_CACHE_HOME",
+             "MATRIX_RUN_BURST_TRACE")  # the worker's burst trace (a diagnostic: worker.py)
 ENV_ALLOW_PREFIXES = ("LC_", "UV_", "NVIDIA_", "NCCL_", "TORCH_", "TRITON_", "CUBLAS_", "CUDNN_",
-                      "NVSHMEM_", "PYTORCH_", "OMP_", "MKL_", "OPENBLAS_", "MATRIX_RUN_")
+                      "NVSHMEM_", "PYTORCH_", "OMP_", "MKL_", "OPENBLAS_")
 
 
 def clean_env(extra: dict | None = None) -> dict:

@@ -160,16 +160,11 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
                 continue
             bs, ks = _by_set(b["metrics"][m]), _by_set(k["metrics"][m])
             if paired and bs is not None and ks is not None:
+                rb, rk = (_by_set({"by_set": mk.get("raw_by_set")}) if mk.get("raw_by_set") else None
+                          for mk in (b["metrics"][m], k["metrics"][m]))
                 per[m] = stats.set_compare(bs, ks, min_effect=min_effect, family_size=family[m], family_alpha=alpha,
-                                           n_target=n_target, cycles=m in ("wall_us", "host_us"), provisional=quick)
-                if per[m] is not None:  # the µs shown: the plain burst medians of the sets compared
-                    for side, mk in (("base_median", b["metrics"][m]), ("cand_median", k["metrics"][m])):
-                        raw = _by_set({"by_set": mk.get("raw_by_set")}) if mk.get("raw_by_set") else None
-                        if raw:
-                            vals = [x for sid in per[m]["sets"] for x in (raw.get(sid) or {}).values()
-                                    if x is not None and math.isfinite(x)]
-                            if vals:
-                                per[m][side] = stats._median(vals)
+                                           n_target=n_target, cycles=m in ("wall_us", "host_us"), provisional=quick,
+                                           plain=(rb, rk) if rb and rk else None)
             else:
                 per[m] = stats.compare(b["metrics"][m]["samples"], k["metrics"][m]["samples"], min_effect,
                                        seed=zlib.crc32(f"{cid}/{m}".encode()), paired=None if paired else False)

@@ -192,9 +192,11 @@ def comparisons_now(data: dict, labels: list[str], cases: list[Case], sampling: 
     out = {}
     for cand, c in pairs:
         b, k = data[(labels[0], c.id)].sets[metric], data[(cand, c.id)].sets[metric]
+        rb, rk = data[(labels[0], c.id)].raw.get(metric), data[(cand, c.id)].raw.get(metric)
         out[(cand, c.id)] = stats.set_compare(b, k, min_effect=sampling.min_effect, family_size=len(pairs) + family_extra,
                                               family_alpha=sampling.alpha, n_target=sampling.planned_sets,
-                                              cycles=metric in CYCLED, provisional=quick)
+                                              cycles=metric in CYCLED, provisional=quick,
+                                              plain=(rb, rk) if rb and rk else None)
     return out
 
 
@@ -814,7 +816,8 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 t1 = time.monotonic()
                 try:
                     rep = live[key].request({"cmd": "burst", "case": c.id, "clock": m[:-3], "ms": sampling.burst_ms,
-                                             "beta": beta, "center": center}, case_timeout)
+                                             "beta": beta, "center": center, "probe": sampling.speed_adjust},
+                                            case_timeout)
                 except lockstep.WorkerFault as ex:
                     fault(key, c.id, ex, f"a {m[:-3]} burst")
                     return n

@@ -394,7 +394,7 @@ def set_log_ratio(base: dict, cand: dict) -> float | None:
 
 def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, family_size: int = 1,
                 family_alpha: float = FAMILY_ALPHA, n_target: int = 8, cycles: bool = True,
-                provisional: bool = False) -> dict | None:
+                provisional: bool = False, plain: tuple | None = None) -> dict | None:
     """Compare one clock of one case between two envs measured in lockstep process sets.
 
     ``base_sets``/``cand_sets`` map a process-set id to that set's data: with ``cycles`` a dict
@@ -412,13 +412,19 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
     cand_median, n_sets, sets, set_log_ratios, alpha, ci_method, paired}``; ratio > 1: the candidate
     is slower; None when no set has both sides. ``delta_us`` (µs per call) is the mean over sets of each
     set's trimmed mean of the paired per-cycle differences (device/graph: difference of the set's
-    medians), with the same kind of interval. ``unbounded``: too few sets yet for a finite interval."""
+    medians), with the same kind of interval. ``unbounded``: too few sets yet for a finite interval.
+    ``plain``: (baseline, candidate) sets of the bursts' plain medians where ``base_sets``/``cand_sets``
+    hold them at one reference CPU speed (:class:`SpeedSlope`): the ratio and verdict come from the
+    adjusted values, ``delta_us`` and the medians from the plain ones (what a call costs on this
+    machine; a fixed-time cost is not rescaled by the speed)."""
     ids = [s for s in base_sets if s in cand_sets]
     obs, deltas, used = [], [], []
+    pb, pk = plain if plain else (base_sets, cand_sets)
     for s in ids:
         b, k = base_sets[s], cand_sets[s]
         if cycles:
-            v, dv = set_log_ratio(b, k), set_delta(b, k)
+            v = set_log_ratio(b, k)
+            dv = set_delta(pb.get(s) or b, pk.get(s) or k) if plain else set_delta(b, k)
         else:
             bv = [x for x in b if x is not None and math.isfinite(x) and x > 0]
             kv = [x for x in k if x is not None and math.isfinite(x) and x > 0]
@@ -439,7 +445,7 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
         vals = [x for x in vals if x is not None and math.isfinite(x)]
         return _median(vals) if vals else math.nan
 
-    mb, mc = med(base_sets), med(cand_sets)
+    mb, mc = med(pb if all(s in pb for s in used) else base_sets), med(pk if all(s in pk for s in used) else cand_sets)
     alpha = family_alpha / max(1, family_size)
     c = lai_mixing(n_target, alpha)
     m, lo, hi = t_cs(obs, alpha, c)

@@ -1085,15 +1085,17 @@ class Server:
                 sample_us = max(ms * 1e3 / BURST_SAMPLES, 1.0)
                 inner = max(1, int(round(sample_us / max(per, 1e-3))))
                 fn = b.wall_samples if cmd["clock"] == "wall" else b.host_samples
-                refs: list = []
+                refs: list | None = [] if cmd.get("probe", True) else None  # the CPU-speed probe between samples
                 t0 = time.monotonic_ns()
                 samples = fn(inner, ms / 1e3, refs)
-                rec.update(us=statistics.median(samples), n=len(samples), inner=inner,
-                           ref_us=statistics.median(refs))
-                rec.update(speed_adjusted(samples, refs, float(cmd.get("beta") or 0.0), float(cmd.get("center") or 0.0)))
+                rec.update(us=statistics.median(samples), n=len(samples), inner=inner)
+                if refs:
+                    rec["ref_us"] = statistics.median(refs)
+                    rec.update(speed_adjusted(samples, refs, float(cmd.get("beta") or 0.0),
+                                              float(cmd.get("center") or 0.0)))
                 if _TRACE:
                     _trace({"t0": t0, "t1": time.monotonic_ns(), "case": cid, "clock": cmd["clock"],
-                            "inner": inner, "samples": samples, "refs": refs})
+                            "inner": inner, "samples": samples, "refs": refs or []})
             elif op == "finish":
                 b = self.benches[cid]
                 notes: list = []

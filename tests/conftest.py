@@ -35,6 +35,8 @@ def standins(tmp_path_factory) -> dict:
     for version, over in (("2.6.3", 0.0), ("2.7.0.post2", PLANTED_US)):
         src = standin.make_source(root / "src", version, over)
         standin.build_wheel(src, out["wheels"])
+        if over:
+            out["planted_src"] = src  # for standin.in_context_us
         standin.build_sdist(standin.make_source(root / "src-sdist", version, over), out["sdists"])
     return out
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import standin
 from conftest import PLANTED_US, load_results, run_cli
 
 from matrix_runner import build, results, stats, worker
@@ -276,8 +277,12 @@ def test_every_op_end_to_end_finds_the_planted_host_cost(standins, tmp_path):
     # while these medians differed by 296-334 µs; under such load a 500-700 µs call's median moved
     # up to 440 µs, hence 4 s of cycles and calls kept small.)
     assert len(res["sets"]) == 1
+    # read against what the planted busy-wait costs inside a forward call now (standin.in_context_us:
+    # 330-390 µs for the nominal 300 on the 2-core CI machine, by the speed it runs at; one dense
+    # measurement for all ops: the planted code is the same in each)
+    truth = standin.in_context_us(standins["planted_src"], PLANTED_US, 1, 16, 2, 16, blocks=200)
     for c in wall:
-        assert c["cand_median"] - c["base_median"] == pytest.approx(PLANTED_US, rel=0.3), c
+        assert c["cand_median"] - c["base_median"] == pytest.approx(truth, rel=0.3), (truth, c)
     html = (tmp_path / "out" / "index.html").read_text()
     assert "GB/s KV read" in html and "kvcache" in html and "varlen" in html
 
