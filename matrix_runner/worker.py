@@ -18,7 +18,9 @@ Clocks per case, all in µs per call:
 
 - ``wall_us``: ``call(); synchronize()`` timed with ``time.perf_counter_ns``; a burst of ~B ms is
   timed as samples of ``inner`` such calls (~B/8 ms each, >= 1 call), and the burst's value is the
-  median of its samples.
+  median of its samples. Between samples (never inside them) :func:`speed_probe` reads the CPU's
+  speed of the moment; the reply also gives the burst's value at the driver's reference speed
+  (:func:`speed_adjusted`, ``adj_us``) and the sums the driver's slope needs.
 - ``host_us``: the time until the call returns, without synchronizing; the device is synchronized
   *before* each timed call (outside the timing) so the launch queue is empty: host dispatch overhead.
 - ``device_us`` (CUDA only): the summed GPU time of every kernel/memset/memcpy the call launched, from
@@ -1201,8 +1203,11 @@ def serve() -> int:
     - ``setup {case, spec, warmup_s?}``: inputs, warm-up (``warmup_s``, default
       ``BUDGETS["setup_warmup"]``, at least 6 calls), calibration -> ``per_call_us``; commands may be
       sent ahead of their replies (the driver queues a prefetched set's config and set-ups);
-    - ``burst {case, clock: wall|host, ms}``: a few untimed calls, then ~``ms`` of timed calls in
-      samples of ~ms/8 -> ``us`` (median of the samples, µs per call), ``n``, ``inner``;
+    - ``burst {case, clock: wall|host, ms, beta, center, probe}``: a few untimed calls, then ~``ms``
+      of timed calls in samples of ~ms/8 -> ``us`` (median of the samples, µs per call), ``n``,
+      ``inner``; with ``probe`` (default true) also ``ref_us`` (the speed probe's median µs),
+      ``adj_us`` (the value at the reference speed ``center`` along slope ``beta``), ``fit`` and
+      ``x_median`` (:func:`speed_adjusted`);
     - ``finish {case}``: correctness against an fp32 reference and the CUDA-graph clock;
     - ``device_init``: the profiler's one-off start-up in an empty session (CUDA);
     - ``device {case}``: kernel time from the profiler; after it or ``device_init``, bursts are
