@@ -60,12 +60,6 @@ def pooled_beta(sets: dict) -> float:
     return sxy / sxx if sxx > 0 else 0.0
 
 
-def trimmed(x):
-    x = sorted(x)
-    g = int(math.floor(stats.CYCLE_TRIM * len(x)))
-    return float(np.mean(x[g:len(x) - g]))
-
-
 def set_cs(b: dict, k: dict, alpha: float, c_mix: float):
     """(ratio, half-width as a share of the ratio, set SD) of the run's estimator on cycle dicts."""
     vals = [v for sid in b if sid in k for v in [stats.set_log_ratio(b[sid], k[sid])] if v is not None]
