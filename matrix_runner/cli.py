@@ -157,8 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "samples stored in the files (two-level bootstrap), a verdict and an attribution. Above 1, B "
                     "is slower than A. No timing is redone; the envs inside each run are not compared with each "
                     "other (that is what each run's own report does).")
-    c.add_argument("a", metavar="A.json", help="the reference run (results.json, or its directory)")
-    c.add_argument("b", metavar="B.json", help="the run compared against A (results.json, or its directory)")
+    c.add_argument("a", metavar="A", help="the reference run (results.json, or its directory)")
+    c.add_argument("b", metavar="B", help="the run compared against A (results.json, or its directory)")
     c.add_argument("-o", "--output", metavar="DIR", help="also write DIR/index.html (self-contained)")
     c.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
     c.add_argument("--min-effect", type=float, default=None, metavar="FRAC",
