@@ -49,14 +49,10 @@ def cycles(b: dict, k: dict, rb: dict, rk: dict):
 
 
 def pooled_beta(sets: dict) -> float:
-    sxy = sxx = 0.0
-    for rows in sets.values():
-        if len(rows) < 2:
-            continue
-        d = np.array([r[0] for r in rows])
-        r = np.array([r[1] for r in rows])
-        sxy += float(((d - d.mean()) * (r - r.mean())).sum())
-        sxx += float(((r - r.mean()) ** 2).sum())
+    """The within-set slope of d on r, pooled over the sets (stats.within_sums, unclamped)."""
+    sxx, sxy, _, _ = stats.within_sums([[len(rows), sum(r for _, r in rows), sum(d for d, _ in rows),
+                                         sum(r * r for _, r in rows), sum(d * r for d, r in rows)]
+                                        for rows in sets.values()])
     return sxy / sxx if sxx > 0 else 0.0
 
 

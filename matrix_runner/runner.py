@@ -843,16 +843,15 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 cd.inner[m] = rep.get("inner")
             for lab, vals in got.items():
                 cd = data[(lab, c.id)]
-                if any(v <= 0 or not math.isfinite(v) for v in vals):
+                value = _geomean(vals)
+                if value is None:
                     continue
-                cd.sets[m].setdefault(sid, {})[n] = math.exp(sum(math.log(v) for v in vals) / len(vals))
-                rw = raws.get(lab) or []
-                if rw and all(math.isfinite(v) and v > 0 for v in rw):
-                    cd.raw[m].setdefault(sid, {})[n] = math.exp(sum(math.log(v) for v in rw) / len(rw))
+                cd.sets[m].setdefault(sid, {})[n] = value
+                for store, per in ((cd.raw, raws), (cd.refs, refs)):  # plain medians, probe readings
+                    v = _geomean(per.get(lab) or [])
+                    if v is not None:
+                        store[m].setdefault(sid, {})[n] = v
                 cd.speed[m][sid] = {"beta": round(beta, 4), "center": round(center, 4)}
-                rv = refs.get(lab) or []
-                if rv and all(math.isfinite(v) and v > 0 for v in rv):
-                    cd.refs[m].setdefault(sid, {})[n] = math.exp(sum(math.log(v) for v in rv) / len(rv))
                 if cd.status != "ok":
                     if cd.status == "error":
                         cd.notes.append(f"set {sid}: timed again after the earlier fault")
@@ -863,6 +862,14 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
             if time.monotonic() >= t_end:
                 break
     return n
+
+
+def _geomean(vals: list) -> float | None:
+    """Geometric mean of an env's workers' values of one cycle (µs); None when there are none or one
+    is not a positive finite number."""
+    if not vals or any(not math.isfinite(v) or v <= 0 for v in vals):
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
 def case_data_from_record(rec: dict, case: Case) -> CaseData:

@@ -468,6 +468,21 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
 SLOPE_BOUNDS = (0.0, 1.5)
 
 
+def within_sums(groups) -> tuple[float, float, float, float]:
+    """Pooled within-group sums for a least-squares slope with each group's own mean removed:
+    ``groups`` are [n, sum x, sum y, sum x^2, sum x*y]; returns (S_xx, S_xy, n, sum x) over the groups
+    with n >= 2. The slope is S_xy / S_xx (:class:`SpeedSlope`; benchmarks/speed_probe.py)."""
+    sxx = sxy = n_all = sx_all = 0.0
+    for n, sx, sy, xx, xy in groups:
+        if n < 2:
+            continue
+        sxx += xx - sx * sx / n
+        sxy += xy - sx * sy / n
+        n_all += n
+        sx_all += sx
+    return sxx, sxy, n_all, sx_all
+
+
 class SpeedSlope:
     """How a case's call time follows the CPU's speed, pooled over the bursts timed so far.
 
@@ -506,14 +521,7 @@ class SpeedSlope:
 
     def beta_center(self) -> tuple[float, float]:
         """(slope, centre): 0 and 0 (no adjustment) until the workers have >= 8 samples with spread."""
-        sxx = sxy = n_all = sx_all = 0.0
-        for n, sx, sy, xx, xy in self.per.values():
-            if n < 2:
-                continue
-            sxx += xx - sx * sx / n
-            sxy += xy - sx * sy / n
-            n_all += n
-            sx_all += sx
+        sxx, sxy, n_all, sx_all = within_sums(self.per.values())
         if n_all < 8 or sxx <= 1e-9:
             return 0.0, 0.0
         lo, hi = SLOPE_BOUNDS
