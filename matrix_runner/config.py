@@ -28,7 +28,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
     sampling:
       time_budget_s: 60     # wall-clock budget for the timing phase (s)
       min_effect: 0.05      # smallest ratio change called faster/slower (0.05 = 5 %)
-      set_seconds: 3        # lockstep cycles per process set (s); a set is one fresh worker per env
+      set_seconds: 3        # lockstep cycles per process set (s, at least: on while the next set starts); a set is one fresh worker per env
       max_sets: 40          # a cap; the time budget or decided verdicts normally stop first
       burst_ms: 5           # each worker's turn in a cycle (ms of calls)
       alpha: 0.05           # family-wise error rate of a run's verdicts per clock

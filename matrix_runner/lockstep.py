@@ -136,6 +136,21 @@ class Worker:
             self._ready.append(rec)
         return len(self._ready)
 
+    def has_reply(self) -> bool:
+        """Whether a whole record is waiting to be read, without waiting: reads what the pipe holds
+        now into the buffer. A worker that has exited also answers True: nothing is left to wait for,
+        and its fault shows at the next read."""
+        if self._ready or b"\n" in self._buf:
+            return True
+        fd = self.p.stdout.fileno()
+        r, _, _ = select.select([fd], [], [], 0)
+        if r:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return True
+            self._buf += chunk
+        return b"\n" in self._buf
+
     def wait_hello(self, timeout: float) -> dict:
         """The worker's first reply (``hello`` with its env probe, or ``fatal``)."""
         self.hello = self._readline(timeout)

@@ -8,7 +8,9 @@ theirs overlaps a cycle or a profiled kernel, and a set's start mostly collects 
 every worker of the set a burst (~``burst_ms`` of calls) of one (case, clock) in turn, in a
 balanced random order (a random permutation, then its reverse for that item's next cycle), for
 ``set_seconds`` (with ``Sampling.max_repeats`` > 1, a noisier case's wall clock more often:
-:func:`cycle_weights`); then each worker
+:func:`cycle_weights`), and on while the next set's workers are still importing (up to
+``EXTEND_FACTOR`` x ``set_seconds``: on a machine with few cores the import outlasts the cycles, and
+the next set would wait for it idle; the set's ``extended_s`` says by how much); then each worker
 checks correctness and takes the CUDA-graph clock of every case, and (CUDA, while undecided, in at
 most ``Sampling.clock_sets`` sets) the profiler pass for kernel time, last, since a profiler session
 slows later calls in its process. Sets run one after another on the quietest cores (``--cpus``),
@@ -48,6 +50,10 @@ METRICS = ("wall_us", "host_us", "device_us", "graph_us")
 CYCLED = ("wall_us", "host_us")
 #: Seconds a worker may take to start (import torch and the subject) before it is stopped.
 START_TIMEOUT_S = 180.0
+#: A set's cycles may run up to this many times ``set_seconds`` while the next set's workers are still
+#: importing (module doc: on the 2-core CPU machine the import took ~3.6 s beside 1-2 s of cycles,
+#: and the next set's start waited for it idle).
+EXTEND_FACTOR = 5.0
 
 
 @dataclass
@@ -260,6 +266,11 @@ class _Set:
                 w.read_ahead((0 if w.hello else 1) + 1 + len(self.preloaded[key]),
                              max(0.0, end - time.monotonic()))
 
+    def started(self) -> bool:
+        """Whether every worker has written its first reply (hello: torch and the subject imported),
+        without waiting (:meth:`lockstep.Worker.has_reply`)."""
+        return all(w.hello is not None or w.has_reply() for w in self.workers.values())
+
     def close(self, park: set | None = None) -> None:
         """Stop the set's workers: all are signalled at once, and reaped in the background (the next
         set waits for it before its cycles: a CUDA context's teardown disturbs bursts). ``park``:
@@ -350,10 +361,14 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             def prefetch(stage: str, _sid=sid):
                 """``spawn``: start the next set's workers (they import during this set's cycles);
                 ``setup``: queue their config and set-ups (CUDA work: after this set's cycles);
-                ``await``: wait until those set-ups are over (before this set's profiler pass)."""
+                ``await``: wait until those set-ups are over (before this set's profiler pass);
+                ``started``: whether the next set's workers have all said hello (True when none is
+                starting), without waiting."""
                 nonlocal pending
+                if stage == "started":
+                    return pending is None or pending.started()
                 if quick or stop.is_set() or others is None:  # no spare core: start after this set
-                    return
+                    return None
                 if stage == "await":
                     if pending is not None:
                         pending.await_setups(case_timeout)
@@ -561,9 +576,13 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                 if rep.get("status") != "ok":
                     rec["pinned"] = False
                     rec["error"] = f"pinning failed: {rep.get('error')}"
+        t_cyc = time.monotonic()
         rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
                                 rng=rng, on_progress=on_progress, fault=fault, labels=labels,
-                                slopes=slopes if slopes is not None else {})
+                                slopes=slopes if slopes is not None else {},
+                                more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
+        budget = sampling.quick_set_seconds if quick else sampling.set_seconds
+        rec["extended_s"] = round(max(0.0, time.monotonic() - t_cyc - budget), 3)
         phase("cycles")
         if sampling.prefetch_spawn == "after":
             prefetch("spawn")
@@ -754,9 +773,10 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
 
 def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampling, *, quick: bool,
             case_timeout: float, stop: threading.Event, rng: random.Random, on_progress, fault,
-            labels: list[str], slopes: dict) -> int:
-    """The set's lockstep cycles for ``sampling.set_seconds`` (quick: ``quick_set_seconds``); returns
-    how many ran. A cycle is one (case, clock) item: every worker of the set times a burst of it, in
+            labels: list[str], slopes: dict, more: Callable[[], bool] | None = None) -> int:
+    """The set's lockstep cycles for ``sampling.set_seconds`` (quick: ``quick_set_seconds``), and
+    on while ``more()`` says the next set's workers are still starting (up to ``EXTEND_FACTOR`` x that
+    time: the start would otherwise wait idle for them); returns how many ran. A cycle is one (case, clock) item: every worker of the set times a burst of it, in
     a random order, reversed for that item's next cycle. With several workers per env, an env's
     value of a cycle is the geometric mean of its workers' bursts. Each burst's value is taken at the
     reference CPU speed (``sampling.speed_adjust``: stats.SpeedSlope, fixed from the earlier bursts
@@ -781,11 +801,19 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     reps = cycle_weights(data, labels, cases, sampling.max_repeats) if not quick and sampling.max_repeats > 1 else {}
     keys = list(live)
     t_end = time.monotonic() + budget
+    t_cap = t_end + (EXTEND_FACTOR - 1) * budget
+
+    def over() -> bool:
+        """The set's cycles are over: ``budget`` s are up and the next set's workers have started
+        (``more`` is false) or the set has run ``EXTEND_FACTOR`` x its budget."""
+        now = time.monotonic()
+        return now >= t_end and (more is None or now >= t_cap or not more())
+
     n = 0
     flip: dict = {}
     sweep = 0
     on_progress(f"set {sid}: lockstep cycles ({len(items)} case-clock items)")
-    while time.monotonic() < t_end and items:
+    while items and not over():
         # the host clock in one sweep of Sampling.host_every: wall decides the run, host explains it
         now = [it for it in items if it[1] == "wall_us" or sweep % sampling.host_every == 0] or list(items)
         now = [it for it in now for _ in range(reps.get(it[0].id, 1) if it[1] == "wall_us" else 1)]
@@ -859,7 +887,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
             for key, fit, xm in fits:  # after the cycle: its bursts all used the same slope
                 slope.add((sid, key), fit, xm)
             n += 1
-            if time.monotonic() >= t_end:
+            if over():
                 break
     return n
 

@@ -23,7 +23,7 @@ ops: [fwd, bwd]
 shapes:
   - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16}
   - {batch: 2, seqlen_q: 16, seqlen_k: 32, nheads: 4, nheads_k: 2, head_dim: 32, causal: true}
-sampling: {time_budget_s: 60, set_seconds: 1.0, max_sets: 4}
+sampling: {time_budget_s: 120, set_seconds: 1.0, max_sets: 6}
 """
 
 

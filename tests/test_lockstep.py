@@ -304,3 +304,62 @@ def test_speed_slope_is_the_within_worker_slope_pooled_and_ignores_offsets_betwe
     sl2.add("w", [1, float("nan"), 0, 0, 0])
     sl2.add("w", None)
     assert sl2.beta_center()[0] == stats.SLOPE_BOUNDS[1]
+
+
+class _BurstWorker:
+    """A stand-in for a live lockstep.Worker: every burst takes ``ms`` and reports 100 µs."""
+
+    def __init__(self, ms: float = 2.0):
+        self.ms, self.bursts = ms, 0
+
+    def request(self, cmd: dict, timeout: float) -> dict:
+        assert cmd["cmd"] == "burst"
+        time.sleep(self.ms / 1000)
+        self.bursts += 1
+        return {"status": "ok", "us": 100.0, "adj_us": 100.0, "ref_us": 5.0}
+
+
+@pytest.mark.parametrize("more_for, want_lo, want_hi", [
+    (None, 0.1, 0.2),    # no next set starting: the set's own seconds
+    (0.3, 0.3, 0.4),     # the next set's workers say hello after 0.3 s: cycles run until then
+    (9.0, 0.5, 0.6),     # they never do: at most EXTEND_FACTOR (5) x the set's seconds
+])
+def test_a_set_cycles_on_while_the_next_sets_workers_are_still_starting(more_for, want_lo, want_hi):
+    import random
+    import threading
+
+    from matrix_runner import runner
+    from matrix_runner.config import Sampling
+
+    cases, data = _cycle_data({"x": 0.01}, sets=0)
+    samp = Sampling(set_seconds=0.1, speed_adjust=False)
+    live = {"a": _BurstWorker(), "b": _BurstWorker()}
+    st = SimpleNamespace(sid=0, label_of={"a": "a", "b": "b"})
+    t0 = time.monotonic()
+    more = None if more_for is None else (lambda: time.monotonic() - t0 < more_for)
+    n = runner._cycles(st, live, cases, data, samp, quick=False, case_timeout=5, stop=threading.Event(),
+                       rng=random.Random(0), on_progress=lambda m: None, fault=None, labels=["a", "b"],
+                       slopes={}, more=more)
+    took = time.monotonic() - t0
+    assert want_lo <= took <= want_hi, took
+    # every cycle was kept: one paired value per cycle and env
+    assert n == len(data[("a", cases[0].id)].sets["wall_us"][0]) + len(data[("a", cases[0].id)].sets["host_us"].get(0, {}))
+    assert n >= 0.5 * took / 0.004  # a cycle: two 2-ms bursts
+
+
+def test_has_reply_reads_without_waiting(tmp_path):
+    import subprocess
+
+    w = object.__new__(lockstep.Worker)
+    w._buf, w._ready = b"", []
+    w.p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.4); print('{\"type\": \"hello\"}', flush=True); time.sleep(0.3)"],
+                           stdout=subprocess.PIPE)
+    t = time.monotonic()
+    assert w.has_reply() is False and time.monotonic() - t < 0.05  # nothing yet, and no wait
+    while not w.has_reply():
+        assert time.monotonic() - t < 5
+        time.sleep(0.01)
+    assert w.wait_hello(1) == {"type": "hello"}  # the record read ahead is the next reply
+    assert w.has_reply() is False
+    w.p.wait()
+    assert w.has_reply() is True  # exited: nothing left to wait for

@@ -45,10 +45,10 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
         assert rec["fingerprint"] and rec["import_error"] is None
     # the config's sampling (conftest.TINY) is what the run used
     st = res["settings"]
-    assert (st["max_sets"], st["set_seconds"], st["time_budget_s"]) == (4, 1.0, 60.0)
+    assert (st["max_sets"], st["set_seconds"], st["time_budget_s"]) == (6, 1.0, 120.0)
     assert st["method"] == "lockstep-sets/anytime-t-cs/1" and st["workers_per_env"] >= 1
     sets = res["sets"]
-    assert [s["set"] for s in sets] == list(range(len(sets))) and 2 <= len(sets) <= 4
+    assert [s["set"] for s in sets] == list(range(len(sets))) and 2 <= len(sets) <= 6
     assert all(s["status"] == "ok" and s["cycles"] > 0 for s in sets)
     for s in sets:  # one process set: fresh workers of both envs, on one core where pinning works
         assert {k.split("#")[0] for k in s["workers"]} == {"2.6.3", "2.7.0.post2"}
@@ -105,7 +105,9 @@ def test_planted_host_overhead_is_flagged_slower_by_about_that_much(first_run):
     for c in wall:
         assert (c["baseline"], c["candidate"]) == ("2.6.3", "2.7.0.post2")
         if c["op"] == "fwd":
-            assert c["verdict"] == "slower", c
+            # conftest.TINY runs 6 sets: at 4 the confidence sequence (alpha 0.05/4) is 5.3 set SDs
+            # wide, and one CI run of 2026-12-01 spread the sets enough to leave this "ambiguous"
+            assert c["verdict"] == "slower", (quiet, c["set_log_ratios"], c["ci_low"], c["ci_high"])
             s = spec[c["case"]]
             truth = standin.in_context_us(first_run["planted_src"], PLANTED_US, s["batch"], s["seqlen_q"],
                                           s["nheads"], s["head_dim"], blocks=200)
