@@ -69,7 +69,7 @@ def main() -> int:
             if y != x:
                 per[y] = with_procs(SPIN, [y], x, 0.3, "0.6")
         base = statistics.median(alone)
-        print(f"  one spinner on Y: " + " ".join(f"{y}:{v / base:.2f}" for y, v in per.items()))
+        print("  one spinner on Y: " + " ".join(f"{y}:{v / base:.2f}" for y, v in per.items()))
         sib = [y for y, v in per.items() if v / base > 1.4]
         print(f"  CPUs that slow {x} by > 1.4x: {sib} (kernel says siblings {siblings(x)})")
         rest = [y for y in allowed if y != x and y not in sib]

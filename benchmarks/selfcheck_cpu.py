@@ -13,7 +13,9 @@
 
 Every run is a real `matrix-run --device cpu` process (real uv envs, lockstep process sets of real
 worker subprocesses). Prints one line per run and the summary.
-Usage: python benchmarks/selfcheck_cpu.py [REPEATS [QUICK]]
+Usage: python benchmarks/selfcheck_cpu.py [REPEATS [QUICK [BUDGET_S]]] (BUDGET_S: the runs' time budget,
+default 60 s: on this 2-core machine a set's length is the import of its two workers, ~7-8 s, so 60 s
+hold 7-8 sets, and the A/A intervals are as wide as 7-8 processes per version let them be)
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ ops: [fwd, bwd]
 shapes:
   - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16}
   - {batch: 2, seqlen: 32, nheads: 4, head_dim: 32}
-sampling: {time_budget_s: 60, set_seconds: 2}
+sampling: {time_budget_s: BUDGET, set_seconds: 2}
 """
 PLANTED = (5.0, 20.0)
 def in_context_us(src: Path, us: float, case: dict) -> float:
@@ -52,9 +54,10 @@ def run(tmp: Path, versions: str, wheels: Path, name: str, *extra: str) -> dict:
 def main() -> int:
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     quick = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    budget = float(sys.argv[3]) if len(sys.argv) > 3 else 60.0
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        (tmp / "c.yaml").write_text(CONFIG)
+        (tmp / "c.yaml").write_text(CONFIG.replace("BUDGET", f"{budget:g}"))
         standin.build_wheel(standin.make_source(tmp / "src0", "2.6.3"), tmp / "w0")
         aa_total = aa_not_same = aa_false = 0
         print("A/A (a=2.6.3, b=2.6.3): wall verdicts per case")
@@ -66,7 +69,8 @@ def main() -> int:
             aa_false += sum(c["verdict"] in ("faster", "slower") for c in w)
             print(f"  run {i}: " + ", ".join(f"{c['op']} {c['label']}: {c['verdict']} {c['ratio']:.3f} "
                                              f"[{c['ci_low']:.3f}, {c['ci_high'] or float('inf'):.3f}]" for c in w)
-                  + f"  ({len(res['sets'])} sets, {res['timing']['timing_phase_s']:.0f} s, {res['timing']['stop_reason']})")
+                  + f"  ({len(res['sets'])} sets (planned {res['settings'].get('planned_sets')}), "
+                  f"{res['timing']['timing_phase_s']:.0f} s, {res['timing']['stop_reason']})")
         print(f"A/A: {aa_not_same}/{aa_total} comparisons not 'same' = {aa_not_same / max(aa_total, 1):.1%} "
               f"(target <= 5%); false faster/slower: {aa_false}")
         q_total = q_false = 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import sys
@@ -46,9 +47,11 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--envs-dir", default="envs", metavar="DIR", help="where envs live (default: envs/)")
     p.add_argument("--wheel-cache", metavar="DIR", default=None,
                    help=f"matrix-run's wheel/sdist cache (default: {wheels.default_cache_dir()})")
-    p.add_argument("--torch", default="inherit", metavar="inherit|X.Y.Z",
+    p.add_argument("--torch", default="inherit", metavar="inherit|X.Y.Z[,...]",
                    help="inherit (default): each env sees the torch of the interpreter running matrix-run; "
-                        "X.Y.Z: install that torch into each env")
+                        "X.Y.Z: install that torch into each env; a comma list (inherit,2.5.1): a torch axis, "
+                        "one env per version and torch (labels VERSION+torchX.Y.Z), versions compared within "
+                        "each torch and torches within each version")
     p.add_argument("--torch-index", metavar="URL", help="PyTorch wheel index for --torch X.Y.Z (a CUDA variant)")
     p.add_argument("--find-links", action="append", default=[], metavar="DIR",
                    help="dir of flash-attn wheels/sdists (and build deps) to use first; repeatable")
@@ -268,13 +271,7 @@ def _options(args) -> envmod.Options:
         archs = [a.strip().replace(".", "").replace("sm_", "") for a in args.archs.split(",") if a.strip()]
         if not all(a.isdigit() and len(a) in (2, 3) for a in archs):
             raise envmod.UsageError(f"--archs {args.archs!r}: give compute capabilities like 90 or 80,90")
-    if args.torch != "inherit":
-        from packaging.version import InvalidVersion, Version
-
-        try:
-            Version(args.torch)
-        except InvalidVersion:
-            raise envmod.UsageError(f"--torch {args.torch!r}: give inherit or a torch version like 2.4.1") from None
+    torches = envmod.parse_torches(args.torch)
     fl = []
     for d in args.find_links:
         p = Path(d).expanduser().resolve()
@@ -283,7 +280,7 @@ def _options(args) -> envmod.Options:
         fl.append(p)
     cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
     return envmod.Options(envs_dir=envs_dir.resolve(), cache_dir=cache, find_links=fl, offline=args.offline,
-                          torch=args.torch, torch_index=args.torch_index, build=args.build, archs=archs,
+                          torch=torches[0], torches=torches, torch_index=args.torch_index, build=args.build, archs=archs,
                           index_url=args.index_url, rebuild=args.rebuild,
                           compile_cache=getattr(args, "compile_cache", True))
 
@@ -399,6 +396,7 @@ def cmd_plan(args) -> int:
     if args.backend == "uv":
         for w in envmod.check_versions(reqs, opts):
             console.print(f"[yellow]warning:[/] {w}")
+    reqs = envmod.cross_torch(reqs, opts.torches)
     dprobe = envmod.probe(sys.executable)
     items = _plan_all(reqs, cfg.cases, opts, dprobe)
     per_case = _case_kernels(cfg.cases, next((i.sdist for i in items if i.sdist), None))
@@ -749,6 +747,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error
         for w in envmod.check_versions(reqs, opts):
             console.print(f"[yellow]warning:[/] {w}")
+    if args.backend == "here" and len(opts.torches) > 1:
+        raise envmod.UsageError(f"--backend here times this interpreter's torch: --torch {args.torch!r} lists several; "
+                                "use --backend uv for a torch axis")
+    reqs = envmod.cross_torch(reqs, opts.torches)
 
     created = datetime.now(timezone.utc)
     run_id = created.strftime("%Y%m%d-%H%M%S") + "-" + "-vs-".join(r.label for r in reqs)
@@ -822,7 +824,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             t = dprobe.get("torch") or {}
             torch_says = (f"torch {t['version']} reports no CUDA device" if t.get("version") else
                           f"torch cannot be imported by {sys.executable} (install a CUDA build of torch there)")
-            shown = ("showed the plan for each env, " if dprobe.get("torch") or opts.torch != "inherit" else "")
+            shown = ("showed the plan for each env, " if dprobe.get("torch") or "inherit" not in opts.torches else "")
             no_gpu_msg = ("flash-attn needs an NVIDIA GPU (its kernels are CUDA-only), and none is visible here: "
                           f"nvidia-smi is missing and {torch_says}. "
                           f"Nothing was built or timed. Did instead: checked the config and the versions, {shown}"
@@ -836,7 +838,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
                       + ("the list only splits the cases into shards, each timed on its own CPUs"
                          if gpus else "one unsharded run"))
     job = shard.parse_shard(args.shard)  # a job's share of the cases (--executor slurm)
-    settings = {"device": device, "torch": opts.torch, "quick": args.quick, "min_effect": samp.min_effect,
+    settings = {"device": device, "torch": ",".join(opts.torches), "quick": args.quick, "min_effect": samp.min_effect,
                 "method": results.METHOD, "alpha": samp.alpha, "planned_sets": samp.planned_sets,
                 "max_sets": samp.max_sets, "set_seconds": samp.set_seconds, "burst_ms": samp.burst_ms,
                 "workers_per_env": samp.workers_per_env, "host_every": samp.host_every,
@@ -858,7 +860,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     if args.backend == "here" and len(reqs) != 1:
         raise envmod.UsageError("--backend here times this interpreter: give exactly one --versions entry")
     items = []
-    if args.backend == "uv" and (dprobe.get("torch") or opts.torch != "inherit" or device != "none"):
+    if args.backend == "uv" and (dprobe.get("torch") or "inherit" not in opts.torches or device != "none"):
         # (without torch and --torch inherit, plan_env raises the usage error that says to install it;
         # only a no-GPU run, which builds nothing, goes on without a plan)
         items = _plan_all(reqs, cfg.cases, opts, dprobe)
@@ -868,7 +870,8 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     if device == "none":
         console.print(f"[yellow]{no_gpu_msg}[/]")
         env_results = [envmod.EnvResult(r.label, r.version, str(opts.envs_dir / r.label), status="skipped",
-                                        error="no NVIDIA GPU visible", plan=(items[i].to_dict() if i < len(items) else None))
+                                        error="no NVIDIA GPU visible", plan=(items[i].to_dict() if i < len(items) else None),
+                                        axis=r.axis)
                        for i, r in enumerate(reqs)]
         doc = _finish_doc(base_doc, env_results, {}, cfg, [], "no GPU", 0.0, 0.0, t_start)
         _write(doc, out_dir, args)
@@ -939,6 +942,17 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         if samp.workers_per_env is None and not gpus:  # auto: 2 where the next set can start on spare cores
             samp.workers_per_env = 2 if len(cpus.get("spare_cpus") or []) >= 4 else 1
         base_doc["settings"]["workers_per_env"] = samp.workers_per_env
+        # the machine's pace, for tuning the confidence sequence (Sampling.planned_sets): a set's
+        # workers import torch as the driver's probe did, in parallel on the spare cores
+        spare = len(cpus.get("spare_cpus") or []) if cpus.get("pinned") else (os.cpu_count() or 1) - 1
+        n_workers = len(ok_envs) * (samp.workers_per_env or 1)
+        samp.prefetch = spare > 0
+        samp.start_s = base_timing["probe_s"] * math.ceil(n_workers / max(1, spare))
+        samp.before_s = before_s
+        prior_planned = ((prior or {}).get("settings") or {}).get("planned_sets")
+        if prior_planned:  # --resume: the sets already judged keep their sequence
+            samp.planned = int(prior_planned)
+        base_doc["settings"]["planned_sets"] = samp.planned_sets
         if cpus["pinned"] is None:
             pass
         elif cpus["pinned"]:
@@ -1029,7 +1043,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         bad = regressions(doc, args.fail_on_regression)
         if bad:
             console.print(f"[red]{len(bad)} regression(s) over {args.fail_on_regression:g}%[/]: " +
-                          ", ".join(f"{c['candidate']} {c['label']} {c['op']} {c['ratio']:.2f}x" for c in bad))
+                          ", ".join(f"{c['candidate']} vs {c['baseline']} {c['label']} {c['op']} {c['ratio']:.2f}x" for c in bad))
             code = EXIT_REGRESSION
     return code
 
@@ -1082,7 +1096,7 @@ def _prepare_envs(reqs, items, opts, dprobe, cases) -> list[envmod.EnvResult]:
                 out = envmod.prepare_env(r, items[i], opts, dprobe, cases, progress)
             except Exception as e:  # noqa: BLE001 - one env never sinks the others
                 out = envmod.EnvResult(r.label, r.version, str(items[i].env_dir), status="failed",
-                                       error=f"{type(e).__name__}: {e}")
+                                       error=f"{type(e).__name__}: {e}", axis=r.axis)
             prog.update(tasks[r.label], description=f"{r.label}: {out.status}", total=1, completed=1)
             return out
 
@@ -1105,7 +1119,7 @@ def _finish_doc(base_doc, env_results, data, cfg, sets, reason, env_s, timing_s,
     doc["cases"] = cases
     ok_labels = [e.label for e in env_results if e.status == "ok"]
     doc["comparisons"] = results.comparisons(cases, ok_labels, doc["settings"]["min_effect"],
-                                             settings=doc["settings"])
+                                             settings=doc["settings"], pairs=results.env_pairs(doc["envs"]))
     doc["sets"] = sets
     doc["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     doc["timing"] = {**(base_doc.get("timing") or {}), "env_phase_s": round(env_s, 2), "timing_phase_s": round(timing_s, 2),

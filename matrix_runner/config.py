@@ -281,14 +281,42 @@ class Sampling:
     quick_set_seconds: float = 2.0
     #: Seconds a set costs beyond its cycles (correctness, graph, profiler while undecided; start
     #: and set-up overlap the previous set), for planning (H200, seed config, 2 workers per env:
-    #: 3.3-4.4 s per set before the prefetch set up the next set's cases).
-    SET_OVERHEAD_S = 1.5
+    #: 4.8-5.1 s per set of 3 s of cycles in the A/A and variant runs of 2026-12-01).
+    SET_OVERHEAD_S = 1.9
+    #: A set's cycles may run up to this many times ``set_seconds`` while the next set's workers are
+    #: still importing (runner._cycles: on the 2-core CPU machine the import took ~3.6 s beside 1-2 s
+    #: of cycles, and the next set's start waited for it idle).
+    EXTEND_FACTOR = 5.0
+    #: Seconds the next set's workers take to start (import torch and the subject), estimated before
+    #: anything is timed (cli: the driver's own torch import x workers per spare core); 0: unknown.
+    start_s: float = 0.0
+    #: Whether the next set's workers start during a set (spare cores; else after it).
+    prefetch: bool = True
+    #: Seconds of the budget spent before the first set (the driver's probe and plan).
+    before_s: float = 0.0
+    #: The planned number of sets fixed by an earlier part of this run (``--resume``): kept, so
+    #: the confidence sequence's mixing stays the one its first sets were judged with.
+    planned: int | None = None
 
     @property
     def planned_sets(self) -> int:
         """Sets the budget should hold (>= 4): the confidence sequence is tuned to be narrowest
-        there (stats.lai_mixing). Fixed from the settings before anything is measured."""
-        return max(4, min(self.max_sets, round(self.time_budget_s / (self.set_seconds + self.SET_OVERHEAD_S))))
+        there (stats.lai_mixing). Fixed from the settings and the machine's pace before anything is
+        measured (never from measured times of the cases, so the intervals keep their level): a set
+        lasts its cycles, or as long as the next set's workers take to start where that is longer
+        (``EXTEND_FACTOR`` cap), plus ``SET_OVERHEAD_S``; the first set also waits for its own
+        workers. Tuned for too many sets the sequence is much wider at the few it gets (at 7 sets,
+        tuned for 17: 2.79 vs 2.22 set SDs at alpha 0.05/4); tuned for a few too few it is ~2 % wider."""
+        if self.planned is not None:
+            return self.planned
+        start = max(0.0, self.start_s)
+        if self.prefetch:
+            per = max(self.set_seconds, min(start, self.EXTEND_FACTOR * self.set_seconds)) + self.SET_OVERHEAD_S
+            first = per + start
+        else:
+            per = first = self.set_seconds + start + self.SET_OVERHEAD_S
+        n = 1 + (self.time_budget_s - self.before_s - first) / per
+        return max(4, min(self.max_sets, round(n)))
 
 
 @dataclass

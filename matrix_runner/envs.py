@@ -75,6 +75,16 @@ class EnvRequest:
     version: str  # PEP 440 version, or a local path to an sdist/wheel/dir
     package: str = subjects.DEFAULT  # the subject's distribution (subjects.py)
     extras: tuple[str, ...] = ()  # its extras as written (flash-attn-4[cu13]); () = the subject's default
+    #: this env's torch (``inherit`` or X.Y.Z) where ``--torch`` lists several (:func:`cross_torch`);
+    #: None: ``Options.torch``
+    torch: str | None = None
+    #: the ``--versions`` label this env was crossed from (None: not crossed)
+    group: str | None = None
+
+    @property
+    def axis(self) -> dict | None:
+        """``{version, torch}``: where this env sits in a version x torch matrix (None: no torch axis)."""
+        return {"version": self.group, "torch": self.torch} if self.group is not None else None
 
     @property
     def is_path(self) -> bool:
@@ -195,6 +205,51 @@ def _version_here(version: str, opts: "Options") -> bool:
     return False
 
 
+def parse_torches(text: str | None) -> list[str]:
+    """Parse ``--torch``: a comma list of ``inherit`` (the torch of the interpreter running matrix-run)
+    and torch versions (``2.5.1``); one value gives every env that torch, several make a torch axis
+    (:func:`cross_torch`). Raises UsageError for an empty item, a value that is neither, or a duplicate."""
+    from packaging.version import InvalidVersion, Version
+
+    items = [x.strip() for x in (text or "inherit").split(",")]
+    out: list[str] = []
+    for it in items:
+        if it != "inherit":
+            try:
+                v = Version(it)
+            except InvalidVersion:
+                raise UsageError(f"--torch {text!r}: {it!r} is neither inherit nor a torch version like 2.5.1 "
+                                 "(give a comma list, e.g. --torch inherit,2.5.1)") from None
+            if v.local or any(c in it for c in "<>=!~* ;"):
+                raise UsageError(f"--torch {text!r}: {it!r}: give a plain release like 2.5.1 "
+                                 "(a CUDA variant comes from --torch-index)")
+            it = str(v)
+        if it in out:
+            raise UsageError(f"--torch {text!r}: {it} appears twice")
+        out.append(it)
+    return out
+
+
+def cross_torch(reqs: list[EnvRequest], torches: list[str]) -> list[EnvRequest]:
+    """The envs of a version x torch matrix: with one torch, ``reqs`` unchanged (that torch is the
+    run's ``Options.torch``); with several, one env per (request, torch), version-major, labelled
+    ``LABEL+torchX.Y.Z`` (``LABEL+torch-inherit``), each remembering its ``group`` (the version's
+    label) and ``torch``. The first version under the first torch is the baseline of the matrix
+    (stats.comparison_pairs: versions are compared within one torch, torches within one version).
+    Raises UsageError for a label too long for an env directory."""
+    if len(torches) <= 1:
+        return reqs
+    out = []
+    for r in reqs:
+        for t in torches:
+            label = f"{r.label}+torch{'-inherit' if t == 'inherit' else t}"
+            if not LABEL_RE.match(label):
+                raise UsageError(f"--versions/--torch: env label {label!r} is too long (at most 64 characters); "
+                                 "give the version a shorter label (LABEL=VERSION)")
+            out.append(EnvRequest(label, r.version, r.package, r.extras, torch=t, group=r.label))
+    return out
+
+
 def check_versions(reqs: list[EnvRequest], opts: "Options", timeout: float = 15.0) -> list[str]:
     """Check, before anything is built, that every requested PEP 440 version exists.
 
@@ -304,7 +359,9 @@ class Options:
     cache_dir: Path
     find_links: list[Path] = field(default_factory=list)
     offline: bool = False
-    torch: str = "inherit"
+    torch: str = "inherit"  # the first of ``torches``: what an env without its own (EnvRequest.torch) gets
+    #: every ``--torch`` value (parse_torches); several: a torch axis (cross_torch)
+    torches: list[str] = field(default_factory=lambda: ["inherit"])
     torch_index: str | None = None
     build: str = "auto"  # auto | slim | full
     archs: list[str] | None = None
@@ -370,9 +427,11 @@ def env_dir_for(opts: Options, label: str) -> Path:
     return d
 
 
-def torch_identity(opts: Options, driver_probe: dict) -> dict:
-    """The torch part of every env's identity: inherit (driver's torch) or a pinned version."""
-    if opts.torch == "inherit":
+def torch_identity(opts: Options, driver_probe: dict, req: EnvRequest | None = None) -> dict:
+    """The torch part of an env's identity: inherit (driver's torch) or a pinned version; ``req.torch``
+    (a torch axis) before ``opts.torch``."""
+    spec = (req.torch if req is not None and req.torch else None) or opts.torch
+    if spec == "inherit":
         t = (driver_probe or {}).get("torch")
         if not t:
             raise UsageError("--torch inherit: the interpreter running matrix-run "
@@ -380,7 +439,7 @@ def torch_identity(opts: Options, driver_probe: dict) -> dict:
                              "install torch there or pin one with --torch X.Y.Z")
         return {"mode": "inherit", "version": t["version"], "cuda": t["cuda"], "cxx11abi": t["cxx11abi"],
                 "site_dirs": driver_site_dirs()}
-    return {"mode": "pinned", "version": opts.torch, "index": opts.torch_index}
+    return {"mode": "pinned", "version": spec, "index": opts.torch_index}
 
 
 def wanted_key(version: str, tid: dict, py: str, archs, kernels, platform_tag: str = "linux_x86_64") -> dict:
@@ -412,7 +471,7 @@ def _plan_subject(req: EnvRequest, opts: Options, driver_probe: dict) -> PlanIte
     """Plan of a subject other than flash-attn (subjects.py): uv resolves ``PACKAGE==VERSION`` and its
     dependencies into the env, the inherited torch excluded; reuse when the env's record matches."""
     env_dir = env_dir_for(opts, req.label)
-    tid = torch_identity(opts, driver_probe)
+    tid = torch_identity(opts, driver_probe, req)
     py = driver_probe.get("python") or sys.version.split()[0]
     auto_note = None
     if not req.extras:  # the extra that matches the torch's CUDA major (FA4: [cu13] for a CUDA 13 torch)
@@ -470,7 +529,7 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
     if req.package != subjects.DEFAULT:
         return _plan_subject(req, opts, driver_probe)
     env_dir = env_dir_for(opts, req.label)
-    tid = torch_identity(opts, driver_probe)
+    tid = torch_identity(opts, driver_probe, req)
     py = driver_probe.get("python") or sys.version.split()[0]
     archs = opts.archs or gpu_archs_from_probe(driver_probe)
     sdist = None
@@ -711,6 +770,8 @@ class EnvResult:
     version: str | None = None
     #: False until a full import of flash_attn in the env passed :func:`check_probe`
     import_checked: bool = True
+    #: ``{version, torch}`` in a version x torch matrix (EnvRequest.axis); None without a torch axis
+    axis: dict | None = None
 
     def to_dict(self) -> dict:
         p = self.probe or {}
@@ -723,7 +784,7 @@ class EnvResult:
             "flash_attn_ext_file": fa.get("ext_file"), "subject": fa.get("subject") or subjects.DEFAULT,
             "torch": t.get("version"), "torch_cuda": t.get("cuda"), "gpu": (t.get("gpu") or {}).get("name"),
             "status": self.status, "error": self.error, "error_tail": self.error_tail,
-            "import_checked": self.import_checked, "build": self.build, "plan": self.plan,
+            "import_checked": self.import_checked, "build": self.build, "plan": self.plan, "axis": self.axis,
         }
 
 
@@ -892,7 +953,7 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
                 progress: Progress = lambda label, msg: None) -> EnvResult:
     """Carry out ``item`` for ``req``. Never raises for env-local failures: returns a failed result
     with the reason and the log's last lines, so other envs go on."""
-    res = EnvResult(req.label, req.version, str(item.env_dir), plan=item.to_dict(), version=item.version)
+    res = EnvResult(req.label, req.version, str(item.env_dir), plan=item.to_dict(), version=item.version, axis=req.axis)
     step = {"now": "planning"}
     outer_progress = progress
 
@@ -932,7 +993,7 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
 
 def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) -> dict:
     env_dir = item.env_dir
-    tid = torch_identity(opts, driver_probe)
+    tid = torch_identity(opts, driver_probe, req)
     info: dict = {}
     if item.method == "reuse":
         progress(req.label, "checking the existing env")

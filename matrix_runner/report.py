@@ -286,9 +286,14 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     by = {(c["env"], c["id"]): c for c in cases}
     ids = list(dict.fromkeys(c["id"] for c in cases))
     short, common = short_labels(cases)
+    # the run's comparisons as (baseline, candidate) pairs (stats.comparison_pairs: each env against
+    # the first, or within each torch and each version of a version x torch matrix)
+    pairs = stats.comparison_pairs([(e["label"], e.get("axis")) for e in envs if e["status"] == "ok"])
+    one_base = all(b == base for b, _ in pairs)
+    names = [k if one_base else f"{k} vs {b}" for b, k in pairs]
     cmps = {}
     for c in res.get("comparisons", []):
-        cmps[(c["candidate"], c["case"], c["metric"])] = c
+        cmps[(c.get("baseline", base), c["candidate"], c["case"], c["metric"])] = c
     rows = []
     for cid in ids:
         any_case = next(by[(lab, cid)] for lab in labels if (lab, cid) in by)
@@ -300,31 +305,30 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
             m = c.get("metrics") or {}
             per_env.append({"label": lab, "case": c, "m": {k: m.get(k) for k in METRIC_NAMES}})
         comps = []
-        for lab in ok_labels[1:]:
-            w = cmps.get((lab, cid, "wall_us"))
-            comps.append({"candidate": lab, "wall": w, "host": cmps.get((lab, cid, "host_us")),
-                          "device": cmps.get((lab, cid, "device_us")), "graph": cmps.get((lab, cid, "graph_us"))})
+        for (b, lab), nm in zip(pairs, names):
+            comps.append({"candidate": lab, "baseline": b, "name": nm,
+                          **{k: cmps.get((b, lab, cid, f"{k}_us")) for k in ("wall", "host", "device", "graph")}})
         host_bound = [e["label"] for e in per_env if e["case"].get("host_bound")]
         rows.append({"id": cid, "label": any_case.get("label", cid), "short": short.get(cid, cid),
                      "op": any_case.get("op"), "case": any_case, "envs": per_env, "comps": comps,
                      "by_env": {e["label"]: e for e in per_env}, "host_bound": host_bound})
     name = {r["id"]: f"{r['short']} {r['op']}" for r in rows}
     summaries = []
-    for j, cand in enumerate(ok_labels[1:]):
+    for j, (b_lab, cand) in enumerate(pairs):
         # a comparison's impl is its case's (comparisons written before impl was stored lack it)
         pick = lambda k: [dict(c[k], impl=r["case"].get("impl", "flash_attn"))  # noqa: E731
                           for r in rows for c in r["comps"][j:j + 1] if c[k]]
-        s = summarize(pick("wall"), len(rows), name, cand, base, pick("device"), pick("host"), min_effect,
+        s = summarize(pick("wall"), len(rows), name, cand, b_lab, pick("device"), pick("host"), min_effect,
                       quick=bool((res.get("settings") or {}).get("quick")),
                       interrupted=(res.get("timing") or {}).get("stop_reason") == "interrupted",
                       n_control=sum(1 for r in rows if r["case"].get("impl") == "sdpa"))
-        hb = {lab: sum(1 for r in rows if lab in r["host_bound"]) for lab in (base, cand)}
+        hb = {lab: sum(1 for r in rows if lab in r["host_bound"]) for lab in (b_lab, cand)}
         if any(r["case"].get("host_bound") is not None for r in rows):
             s["detail"] += (" Host-bound (host dispatch ≥ kernel time): " +
                             ", ".join(f"{lab} {n}/{len(rows)}" for lab, n in hb.items()) + ".")
         wrong = sorted({name[c["id"]] for c in cases if c["env"] == cand and (c.get("correctness") or {}).get("ok") is False})
         s["wrong"] = wrong
-        s["candidate"] = cand
+        s["candidate"], s["baseline"] = cand, b_lab
         summaries.append(s)
     wrong = [(c["env"], c["label"], c["op"]) for c in cases
              if (c.get("correctness") or {}).get("ok") is False]
@@ -335,7 +339,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
                                          (res.get("settings") or {}).get("speed_adjust")),
-          "candidates": ok_labels[1:], "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
+          "candidates": names, "pairs": pairs, "one_base": one_base, "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
           "summaries": summaries, "common": common, "min_effect": min_effect,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
           "has_device": any("device_us" in (c.get("metrics") or {}) for c in cases)}
@@ -385,6 +389,7 @@ def heatmap(vm: dict) -> dict | None:
     axes = [k for k in GROUP_AXES if len({r["case"].get(k) for r in rows}) > 1]
     ops = list(dict.fromkeys(r["op"] for r in rows))
     columns = [(c, op) for c in cands for op in ops]
+    col = {(j, op): i for i, (j, op) in enumerate((j, op) for j in range(len(cands)) for op in ops)}
     shapes = {r["id"]: shape_label(r["case"]) for r in rows}
     toks = [set(v.split()) for v in shapes.values()]
     common = set.intersection(*toks) if len(set(shapes.values())) > 1 else set()
@@ -396,7 +401,7 @@ def heatmap(vm: dict) -> dict | None:
         for j, comp in enumerate(r["comps"]):
             w = comp["wall"]
             if w and w.get("ratio"):
-                cells[columns.index((comp["candidate"], r["op"]))] = {
+                cells[col[(j, r["op"])]] = {
                     "ratio": w["ratio"], "verdict": w["verdict"], "ci": fmt_ci(w), "bg": ratio_color(w["ratio"]),
                     "id": r["id"]}
     first = next(iter(shapes.values()))
@@ -421,7 +426,8 @@ def build_charts(vm: dict) -> dict:
                                                    for r in rows for e in r["envs"])]
     out = {}
     if vm["candidates"]:
-        out["ratio"] = charts.safe(charts.ratio_chart, rows, vm["candidates"], vm["base"], vm["min_effect"])
+        out["ratio"] = charts.safe(charts.ratio_chart, rows, vm["candidates"], vm["base"], vm["min_effect"],
+                                   what=None if vm["one_base"] else "candidate / its baseline (legend: candidate vs baseline)")
     out["breakdown"] = charts.safe(charts.breakdown_chart, rows, ok_rows_labels or labels)
     try:
         bands = ci_bands(vm["res"].get("cases", []))
@@ -500,7 +506,7 @@ def markdown(res: dict) -> str:
     if vm["summaries"]:
         lines.append("")
     hdr = "| case | op | " + " | ".join(f"{esc(lab)} wall µs" for lab in vm["labels"]) + " | " + \
-          " | ".join(f"{esc(c)} vs {esc(vm['base'])}" for c in vm["candidates"]) + " |"
+          " | ".join(f"{esc(c)} vs {esc(vm['base'])}" if vm["one_base"] else esc(c) for c in vm["candidates"]) + " |"
     lines += [hdr, "|" + "---|" * (2 + len(vm["labels"]) + len(vm["candidates"]))]
     for r in vm["rows"]:
         cells = [r["label"], r["op"]]
@@ -564,22 +570,24 @@ def terminal_table(res: dict, console=None) -> None:
         attr = f" · {w['attribution']}" if w.get("attribution") else ""
         return f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/] {fmt_ratio(w)}{attr}"
 
-    def table(labels: list[str], cands: list[str], clocks: tuple[str, ...], title: str) -> Table:
+    def table(labels: list[str], js: list[int], clocks: tuple[str, ...], title: str) -> Table:
+        """``js``: the comparisons (indices into vm["pairs"]) shown."""
         t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         t.add_column("case", no_wrap=True)
         t.add_column("op", no_wrap=True)
         unit = "wall / host / dev µs" if len(clocks) > 1 else "wall µs"
         for lab in labels:
             t.add_column(f"{escape(lab)}\n{unit}", justify="right", overflow="fold")  # an error may wrap
-        for c in cands:
-            t.add_column(f"{escape(c)} vs {escape(vm['base'])}\nwall ratio [95% CI]", overflow="fold")
+        for j in js:
+            b, k = vm["pairs"][j]
+            t.add_column(f"{escape(k)} vs {escape(b)}\nwall ratio [95% CI]", overflow="fold")
         for r in vm["rows"]:
-            comps = [c for c in r["comps"] if c["candidate"] in cands]
+            comps = [r["comps"][j] for j in js]
             t.add_row(escape(r["short"]), escape(str(r["op"])), *(env_cell(r, lab, clocks) for lab in labels),
                       *(ratio_cell(c) for c in comps))
         return t
 
-    full = table(vm["table_labels"], vm["candidates"], ("wall_us", "host_us", "device_us"), title)
+    full = table(vm["table_labels"], list(range(len(vm["pairs"]))), ("wall_us", "host_us", "device_us"), title)
     # the width the table takes unwrapped (measured unclamped: rich clamps to the console's width)
     natural = Measurement.get(console, console.options.update_width(1 << 16), full).maximum
     if not vm["candidates"] or natural <= console.width:
@@ -587,9 +595,9 @@ def terminal_table(res: dict, console=None) -> None:
         if any(e["case"].get("host_bound") for r in vm["rows"] for e in r["envs"]):
             console.print("[dim]HB: host-bound (host dispatch ≥ kernel time: the GPU waits for the CPU)[/]")
     else:  # narrow: one block per candidate, wall µs only (host and device are in the report)
-        for i, cand in enumerate(vm["candidates"]):
-            labels = [lab for lab in (vm["base"], cand) if lab in vm["table_labels"]]
-            console.print(table(labels, [cand], ("wall_us",), title if i == 0 else ""))
+        for i, pair in enumerate(vm["pairs"]):
+            labels = [lab for lab in pair if lab in vm["table_labels"]]
+            console.print(table(labels, [i], ("wall_us",), title if i == 0 else ""))
     for w in vm["wrong"]:
         console.print(f"[red]wrong results:[/] {escape(w[0])} {escape(w[1])} {escape(w[2])}: output or gradients differ "
                       "from the fp32 reference beyond tolerance (a faster wrong answer is not faster)")

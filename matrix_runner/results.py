@@ -5,13 +5,15 @@ Schema ``matrix-runner/results/1`` (top-level keys)::
     schema, run_id, created, finished, title, command, config, config_source, settings,
     machine:      {hostname, platform, cpu_count, python, gpu, driver, cuda, torch, ...}
     envs:         [{label, requested_version, subject, flash_attn_version, flash_attn_file, flash_attn_ext_file,
-                    torch, torch_cuda, python, status, error, error_tail, build: {method, seconds, reused, ...}}]
+                    torch, torch_cuda, python, status, error, error_tail, build: {method, seconds, reused, ...},
+                    axis: {version, torch} in a version x torch matrix (--torch A,B), else null}]
     cases:        [{env, id, label, op, batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, dtype,
                     causal, dropout_p, softmax_scale, status, error, error_kind,
                     metrics: {wall_us|host_us|device_us|graph_us: {median, pooled_median, iqr, q1, q3,
                               n, n_rounds, round_medians, samples}},
                     tflops: {wall, device, graph}, kv_read_bytes, gbps: {wall, device, graph} (kvcache; else null), host_bound, kernels, correctness, notes}]
-    comparisons:  [{baseline, candidate, case, label, op, metric, ratio, ci_low, ci_high, delta_us,
+    comparisons:  (baseline, candidate pairs: :func:`env_pairs`)
+                  [{baseline, candidate, case, label, op, metric, ratio, ci_low, ci_high, delta_us,
                     delta_ci_low, delta_ci_high, p_value, verdict, attribution, attribution_why,
                     host_bound: {baseline, candidate}, n_rounds}]
     rounds:       [{round, env, seconds, status, error, restarts, gpu: {sm_clock_mhz_min, ...}}]
@@ -128,9 +130,17 @@ def _by_set(metric: dict) -> dict | None:
     return out
 
 
+def env_pairs(envs: list[dict]) -> list[tuple[str, str]]:
+    """The (baseline, candidate) pairs a run's ok ``envs`` (results.json entries) are compared in
+    (stats.comparison_pairs: each against the first, or within each torch and within each version
+    where the envs carry a version x torch ``axis``)."""
+    return stats.comparison_pairs([(e["label"], e.get("axis")) for e in envs if e.get("status") == "ok"])
+
+
 def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, paired: bool = True,
-                settings: dict | None = None) -> list[dict]:
-    """Every candidate vs the baseline (first label), per case and metric, with attribution on wall.
+                settings: dict | None = None, pairs: list | None = None) -> list[dict]:
+    """Every candidate vs its baseline, per case and metric, with attribution on wall: ``pairs``
+    (baseline, candidate) labels (:func:`env_pairs`), default every label against the first.
 
     results/2 data (``by_set``) measured in one run: :func:`stats.set_compare` — process sets paired by
     set id, cycles by cycle id, an anytime-valid interval at the family-wise level of ``settings``
@@ -143,16 +153,17 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
     out = []
     if not labels:
         return out
-    base = labels[0]
-    pairs = [(cand, cid) for cand in labels[1:] for cid in ids
-             if (by.get((base, cid)) or {}).get("status") == "ok" and (by.get((cand, cid)) or {}).get("status") == "ok"]
+    pairs = [(labels[0], lab) for lab in labels[1:]] if pairs is None else \
+        [(b, k) for b, k in pairs if b in labels and k in labels]
+    todo = [(base, cand, cid) for base, cand in pairs for cid in ids
+            if (by.get((base, cid)) or {}).get("status") == "ok" and (by.get((cand, cid)) or {}).get("status") == "ok"]
     alpha = float(settings.get("alpha") or 0.05)
     quick = bool(settings.get("quick"))
     n_target = int(settings.get("planned_sets") or 8)
     family = {}
     for m in ("wall_us", "host_us", "device_us", "graph_us"):
-        family[m] = sum(1 for cand, cid in pairs if m in by[(base, cid)]["metrics"] and m in by[(cand, cid)]["metrics"])
-    for cand, cid in pairs:
+        family[m] = sum(1 for base, cand, cid in todo if m in by[(base, cid)]["metrics"] and m in by[(cand, cid)]["metrics"])
+    for base, cand, cid in todo:
         b, k = by[(base, cid)], by[(cand, cid)]
         per = {}
         for m in ("wall_us", "host_us", "device_us", "graph_us"):
@@ -409,5 +420,5 @@ def merge_shards(docs: list[dict], extra_cases: list[dict] | None = None,
         pos, lpos = {cid: i for i, cid in enumerate(case_order)}, {e["label"]: i for i, e in enumerate(out["envs"])}
         out["cases"].sort(key=lambda c: (pos.get(c["id"], len(pos)), lpos.get(c["env"], 0)))
     out["comparisons"] = comparisons(out["cases"], labels, (out.get("settings") or {}).get("min_effect", 0.05),
-                                     settings=out.get("settings"))
+                                     settings=out.get("settings"), pairs=env_pairs(out["envs"]))
     return out

@@ -9,7 +9,7 @@ every worker of the set a burst (~``burst_ms`` of calls) of one (case, clock) in
 balanced random order (a random permutation, then its reverse for that item's next cycle), for
 ``set_seconds`` (with ``Sampling.max_repeats`` > 1, a noisier case's wall clock more often:
 :func:`cycle_weights`), and on while the next set's workers are still importing (up to
-``EXTEND_FACTOR`` x ``set_seconds``: on a machine with few cores the import outlasts the cycles, and
+``Sampling.EXTEND_FACTOR`` x ``set_seconds``: on a machine with few cores the import outlasts the cycles, and
 the next set would wait for it idle; the set's ``extended_s`` says by how much); then each worker
 checks correctness and takes the CUDA-graph clock of every case, and (CUDA, while undecided, in at
 most ``Sampling.clock_sets`` sets) the profiler pass for kernel time, last, since a profiler session
@@ -50,10 +50,6 @@ METRICS = ("wall_us", "host_us", "device_us", "graph_us")
 CYCLED = ("wall_us", "host_us")
 #: Seconds a worker may take to start (import torch and the subject) before it is stopped.
 START_TIMEOUT_S = 180.0
-#: A set's cycles may run up to this many times ``set_seconds`` while the next set's workers are still
-#: importing (module doc: on the 2-core CPU machine the import took ~3.6 s beside 1-2 s of cycles,
-#: and the next set's start waited for it idle).
-EXTEND_FACTOR = 5.0
 
 
 @dataclass
@@ -185,21 +181,25 @@ def _import_check(env: EnvResult, hello: dict) -> str | None:
     return err
 
 
+def default_pairs(labels: list[str]) -> list[tuple[str, str]]:
+    """Every env against the first (stats.comparison_pairs without a torch axis)."""
+    return [(labels[0], lab) for lab in labels[1:]] if labels else []
+
+
 def comparisons_now(data: dict, labels: list[str], cases: list[Case], sampling: Sampling, metric: str,
-                    quick: bool = False, family_extra: int = 0) -> dict:
-    """``{(candidate, case id): stats.set_compare result}`` for ``metric`` over the data so far,
-    with the run's family (every ok candidate x case pair of this metric, plus ``family_extra``:
-    the comparisons of the run timed elsewhere -- other shards -- so that the Bonferroni level is
-    the whole run's)."""
-    if len(labels) < 2:
-        return {}
-    pairs = [(cand, c) for cand in labels[1:] for c in cases
-             if data[(labels[0], c.id)].status == "ok" and data[(cand, c.id)].status == "ok"]
+                    quick: bool = False, family_extra: int = 0, pairs: list | None = None) -> dict:
+    """``{(baseline, candidate, case id): stats.set_compare result}`` for ``metric`` over the data so
+    far, for the run's ``pairs`` (stats.comparison_pairs; default: every env against the first), with
+    the run's family (every ok pair x case of this metric, plus ``family_extra``: the comparisons of
+    the run timed elsewhere -- other shards -- so that the Bonferroni level is the whole run's)."""
+    pairs = default_pairs(labels) if pairs is None else [p for p in pairs if p[0] in labels and p[1] in labels]
+    todo = [(base, cand, c) for base, cand in pairs for c in cases
+            if data[(base, c.id)].status == "ok" and data[(cand, c.id)].status == "ok"]
     out = {}
-    for cand, c in pairs:
-        b, k = data[(labels[0], c.id)].sets[metric], data[(cand, c.id)].sets[metric]
-        rb, rk = data[(labels[0], c.id)].raw.get(metric), data[(cand, c.id)].raw.get(metric)
-        out[(cand, c.id)] = stats.set_compare(b, k, min_effect=sampling.min_effect, family_size=len(pairs) + family_extra,
+    for base, cand, c in todo:
+        b, k = data[(base, c.id)].sets[metric], data[(cand, c.id)].sets[metric]
+        rb, rk = data[(base, c.id)].raw.get(metric), data[(cand, c.id)].raw.get(metric)
+        out[(base, cand, c.id)] = stats.set_compare(b, k, min_effect=sampling.min_effect, family_size=len(todo) + family_extra,
                                               family_alpha=sampling.alpha, n_target=sampling.planned_sets,
                                               cycles=metric in CYCLED, provisional=quick,
                                               plain=(rb, rk) if rb and rk else None)
@@ -332,7 +332,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
         while True:
             sid = len(sets)
             labels = [e.label for e in envs]
-            wall_cmp = comparisons_now(data, labels, cases, sampling, "wall_us", quick, family_extra)
+            pairs = stats.comparison_pairs([(e.label, e.axis) for e in envs])
+            wall_cmp = comparisons_now(data, labels, cases, sampling, "wall_us", quick, family_extra, pairs)
             if sets and len(labels) >= 2 and wall_cmp and len(_settled(wall_cmp, sampling)) == len(wall_cmp):
                 reason = (f"all wall-time verdicts decided, every interval within ±{sampling.precision:.0%} of its "
                           "ratio (anytime-valid intervals)")
@@ -383,7 +384,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             with monitor:
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
                                case_timeout=case_timeout, stop=stop, rng=rng, on_progress=on_progress,
-                               prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes)
+                               prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes, pairs=pairs)
             rec["gpu"] = monitor.summary()
             sets.append(rec)
             durations.append(rec["seconds"])
@@ -424,7 +425,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
 def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, device: str, quick: bool,
              cpu: int | None, case_timeout: float, stop: threading.Event, rng: random.Random,
              on_progress, prefetch, seed: int, labels: list[str], park: set | None = None,
-             slopes: dict | None = None) -> dict:
+             slopes: dict | None = None, pairs: list | None = None) -> dict:
     """Run one process set to its end; returns its record. Faults are handled as the module doc says."""
     sid = st.sid
     st.t0 = time.monotonic()  # the set's own time: its workers may have started during the previous set
@@ -578,7 +579,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     rec["error"] = f"pinning failed: {rep.get('error')}"
         t_cyc = time.monotonic()
         rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
-                                rng=rng, on_progress=on_progress, fault=fault, labels=labels,
+                                rng=rng, on_progress=on_progress, fault=fault, labels=labels, pairs=pairs,
                                 slopes=slopes if slopes is not None else {},
                                 more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
@@ -591,7 +592,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         for key in live:
             first.setdefault(lab_of[key], key)
         on_progress(f"set {sid}: correctness and graph clock")
-        graph_todo = _needed(data, labels, ready, sampling, "graph_us") if device == "cuda" else set()
+        graph_todo = _needed(data, labels, ready, sampling, "graph_us", pairs) if device == "cuda" else set()
         for c in ready:
             for lab, key in first.items():
                 cd = data[(lab, c.id)]
@@ -617,7 +618,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         # never the cycles (on the H200 it made 30 % of the last quarter's bursts outliers, up to
         # 3x) nor the profiled calls (prefetch("await") below)
         prefetch("setup")
-        dev_todo = _needed(data, labels, ready, sampling, "device_us") if device == "cuda" else set()
+        dev_todo = _needed(data, labels, ready, sampling, "device_us", pairs) if device == "cuda" else set()
         if dev_todo:
             on_progress(f"set {sid}: kernel time (profiler)")
             # the profiler's start-up (~0.9 s per process on the H200) in every profiling worker at
@@ -704,23 +705,25 @@ def _clock(cd: CaseData, name: str, seconds: float) -> None:
     cd.clock_seconds[name] = round(cd.clock_seconds.get(name, 0.0) + seconds, 3)
 
 
-def _needed(data: dict, labels: list[str], cases: list[Case], sampling: Sampling, metric: str) -> set:
+def _needed(data: dict, labels: list[str], cases: list[Case], sampling: Sampling, metric: str,
+            pairs: list | None = None) -> set:
     """Ids of the cases whose ``metric`` still needs sets: some ok env has none of it yet, or a
     comparison of it is undecided. Used for the profiler pass and the graph clock (kernel time hardly
     varies between processes: the same to 0.1 µs in 12 of 12 H200 cases; each pass costs ~0.05-0.1 s
     per case and worker), so the time goes to the lockstep cycles once they are decided."""
     out = set()
-    und = _undecided(comparisons_now(data, labels, cases, sampling, metric)) if len(labels) > 1 else set()
+    und = {cid for _, _, cid in _undecided(comparisons_now(data, labels, cases, sampling, metric, pairs=pairs))}
     for c in cases:
         cds = [data[(lab, c.id)] for lab in labels if data[(lab, c.id)].status == "ok"]
         if cds and all(len(cd.sets[metric]) >= sampling.clock_sets for cd in cds):
             continue  # enough sets of this clock (Sampling.clock_sets)
-        if any(not cd.sets[metric] for cd in cds) or any((cand, c.id) in und for cand in labels[1:]):
+        if any(not cd.sets[metric] for cd in cds) or c.id in und:
             out.add(c.id)
     return out
 
 
-def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats: int) -> dict:
+def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats: int,
+                  pairs: list | None = None) -> dict:
     """How many times each case's wall clock is timed per sweep of the next set's cycles: case id ->
     1..``max_repeats``: round(v / v_ref), clamped, where v is the case's per-cycle variance of the
     paired log ratio (pooled within the sets timed so far; the largest over the candidates) and
@@ -737,14 +740,12 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
     got wider. The weights use only
     earlier sets, so a set's cycles are fixed before it is timed; before any data every case gets 1."""
     var = {}
+    pairs = default_pairs(labels) if pairs is None else pairs
     for c in cases:
-        base = data.get((labels[0], c.id)) if labels else None
-        if base is None:
-            continue
         best = None
-        for cand in labels[1:]:
-            cd = data.get((cand, c.id))
-            if cd is None:
+        for b_lab, cand in pairs:
+            base, cd = data.get((b_lab, c.id)), data.get((cand, c.id))
+            if base is None or cd is None:
                 continue
             ss, df = 0.0, 0
             for sid, b in base.sets["wall_us"].items():
@@ -773,7 +774,8 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
 
 def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampling, *, quick: bool,
             case_timeout: float, stop: threading.Event, rng: random.Random, on_progress, fault,
-            labels: list[str], slopes: dict, more: Callable[[], bool] | None = None) -> int:
+            labels: list[str], slopes: dict, more: Callable[[], bool] | None = None,
+            pairs: list | None = None) -> int:
     """The set's lockstep cycles for ``sampling.set_seconds`` (quick: ``quick_set_seconds``), and
     on while ``more()`` says the next set's workers are still starting (up to ``EXTEND_FACTOR`` x that
     time: the start would otherwise wait idle for them); returns how many ran. A cycle is one (case, clock) item: every worker of the set times a burst of it, in
@@ -790,22 +792,22 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     items = []
     for m in CYCLED:
         done: set = set()
+        run_pairs = default_pairs(labels) if pairs is None else [p for p in pairs if p[0] in labels and p[1] in labels]
         if len(labels) >= 2 and not quick:
-            cmp = comparisons_now(data, labels, cases, sampling, m)
-            done = _settled(cmp, sampling)
+            done = _settled(comparisons_now(data, labels, cases, sampling, m, pairs=run_pairs), sampling)
         for c in cases:
-            if len(labels) < 2 or any((cand, c.id) not in done for cand in labels[1:]):
+            if not run_pairs or any((base, cand, c.id) not in done for base, cand in run_pairs):
                 items.append((c, m))
     if not items:
         return 0
-    reps = cycle_weights(data, labels, cases, sampling.max_repeats) if not quick and sampling.max_repeats > 1 else {}
+    reps = cycle_weights(data, labels, cases, sampling.max_repeats, run_pairs) if not quick and sampling.max_repeats > 1 else {}
     keys = list(live)
     t_end = time.monotonic() + budget
-    t_cap = t_end + (EXTEND_FACTOR - 1) * budget
+    t_cap = t_end + (sampling.EXTEND_FACTOR - 1) * budget
 
     def over() -> bool:
         """The set's cycles are over: ``budget`` s are up and the next set's workers have started
-        (``more`` is false) or the set has run ``EXTEND_FACTOR`` x its budget."""
+        (``more`` is false) or the set has run ``Sampling.EXTEND_FACTOR`` x its budget."""
         now = time.monotonic()
         return now >= t_end and (more is None or now >= t_cap or not more())
 

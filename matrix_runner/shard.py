@@ -469,5 +469,5 @@ def _load(d: Path) -> dict | None:
 def _labels(docs: list[dict], stored: dict, args) -> list[str]:
     for d in docs:
         return [e["label"] for e in d.get("envs") or []]
-    from .envs import parse_versions
-    return [r.label for r in parse_versions(args.versions)]
+    from .envs import cross_torch, parse_torches, parse_versions
+    return [r.label for r in cross_torch(parse_versions(args.versions), parse_torches(getattr(args, "torch", None)))]

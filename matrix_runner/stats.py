@@ -392,6 +392,29 @@ def set_log_ratio(base: dict, cand: dict) -> float | None:
     return _trimmed_mean([math.log(k) - math.log(b) for b, k in _paired(base, cand)])
 
 
+def comparison_pairs(envs: list) -> list[tuple[str, str]]:
+    """The run's comparisons, as (baseline, candidate) env labels, from ``envs`` = [(label, axis)] in
+    run order (the envs that can be compared). Without a torch axis (any ``axis`` None) every env
+    is compared with the first. In a version x torch matrix (``axis`` = {version, torch}, envs.cross_torch):
+    within each torch, every version with the first version there; within each version, every torch
+    with the first torch there -- the two questions a torch axis asks ("which version is faster on
+    this torch?", "did this torch change this version?"), never a version and a torch at once. The
+    Bonferroni family is these pairs (x cases) of one clock."""
+    labels = [lab for lab, _ in envs]
+    if len(labels) < 2:
+        return []
+    if any(ax is None for _, ax in envs):
+        return [(labels[0], lab) for lab in labels[1:]]
+    out: list[tuple[str, str]] = []
+    for key in ("torch", "version"):
+        groups: dict = {}
+        for lab, ax in envs:
+            groups.setdefault(ax[key], []).append(lab)
+        for labs in groups.values():
+            out += [(labs[0], lab) for lab in labs[1:]]
+    return out
+
+
 def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, family_size: int = 1,
                 family_alpha: float = FAMILY_ALPHA, n_target: int = 8, cycles: bool = True,
                 provisional: bool = False, plain: tuple | None = None) -> dict | None:

@@ -774,3 +774,44 @@ def test_sdpa_control_that_agrees_gives_no_warning():
     res["comparisons"] = results.comparisons(res["cases"], ["1.0", "2.0"], 0.05)
     (s,) = report.view_model(res)["summaries"]
     assert SDPA_WARNING not in s["text"]
+
+
+def test_a_version_by_torch_matrix_is_compared_within_each_torch_and_each_version():
+    # 2 versions x 2 torches; version 2.0 pays +60 µs on every torch, torch 2.5.1 adds +30 µs to both
+    wall = {("1.0", "inherit"): 100.0, ("2.0", "inherit"): 160.0, ("1.0", "2.5.1"): 130.0, ("2.0", "2.5.1"): 190.0}
+    envs, cases = [], []
+    for (v, t), us in wall.items():
+        lab = f"{v}+torch{'-inherit' if t == 'inherit' else t}"
+        envs.append({**env(lab, version=v), "axis": {"version": v, "torch": t}})
+    envs.sort(key=lambda e: (e["axis"]["version"], e["axis"]["torch"] != "inherit"))
+    for i, e in enumerate(envs):
+        us = wall[(e["axis"]["version"], e["axis"]["torch"])]
+        cases.append(make_case(e["label"], "fwd", 2, 64, us, us - 5, None, seed=i))
+    run = make_results(envs, cases, device="cpu")
+    run["comparisons"] = results.comparisons(cases, [e["label"] for e in envs], 0.05, pairs=results.env_pairs(envs))
+    got = {(c["baseline"], c["candidate"]): c for c in run["comparisons"] if c["metric"] == "wall_us"}
+    # versions within each torch, torches within each version; never a version and a torch at once
+    assert list(got) == [("1.0+torch-inherit", "2.0+torch-inherit"), ("1.0+torch2.5.1", "2.0+torch2.5.1"),
+                         ("1.0+torch-inherit", "1.0+torch2.5.1"), ("2.0+torch-inherit", "2.0+torch2.5.1")]
+    assert got[("1.0+torch-inherit", "2.0+torch-inherit")]["ratio"] == pytest.approx(1.6, rel=0.03)
+    assert got[("1.0+torch2.5.1", "2.0+torch2.5.1")]["ratio"] == pytest.approx(190 / 130, rel=0.03)
+    assert got[("2.0+torch-inherit", "2.0+torch2.5.1")]["ratio"] == pytest.approx(190 / 160, rel=0.03)
+    vm = report.view_model(run)
+    assert vm["one_base"] is False and vm["candidates"] == [f"{k} vs {b}" for b, k in got]
+    (row,) = vm["rows"]
+    assert [(c["baseline"], c["candidate"]) for c in row["comps"]] == list(got)
+    assert [s["text"].split(":")[0] for s in vm["summaries"]] == [f"{k} vs {b}" for b, k in got]
+    html = report.render_html(run)
+    page = assert_self_contained(html)
+    table = html[html.index('class="verdict-table"'):html.index("</thead>")]
+    for b, k in got:
+        assert f"{k} vs {b}" in table
+    assert "1.0+torch2.5.1 vs 1.0+torch-inherit" in report.markdown(run)
+    from rich.console import Console
+
+    for width in (200, 80):  # the full table, or one block per comparison in 80 columns
+        con = Console(record=True, width=width)
+        report.terminal_table(run, con)
+        text = con.export_text()
+        assert all(f"{k} vs {b}" in " ".join(text.split()) for b, k in got), text
+    assert page.find(data_candidate="2.0+torch2.5.1")

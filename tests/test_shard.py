@@ -113,7 +113,7 @@ def test_merged_shards_give_the_comparisons_of_one_run_on_the_same_data():
         mine = shard.share(CFG.cases, i, n)
         part = runner.comparisons_now(data, ["a", "b"], mine, samp, "wall_us",
                                       family_extra=len(CFG.cases) - len(mine))
-        assert part == {k: v for k, v in full.items() if k[1] in {c.id for c in mine}}
+        assert part == {k: v for k, v in full.items() if k[2] in {c.id for c in mine}}  # (baseline, candidate, case)
         narrower = runner.comparisons_now(data, ["a", "b"], mine, samp, "wall_us")
         assert any(narrower[k]["ci_high"] < part[k]["ci_high"] for k in part)
     # a case in two shards is refused: shards time disjoint shares
@@ -245,7 +245,7 @@ def test_gpu_shards_run_at_once_each_on_its_gpu_and_a_lost_gpu_fails_only_its_ca
     assert len(seen) == len(sets)  # on_set after every set of every shard, with the sets so far
     assert "shard 0" in reason or "max_sets" in reason
     cmp = runner.comparisons_now(data, ["base", "new"], cs, Sampling(), "wall_us")
-    assert set(k[1] for k in cmp) == set(share[0])
+    assert set(k[2] for k in cmp) == set(share[0])  # (baseline, candidate, case)
 
 
 def test_a_resumed_gpu_sharded_run_deals_each_set_back_to_its_shard(tmp_path):

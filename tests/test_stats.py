@@ -241,3 +241,21 @@ def test_unbounded_interval_ends_render_as_infinity_not_raw():
     from matrix_runner import report
     assert report.fmt_us(float("inf")) == "∞" and report.fmt_us(float("-inf")) == "-∞"
     assert report.fmt_us(float("nan")) == "–" and report.fmt_us(41.53) == "41.5"
+
+
+def test_comparison_pairs_without_and_with_a_torch_axis():
+    # no axis: every env against the first
+    assert stats.comparison_pairs([("a", None), ("b", None), ("c", None)]) == [("a", "b"), ("a", "c")]
+    assert stats.comparison_pairs([("a", None)]) == []
+    def ax(v, t):
+        return {"version": v, "torch": t}
+
+    envs = [("1+i", ax("1", "inherit")), ("1+t", ax("1", "2.5.1")), ("2+i", ax("2", "inherit")),
+            ("2+t", ax("2", "2.5.1")), ("3+i", ax("3", "inherit")), ("3+t", ax("3", "2.5.1"))]
+    assert stats.comparison_pairs(envs) == [
+        ("1+i", "2+i"), ("1+i", "3+i"), ("1+t", "2+t"), ("1+t", "3+t"),  # versions within each torch
+        ("1+i", "1+t"), ("2+i", "2+t"), ("3+i", "3+t")]                  # torches within each version
+    # the first version failed under one torch: that torch's versions are compared with its first ok one
+    left = [e for e in envs if e[0] != "1+t"]
+    assert stats.comparison_pairs(left) == [("1+i", "2+i"), ("1+i", "3+i"), ("2+t", "3+t"),
+                                            ("2+i", "2+t"), ("3+i", "3+t")]

@@ -1,8 +1,9 @@
 """--torch X.Y.Z: each env gets its own torch, installed by uv (here from the machine's local torch
-wheel via --find-links), instead of inheriting the driver's."""
+wheel via --find-links), instead of inheriting the driver's; --torch A,B: a version x torch matrix."""
 import glob
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import load_results, run_cli
@@ -25,3 +26,61 @@ def test_pinned_torch_env(standins, tiny_config, tmp_path):
     # the env has its own torch, not a .pth onto the driver's site-packages
     assert not list((tmp_path / "envs" / "2.6.3").rglob("_matrix_run_inherit.pth"))
     assert list((tmp_path / "envs" / "2.6.3").rglob("site-packages/torch/__init__.py"))
+
+
+def test_torch_list_parses_and_crosses_every_version_with_every_torch():
+    from matrix_runner import envs
+
+    assert envs.parse_torches("inherit") == ["inherit"] and envs.parse_torches(None) == ["inherit"]
+    assert envs.parse_torches(" inherit , 2.5.1 ") == ["inherit", "2.5.1"]
+    for bad, why in (("latest", "'latest' is neither inherit nor a torch version"), ("2.5.1,2.5.1", "2.5.1 appears twice"),
+                     ("2.5.1,", "'' is neither"), ("2.5.1+cu121", "plain release"), ("inherit,>=2.4", "'>=2.4'")):
+        with pytest.raises(envs.UsageError, match=why.replace("+", r"\+").replace("(", r"\(")):
+            envs.parse_torches(bad)
+    reqs = envs.parse_versions("2.6.3,new=2.7.0.post2")
+    assert envs.cross_torch(reqs, ["2.5.1"]) == reqs  # one torch: the envs are the versions, unchanged
+    crossed = envs.cross_torch(reqs, ["inherit", "2.5.1"])
+    assert [(r.label, r.version, r.torch, r.axis) for r in crossed] == [
+        ("2.6.3+torch-inherit", "2.6.3", "inherit", {"version": "2.6.3", "torch": "inherit"}),
+        ("2.6.3+torch2.5.1", "2.6.3", "2.5.1", {"version": "2.6.3", "torch": "2.5.1"}),
+        ("new+torch-inherit", "2.7.0.post2", "inherit", {"version": "new", "torch": "inherit"}),
+        ("new+torch2.5.1", "2.7.0.post2", "2.5.1", {"version": "new", "torch": "2.5.1"})]
+    # each env's identity has its own torch (the key, and so the env and wheel reuse, include it)
+    opts = envs.Options(envs_dir=Path("/tmp/x"), cache_dir=Path("/tmp/y"), torch="inherit", torches=["inherit", "2.5.1"])
+    probe = {"torch": {"version": "2.13.0+cpu", "cuda": None, "cxx11abi": True}}
+    assert envs.torch_identity(opts, probe, crossed[1]) == {"mode": "pinned", "version": "2.5.1", "index": None}
+    assert envs.torch_identity(opts, probe, crossed[0])["mode"] == "inherit"
+    with pytest.raises(envs.UsageError, match="too long"):
+        envs.cross_torch(envs.parse_versions("x" * 60 + "=2.6.3"), ["inherit", "2.5.1"])
+
+
+@pytest.mark.skipif(not LOCAL, reason="no local torch 2.13.0 wheel for this Python in /opt/wheels")
+def test_torch_axis_run_builds_an_env_per_version_and_torch_and_compares_within_each(standins, tiny_config, tmp_path):
+    # inherit (the driver's torch) x 2.13.0 installed into the env: the same torch release under two
+    # identities, so the torch comparisons are an A/A, while the planted 300 µs shows in both version ones
+    cp = run_cli("--versions", "2.6.3,2.7.0.post2", "--torch", "inherit,2.13.0", "--find-links", "/opt/wheels",
+                 "--find-links", str(standins["wheels"]), "--device", "cpu", "--quick", "--config", str(tiny_config),
+                 "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"),
+                 "--output", str(tmp_path / "out"))
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    res = load_results(tmp_path / "out")
+    labels = ["2.6.3+torch-inherit", "2.6.3+torch2.13.0", "2.7.0.post2+torch-inherit", "2.7.0.post2+torch2.13.0"]
+    assert [e["label"] for e in res["envs"]] == labels
+    assert all(e["status"] == "ok" and e["torch"].startswith("2.13.0") for e in res["envs"])
+    assert [e["axis"] for e in res["envs"]] == [{"version": v, "torch": t} for v in ("2.6.3", "2.7.0.post2")
+                                                 for t in ("inherit", "2.13.0")]
+    assert res["settings"]["torch"] == "inherit,2.13.0"
+    for lab in labels:
+        rec = json.loads((tmp_path / "envs" / lab / "matrix-run-env.json").read_text())
+        assert rec["torch"]["mode"] == ("inherit" if "inherit" in lab else "pinned")
+    wall = [c for c in res["comparisons"] if c["metric"] == "wall_us"]
+    pairs = list(dict.fromkeys((c["baseline"], c["candidate"]) for c in wall))
+    assert pairs == [(labels[0], labels[2]), (labels[1], labels[3]), (labels[0], labels[1]), (labels[2], labels[3])]
+    for c in wall:  # --quick: provisional ratios; the planted overhead is in the version comparisons only
+        assert c["verdict"] == "provisional"
+        if c["op"] == "fwd" and c["candidate"].startswith("2.7.0.post2") and c["baseline"].startswith("2.6.3"):
+            assert c["ratio"] > 1.5, c
+        elif c["baseline"].split("+")[0] == c["candidate"].split("+")[0]:
+            assert 0.8 < c["ratio"] < 1.25, c
+    html = (tmp_path / "out" / "index.html").read_text()
+    assert "2.6.3+torch2.13.0 vs 2.6.3+torch-inherit" in html
