@@ -363,3 +363,26 @@ def test_has_reply_reads_without_waiting(tmp_path):
     assert w.has_reply() is False
     w.p.wait()
     assert w.has_reply() is True  # exited: nothing left to wait for
+
+
+def test_a_sets_workers_start_in_an_order_rotated_by_set(monkeypatch, tmp_path):
+    from matrix_runner import runner
+
+    started = []
+
+    class FakeWorker:
+        def __init__(self, key, python, log, cpus, env_extra=None):
+            started.append(key)
+
+    monkeypatch.setattr(runner.lockstep, "Worker", FakeWorker)
+    envs = [SimpleNamespace(label=lab, python="py") for lab in ("a", "b", "c")]
+    order = []
+    for sid in range(4):
+        started.clear()
+        st = runner._Set(sid, envs, tmp_path, None, 1, None, [])
+        order.append(list(started))
+        assert list(st.workers) == started and st.label_of == {k: k for k in "abc"}
+    assert order == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    started.clear()
+    runner._Set(1, envs[:2], tmp_path, None, 2, None, [])
+    assert started == ["b#0", "b#1", "a#0", "a#1"]
