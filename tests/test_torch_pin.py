@@ -11,12 +11,17 @@ from conftest import load_results, run_cli
 LOCAL = sorted(glob.glob(f"/opt/wheels/torch-2.13.0*-cp{sys.version_info.major}{sys.version_info.minor}-*.whl"))
 
 
+def _quick_run(versions: str, torch: str, standins: dict, config, tmp_path):
+    """A --quick CPU run of the stand-ins with ``--torch TORCH``, the local torch wheel offered."""
+    return run_cli("--versions", versions, "--torch", torch, "--find-links", "/opt/wheels",
+                   "--find-links", str(standins["wheels"]), "--device", "cpu", "--quick", "--config", str(config),
+                   "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"),
+                   "--output", str(tmp_path / "out"))
+
+
 @pytest.mark.skipif(not LOCAL, reason="no local torch 2.13.0 wheel for this Python in /opt/wheels")
 def test_pinned_torch_env(standins, tiny_config, tmp_path):
-    cp = run_cli("--versions", "2.6.3", "--torch", "2.13.0", "--find-links", "/opt/wheels",
-                 "--find-links", str(standins["wheels"]), "--device", "cpu", "--quick", "--config", str(tiny_config),
-                 "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"),
-                 "--output", str(tmp_path / "out"))
+    cp = _quick_run("2.6.3", "2.13.0", standins, tiny_config, tmp_path)
     assert cp.returncode == 0, cp.stderr[-3000:]
     res = load_results(tmp_path / "out")
     (env,) = res["envs"]
@@ -58,10 +63,7 @@ def test_torch_list_parses_and_crosses_every_version_with_every_torch():
 def test_torch_axis_run_builds_an_env_per_version_and_torch_and_compares_within_each(standins, tiny_config, tmp_path):
     # inherit (the driver's torch) x 2.13.0 installed into the env: the same torch release under two
     # identities, so the torch comparisons are an A/A, while the planted 300 µs shows in both version ones
-    cp = run_cli("--versions", "2.6.3,2.7.0.post2", "--torch", "inherit,2.13.0", "--find-links", "/opt/wheels",
-                 "--find-links", str(standins["wheels"]), "--device", "cpu", "--quick", "--config", str(tiny_config),
-                 "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"),
-                 "--output", str(tmp_path / "out"))
+    cp = _quick_run("2.6.3,2.7.0.post2", "inherit,2.13.0", standins, tiny_config, tmp_path)
     assert cp.returncode == 0, cp.stderr[-3000:]
     res = load_results(tmp_path / "out")
     labels = ["2.6.3+torch-inherit", "2.6.3+torch2.13.0", "2.7.0.post2+torch-inherit", "2.7.0.post2+torch2.13.0"]
