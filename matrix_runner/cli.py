@@ -272,6 +272,12 @@ def _options(args) -> envmod.Options:
         if not all(a.isdigit() and len(a) in (2, 3) for a in archs):
             raise envmod.UsageError(f"--archs {args.archs!r}: give compute capabilities like 90 or 80,90")
     torches = envmod.parse_torches(args.torch)
+    if getattr(args, "backend", "uv") == "here" and len(torches) > 1:
+        raise envmod.UsageError(f"--backend here times this interpreter's torch: --torch {args.torch!r} lists several; "
+                                "use --backend uv for a torch axis")
+    if args.torch_index and torches == ["inherit"]:
+        raise envmod.UsageError(f"--torch-index {args.torch_index}: it is where a pinned torch comes from, and "
+                                "--torch inherit installs none; add a version (--torch X.Y.Z) or drop --torch-index")
     fl = []
     for d in args.find_links:
         p = Path(d).expanduser().resolve()
@@ -283,6 +289,18 @@ def _options(args) -> envmod.Options:
                           torch=torches[0], torches=torches, torch_index=args.torch_index, build=args.build, archs=archs,
                           index_url=args.index_url, rebuild=args.rebuild,
                           compile_cache=getattr(args, "compile_cache", True))
+
+
+def _run_name(labels: list[str], limit: int = 120) -> str:
+    """The labels part of a run id (the default output folder's name): ``A-vs-B``, cut to ``limit``
+    characters with a hash of the whole when longer (several 64-character labels, or a torch axis,
+    made a folder name over the file system's 255 bytes)."""
+    import hashlib
+
+    name = "-vs-".join(labels)
+    if len(name) <= limit:
+        return name
+    return name[:limit - 9].rstrip("-.+") + "-" + hashlib.sha1(name.encode()).hexdigest()[:8]
 
 
 def _plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
@@ -747,13 +765,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error
         for w in envmod.check_versions(reqs, opts):
             console.print(f"[yellow]warning:[/] {w}")
-    if args.backend == "here" and len(opts.torches) > 1:
-        raise envmod.UsageError(f"--backend here times this interpreter's torch: --torch {args.torch!r} lists several; "
-                                "use --backend uv for a torch axis")
     reqs = envmod.cross_torch(reqs, opts.torches)
 
     created = datetime.now(timezone.utc)
-    run_id = created.strftime("%Y%m%d-%H%M%S") + "-" + "-vs-".join(r.label for r in reqs)
+    run_id = created.strftime("%Y%m%d-%H%M%S") + "-" + _run_name([r.label for r in reqs])
     if prior is not None:
         run_id, created = prior["run_id"], datetime.fromisoformat(prior["created"])
     if args.output:

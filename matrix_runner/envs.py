@@ -442,6 +442,18 @@ def torch_identity(opts: Options, driver_probe: dict, req: EnvRequest | None = N
     return {"mode": "pinned", "version": spec, "index": opts.torch_index}
 
 
+def same_torch(recorded: dict | None, tid: dict) -> bool:
+    """Whether an env record's torch is the one :func:`torch_identity` asks for. A pinned torch is
+    what was asked (version, index): the record also holds its CUDA version and C++ ABI, read after
+    it was installed, which the plan cannot know (comparing whole dicts rebuilt every pinned env on
+    every run). An inherited one must match entirely (the driver's torch may have changed)."""
+    if not recorded:
+        return False
+    if tid.get("mode") == "pinned":
+        return all(recorded.get(k) == tid.get(k) for k in ("mode", "version", "index"))
+    return recorded == tid
+
+
 def wanted_key(version: str, tid: dict, py: str, archs, kernels, platform_tag: str = "linux_x86_64") -> dict:
     try:
         fa = str(Version(version).public)
@@ -492,7 +504,7 @@ def _plan_subject(req: EnvRequest, opts: Options, driver_probe: dict) -> PlanIte
     if req.subject.jit:
         item.notes.append("kernels are compiled on each shape's first call (during set-up, never in the samples)")
     rec = load_record(env_dir)
-    if rec and not opts.rebuild and rec.get("status") == "ok" and rec.get("subject_key") == key and rec.get("torch") == tid:
+    if rec and not opts.rebuild and rec.get("status") == "ok" and rec.get("subject_key") == key and same_torch(rec.get("torch"), tid):
         item.method = "reuse"
         return item
     if opts.offline and not opts.find_links:
@@ -540,7 +552,7 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
                             wheel=str(p))
             rec = load_record(env_dir)
             if rec and not opts.rebuild and (rec.get("wheel") or {}).get("sha256") == wheels.sha256_file(p) \
-                    and rec.get("torch") == tid and rec.get("status") == "ok":
+                    and same_torch(rec.get("torch"), tid) and rec.get("status") == "ok":
                 item.method = "reuse"
             return item
         sdist = p
@@ -744,9 +756,15 @@ def _url_exists(url: str, timeout: float = 15.0) -> tuple[bool, str]:
 def _record_matches(rec: dict, req: EnvRequest, tid: dict, key: dict) -> bool:
     if rec.get("schema") != RECORD_SCHEMA or rec.get("requested") != req.version:
         return False
-    if rec.get("torch") != tid:
+    if not same_torch(rec.get("torch"), tid):
         return False
     have = (rec.get("wheel") or {}).get("key")
+    if tid.get("mode") == "pinned" and have:
+        # the plan's key cannot know a pinned torch's local version, CUDA and ABI (read after the
+        # install, kept in the record): the recorded ones stand in where the release is the one asked
+        t = rec.get("torch") or {}
+        if wheels.same_version(str(have.get("torch")), str(tid.get("version"))):
+            key = {**key, "torch": have.get("torch"), "torch_cuda": t.get("cuda"), "cxx11abi": t.get("cxx11abi")}
     if have == {} and req.is_path:
         return rec.get("status") == "ok"
     return bool(have) and wheels.compatible(have, key) is None and rec.get("status") == "ok"
@@ -818,7 +836,8 @@ def create_venv(env_dir: Path, python: str, tid: dict, opts: Options, log: Path)
         # path lines are appended after the env's own site-packages: the env's packages win
         (site / "_matrix_run_inherit.pth").write_text("\n".join(tid["site_dirs"]) + "\n")
     else:
-        args = ["pip", "install", "--python", str(py), f"torch=={tid['version']}", *BUILD_DEPS, "einops"]
+        # numpy: torch warns at import without it, and the inherited torch of another env usually has it
+        args = ["pip", "install", "--python", str(py), f"torch=={tid['version']}", *BUILD_DEPS, "einops", "numpy"]
         if tid.get("index"):
             args += ["--index-url", tid["index"], "--extra-index-url", opts.index_url]
         for d in opts.find_links:

@@ -86,3 +86,32 @@ def test_torch_axis_run_builds_an_env_per_version_and_torch_and_compares_within_
             assert 0.8 < c["ratio"] < 1.25, c
     html = (tmp_path / "out" / "index.html").read_text()
     assert "2.6.3+torch2.13.0 vs 2.6.3+torch-inherit" in html
+    # the next run reuses all four envs, the pinned ones too (a new-user trial saw them rebuilt each time)
+    cp = run_cli("plan", "--versions", "2.6.3,2.7.0.post2", "--torch", "inherit,2.13.0", "--find-links", "/opt/wheels",
+                 "--find-links", str(standins["wheels"]), "--config", str(tiny_config), "--json",
+                 "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"))
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert [(i["label"], i["method"]) for i in json.loads(cp.stdout)] == [(lab, "reuse") for lab in labels]
+
+
+def test_a_pinned_torch_env_record_matches_its_plan_and_bad_torch_options_are_refused(tmp_path):
+    from matrix_runner import cli, envs
+
+    # the record holds the pinned torch's CUDA and ABI, read after the install; the plan cannot know
+    # them: the env must still be reused (comparing whole dicts rebuilt it on every run)
+    asked = {"mode": "pinned", "version": "2.13.0", "index": None}
+    assert envs.same_torch({**asked, "cuda": None, "cxx11abi": True}, asked)
+    assert not envs.same_torch({**asked, "version": "2.12.0", "cxx11abi": True}, asked)
+    assert not envs.same_torch({**asked, "index": "https://x/cu121"}, asked)
+    assert not envs.same_torch(None, asked)
+    inh = {"mode": "inherit", "version": "2.13.0+cpu", "cuda": None, "cxx11abi": True, "site_dirs": ["/a"]}
+    assert envs.same_torch(dict(inh), inh) and not envs.same_torch({**inh, "site_dirs": ["/b"]}, inh)
+    # a run id of long labels stays a usable folder name
+    long = cli._run_name(["b" * 64 + "+torch-inherit", "c" * 64 + "+torch2.13.0"])
+    assert len(long) <= 120 and long.startswith("b" * 40)
+    assert cli._run_name(["2.6.3", "2.7.0.post2"]) == "2.6.3-vs-2.7.0.post2"
+    for extra, msg in ((["--backend", "here", "--torch", "inherit,2.13.0"], "use --backend uv for a torch axis"),
+                       (["--torch-index", "https://example.invalid/cu121"], "--torch inherit installs none")):
+        for cmd in (["plan"], []):
+            cp = run_cli(*cmd, "--versions", "2.6.3", "--envs-dir", str(tmp_path / "e"), *extra)
+            assert cp.returncode == 2 and msg in cp.stderr, (cmd, extra, cp.stderr[-800:])
