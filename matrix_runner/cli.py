@@ -286,7 +286,7 @@ def _options(args) -> envmod.Options:
         fl.append(p)
     cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
     return envmod.Options(envs_dir=envs_dir.resolve(), cache_dir=cache, find_links=fl, offline=args.offline,
-                          torch=torches[0], torches=torches, torch_index=args.torch_index, build=args.build, archs=archs,
+                          torches=torches, torch_index=args.torch_index, build=args.build, archs=archs,
                           index_url=args.index_url, rebuild=args.rebuild,
                           compile_cache=getattr(args, "compile_cache", True))
 
@@ -958,11 +958,13 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             samp.workers_per_env = 2 if len(cpus.get("spare_cpus") or []) >= 4 else 1
         base_doc["settings"]["workers_per_env"] = samp.workers_per_env
         # the machine's pace, for tuning the confidence sequence (Sampling.planned_sets): a set's
-        # workers import torch as the driver's probe did, in parallel on the spare cores
-        spare = len(cpus.get("spare_cpus") or []) if cpus.get("pinned") else (os.cpu_count() or 1) - 1
+        # workers import torch as the driver's probe did, in parallel on the spare cores, where the
+        # runner starts them during the previous set (its rule: there are spare cores), else after it
+        spare = len(cpus.get("spare_cpus") or [])
         n_workers = len(ok_envs) * (samp.workers_per_env or 1)
-        samp.prefetch = spare > 0
-        samp.start_s = base_timing["probe_s"] * math.ceil(n_workers / max(1, spare))
+        if not gpus:  # a sharded run's shards plan their own share of the CPUs
+            samp.prefetch = spare > 0
+            samp.start_s = base_timing["probe_s"] * math.ceil(n_workers / max(1, spare))
         samp.before_s = before_s
         prior_planned = ((prior or {}).get("settings") or {}).get("planned_sets")
         if prior_planned:  # --resume: the sets already judged keep their sequence

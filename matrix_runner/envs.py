@@ -359,7 +359,6 @@ class Options:
     cache_dir: Path
     find_links: list[Path] = field(default_factory=list)
     offline: bool = False
-    torch: str = "inherit"  # the first of ``torches``: what an env without its own (EnvRequest.torch) gets
     #: every ``--torch`` value (parse_torches); several: a torch axis (cross_torch)
     torches: list[str] = field(default_factory=lambda: ["inherit"])
     torch_index: str | None = None
@@ -368,6 +367,11 @@ class Options:
     index_url: str = wheels.DEFAULT_INDEX
     rebuild: bool = False
     compile_cache: bool = True  # --no-compile-cache: False (see compcache.py)
+
+    @property
+    def torch(self) -> str:
+        """The first ``--torch`` value: what an env without its own (EnvRequest.torch) gets."""
+        return self.torches[0]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from . import charts, stats
+from . import charts, results, stats
 
 METRIC_NAMES = {"wall_us": "wall", "host_us": "host", "device_us": "device", "graph_us": "graph"}
 ATTR_PHRASE = {"host": "host overhead", "device": "kernel (device) time", "mixed": "host and kernel time"}
@@ -288,7 +288,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     short, common = short_labels(cases)
     # the run's comparisons as (baseline, candidate) pairs (stats.comparison_pairs: each env against
     # the first, or within each torch and each version of a version x torch matrix)
-    pairs = stats.comparison_pairs([(e["label"], e.get("axis")) for e in envs if e["status"] == "ok"])
+    pairs = results.env_pairs(envs)
     one_base = all(b == base for b, _ in pairs)
     names = [k if one_base else f"{k} vs {b}" for b, k in pairs]
     cmps = {}

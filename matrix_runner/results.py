@@ -153,9 +153,7 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
     out = []
     if not labels:
         return out
-    pairs = [(labels[0], lab) for lab in labels[1:]] if pairs is None else \
-        [(b, k) for b, k in pairs if b in labels and k in labels]
-    todo = [(base, cand, cid) for base, cand in pairs for cid in ids
+    todo = [(base, cand, cid) for base, cand in stats.pairs_among(labels, pairs) for cid in ids
             if (by.get((base, cid)) or {}).get("status") == "ok" and (by.get((cand, cid)) or {}).get("status") == "ok"]
     alpha = float(settings.get("alpha") or 0.05)
     quick = bool(settings.get("quick"))

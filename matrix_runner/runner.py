@@ -181,19 +181,13 @@ def _import_check(env: EnvResult, hello: dict) -> str | None:
     return err
 
 
-def default_pairs(labels: list[str]) -> list[tuple[str, str]]:
-    """Every env against the first (stats.comparison_pairs without a torch axis)."""
-    return [(labels[0], lab) for lab in labels[1:]] if labels else []
-
-
 def comparisons_now(data: dict, labels: list[str], cases: list[Case], sampling: Sampling, metric: str,
                     quick: bool = False, family_extra: int = 0, pairs: list | None = None) -> dict:
     """``{(baseline, candidate, case id): stats.set_compare result}`` for ``metric`` over the data so
     far, for the run's ``pairs`` (stats.comparison_pairs; default: every env against the first), with
     the run's family (every ok pair x case of this metric, plus ``family_extra``: the comparisons of
     the run timed elsewhere -- other shards -- so that the Bonferroni level is the whole run's)."""
-    pairs = default_pairs(labels) if pairs is None else [p for p in pairs if p[0] in labels and p[1] in labels]
-    todo = [(base, cand, c) for base, cand in pairs for c in cases
+    todo = [(base, cand, c) for base, cand in stats.pairs_among(labels, pairs) for c in cases
             if data[(base, c.id)].status == "ok" and data[(cand, c.id)].status == "ok"]
     out = {}
     for base, cand, c in todo:
@@ -745,10 +739,9 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
     got wider. The weights use only
     earlier sets, so a set's cycles are fixed before it is timed; before any data every case gets 1."""
     var = {}
-    pairs = default_pairs(labels) if pairs is None else pairs
     for c in cases:
         best = None
-        for b_lab, cand in pairs:
+        for b_lab, cand in stats.pairs_among(labels, pairs):
             base, cd = data.get((b_lab, c.id)), data.get((cand, c.id))
             if base is None or cd is None:
                 continue
@@ -795,9 +788,9 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     sid, lab_of = st.sid, st.label_of
     budget = sampling.quick_set_seconds if quick else sampling.set_seconds
     items = []
+    run_pairs = stats.pairs_among(labels, pairs)
     for m in CYCLED:
         done: set = set()
-        run_pairs = default_pairs(labels) if pairs is None else [p for p in pairs if p[0] in labels and p[1] in labels]
         if len(labels) >= 2 and not quick:
             done = _settled(comparisons_now(data, labels, cases, sampling, m, pairs=run_pairs), sampling)
         for c in cases:

@@ -415,6 +415,14 @@ def comparison_pairs(envs: list) -> list[tuple[str, str]]:
     return out
 
 
+def pairs_among(labels: list[str], pairs: list | None = None) -> list[tuple[str, str]]:
+    """The (baseline, candidate) ``pairs`` whose two envs are both in ``labels`` (the envs still
+    compared: a failed env drops out); None: every label against the first."""
+    if pairs is None:
+        return [(labels[0], lab) for lab in labels[1:]] if labels else []
+    return [(b, k) for b, k in pairs if b in labels and k in labels]
+
+
 def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, family_size: int = 1,
                 family_alpha: float = FAMILY_ALPHA, n_target: int = 8, cycles: bool = True,
                 provisional: bool = False, plain: tuple | None = None) -> dict | None:

@@ -51,7 +51,7 @@ def test_torch_list_parses_and_crosses_every_version_with_every_torch():
         ("new+torch-inherit", "2.7.0.post2", "inherit", {"version": "new", "torch": "inherit"}),
         ("new+torch2.5.1", "2.7.0.post2", "2.5.1", {"version": "new", "torch": "2.5.1"})]
     # each env's identity has its own torch (the key, and so the env and wheel reuse, include it)
-    opts = envs.Options(envs_dir=Path("/tmp/x"), cache_dir=Path("/tmp/y"), torch="inherit", torches=["inherit", "2.5.1"])
+    opts = envs.Options(envs_dir=Path("/tmp/x"), cache_dir=Path("/tmp/y"), torches=["inherit", "2.5.1"])
     probe = {"torch": {"version": "2.13.0+cpu", "cuda": None, "cxx11abi": True}}
     assert envs.torch_identity(opts, probe, crossed[1]) == {"mode": "pinned", "version": "2.5.1", "index": None}
     assert envs.torch_identity(opts, probe, crossed[0])["mode"] == "inherit"
