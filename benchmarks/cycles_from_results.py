@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from matrix_runner.results import read_text  # noqa: E402  (results.json or an archived .gz)
 
 
 def convert(path: str) -> dict:
-    d = json.load(open(path))
+    d = json.loads(read_text(path))
     envs = [e["label"] for e in d["envs"] if e.get("status") == "ok"]
     if len(envs) != 2:
         raise SystemExit(f"{path}: {len(envs)} ok envs; this extracts two-env runs only")

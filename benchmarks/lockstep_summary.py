@@ -2,10 +2,14 @@
 ratio), verdict, process sets; and the run's timing. Usage: python benchmarks/lockstep_summary.py RESULTS.json"""
 import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from matrix_runner.results import read_text  # noqa: E402  (results.json or an archived .gz)
 
 
 def main(path: str) -> None:
-    d = json.load(open(path))
+    d = json.loads(read_text(path))
     t = d.get("timing") or {}
     sets = d.get("sets") or []
     print(f"{path}: timing {t.get('timing_phase_s')} s, total {t.get('total_s')} s (before timing "

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from matrix_runner.results import read_text  # noqa: E402  (results.json or an archived .gz)
 from matrix_runner.stats import set_log_ratio  # noqa: E402  (a set's value as the run computes it)
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str]) -> None:
         label, argv = argv[1], argv[2:]
     res: dict = {}
     for f in argv:
-        d = json.load(open(f))
+        d = json.loads(read_text(f))
         envs = [e["label"] for e in d["envs"] if e.get("status") == "ok"]
         by: dict = {}
         for c in d["cases"]:

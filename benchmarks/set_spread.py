@@ -8,13 +8,17 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from matrix_runner.results import read_text  # noqa: E402  (results.json or an archived .gz)
 
 
 def main(paths: list[str]) -> None:
     for f in paths:
-        r = json.load(open(f))
+        r = json.loads(read_text(f))
         cpu = {s["set"]: s.get("cpu") for s in r.get("sets") or []}
         w = [c for c in r["comparisons"] if c["metric"] == "wall_us" and c["label"].startswith("B2 ")
              and c.get("set_log_ratios")]

@@ -18,14 +18,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from matrix_runner.build import schedule  # noqa: E402
+from matrix_runner.results import find, read_text  # noqa: E402
 
 KERNEL_FILES_PER_KIND = 28  # 2.6.3 / 2.7.0.post2 setup.py: 7 head dims x 2 dtypes x 2 (causal) per kind
 FULL_ARCHS = 2  # sm_80 and sm_90, hard-coded in both versions' setup.py
 
 
 def main() -> int:
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "reports/h200-2.6.3-vs-2.7.0.post2/results.json"
-    res = json.loads(path.read_text())
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "reports/h200-2.6.3-vs-2.7.0.post2"
+    res = json.loads(read_text(find(path)))
     print(f"{path} — {res['machine'].get('gpu')}, {res['machine'].get('cpu_count')} cores")
     print(f"{'version':<13}{'slim wall s':>12}{'slim CPU s':>11}{'full est. wall s':>17}{'full est. CPU s':>16}"
           f"{'ratio wall':>11}{'ratio CPU':>10}  per-file seconds (slim)")

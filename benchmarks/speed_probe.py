@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from matrix_runner import stats  # noqa: E402
+from matrix_runner.results import read_text  # noqa: E402  (results.json or an archived .gz)
 
 
 def cycles(b: dict, k: dict, rb: dict, rk: dict):
@@ -77,7 +78,7 @@ def cyc_sd(b: dict, k: dict) -> float:
 
 def analyse(path: Path) -> None:
     p = path / "results.json" if path.is_dir() else path
-    doc = json.loads(p.read_text())
+    doc = json.loads(read_text(p))
     labels = [e["label"] for e in doc["envs"] if e.get("status") == "ok"] or [e["label"] for e in doc["envs"]]
     base = labels[0]
     by = {(c["env"], c["id"]): c for c in doc["cases"]}

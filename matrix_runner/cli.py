@@ -494,7 +494,8 @@ def cmd_report(args) -> int:
     for a in args.results:
         p = Path(a)
         if p.is_dir():  # e.g. reports/tox: every results.json below it (one per tox env)
-            found = sorted(p.rglob("results.json"))
+            found = sorted(f for name in results.NAMES for f in p.rglob(name)
+                           if not (name.endswith(".gz") and (f.parent / results.NAMES[0]).is_file()))
             if not found:
                 raise results.ResultsError(f"{p}: no results.json below this directory")
             paths += [f for f in found if f.parent.resolve() != Path(args.output).resolve()]
@@ -561,8 +562,7 @@ def _check_writable_file(f: Path, opt: str) -> None:
 
 
 def _results_path(a: str) -> Path:
-    p = Path(a)
-    return p / "results.json" if p.is_dir() else p
+    return results.find(a)
 
 
 def cmd_compare(args) -> int:
@@ -614,7 +614,7 @@ def cmd_explain(args) -> int:
         print(f"error: {path} has no explanation: run matrix-run with --explain", file=sys.stderr)
         return EXIT_USAGE
     out = Path(args.output) if args.output else Path(path).parent
-    p = report.write_html(doc, out, "results.json" if out == Path(path).parent else None)
+    p = report.write_html(doc, out, Path(path).name if out == Path(path).parent else None)
     for line in explain.summary_lines(explain.analyze(doc)):
         print(line)
     print(f"report: {p}")

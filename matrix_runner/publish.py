@@ -3,17 +3,19 @@
 Layout of SITE::
 
     SITE/index.html              the runs, newest first: date, machine, versions, headline verdict, links
-    SITE/<run>/index.html        each run's own report (copied; rendered when missing or with --rerender)
-    SITE/<run>/results.json      each run's raw data (copied)
+    SITE/<run>/index.html        each run's own report (copied, or unpacked from an archived run's
+                                 index.html.gz; rendered when missing or with --rerender)
+    SITE/<run>/results.json      each run's raw data (copied; an archived run's results.json.gz unpacked)
     SITE/.matrix-run-site        marker: a site inside REPORTS_DIR is never taken for a run
 
 ``<run>`` is the run's directory name under REPORTS_DIR. Runs are found as REPORTS_DIR/*/results.json
-of a schema ``results.load`` reads (``matrix-runner/results/1`` or ``/2``); anything else is skipped with a warning. Every page is
+(or results.json.gz, results.NAMES) of a schema ``results.load`` reads (``matrix-runner/results/1`` or ``/2``); anything else is skipped with a warning. Every page is
 self-contained (inline CSS, no script, nothing fetched) and every string from a results file is
 escaped.
 """
 from __future__ import annotations
 
+import gzip
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,6 +24,8 @@ from urllib.parse import quote
 from . import __version__, report, results
 
 MARKER = ".matrix-run-site"
+#: A run's rendered report in its directory: as written, or gzipped in an archived run (reports/README.md).
+HTML_NAMES = ("index.html", "index.html.gz")
 
 
 def find_runs(reports_dir: Path, site_dir: Path | None = None) -> tuple[list[dict], list[str]]:
@@ -35,9 +39,9 @@ def find_runs(reports_dir: Path, site_dir: Path | None = None) -> tuple[list[dic
     for d in sorted(p for p in reports_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if (d / MARKER).exists() or (site and d.resolve() == site):
             continue
-        f = d / "results.json"
+        f = results.find(d)
         if not f.is_file():
-            warnings.append(f"skipped {d}: no results.json in it")
+            warnings.append(f"skipped {d}: no results.json (or results.json.gz) in it")
             continue
         try:
             res = results.load(f)
@@ -84,10 +88,17 @@ def build_site(reports_dir: Path, site_dir: Path, rerender: bool = False) -> dic
         try:
             entry = run_entry(r["name"], r["res"])
             dest.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(r["dir"] / "results.json", dest / "results.json")
-            src_html = r["dir"] / "index.html"
-            if src_html.is_file() and not rerender:
-                shutil.copyfile(src_html, dest / "index.html")
+            src = results.find(r["dir"])
+            if src.suffix == ".gz":  # an archived run: the site serves the plain JSON
+                (dest / "results.json").write_text(results.read_text(src), encoding="utf-8")
+            else:
+                shutil.copyfile(src, dest / "results.json")
+            src_html = next((r["dir"] / n for n in HTML_NAMES if (r["dir"] / n).is_file()), None)
+            if src_html is not None and not rerender:
+                if src_html.suffix == ".gz":
+                    (dest / "index.html").write_bytes(gzip.decompress(src_html.read_bytes()))
+                else:
+                    shutil.copyfile(src_html, dest / "index.html")
             else:
                 report.write_html(r["res"], dest, "results.json")
                 entry["rendered"] = True

@@ -28,6 +28,7 @@ above 1 the candidate is slower.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -231,13 +232,43 @@ class ResultsError(ValueError):
     """A results file is missing, not JSON, or of another schema."""
 
 
-def load(path: str | Path) -> dict:
-    """Load and check a results.json; raises ResultsError with the file name and the problem."""
+#: The names a run's record has in its directory: ``results.json`` as a run writes it, or
+#: ``results.json.gz`` (gzip of the same bytes) for archived runs (reports/README.md: superseded
+#: committed runs are kept compressed, ~6x smaller). Every reader takes either.
+NAMES = ("results.json", "results.json.gz")
+
+
+def find(path: str | Path) -> Path:
+    """The results file of ``path``: a run directory (its results.json, else results.json.gz) or a
+    file given as is. A directory holding neither gives its results.json path (load then names it)."""
     p = Path(path)
+    if p.is_dir():
+        for name in NAMES:
+            if (p / name).is_file():
+                return p / name
+        return p / NAMES[0]
+    return p
+
+
+def read_text(path: str | Path) -> str:
+    """The JSON text of a results file, gunzipped when its name ends in ``.gz``."""
+    p = Path(path)
+    if p.suffix == ".gz":
+        with gzip.open(p, "rt", encoding="utf-8") as f:
+            return f.read()
+    return p.read_text(encoding="utf-8")
+
+
+def load(path: str | Path) -> dict:
+    """Load and check a results file (results.json or results.json.gz, or a run directory holding
+    one: :func:`find`); raises ResultsError with the file name and the problem."""
+    p = find(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(read_text(p))
     except OSError as e:
-        raise ResultsError(f"{p}: cannot read ({e.strerror})") from None
+        raise ResultsError(f"{p}: cannot read ({e.strerror or e})") from None
+    except EOFError:
+        raise ResultsError(f"{p}: the compressed file is cut short: restore it from git") from None
     except ValueError as e:
         raise ResultsError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("schema") not in READABLE:

@@ -17,7 +17,7 @@ import pytest
 
 import standin
 from conftest import load_results, run_cli
-from matrix_runner import explain, lockstep
+from matrix_runner import explain, lockstep, results
 
 REPO = Path(__file__).resolve().parents[1]
 PLANT_US = 20.0
@@ -474,7 +474,7 @@ def test_frames_are_put_at_the_timing_phases_cpu_speed_on_the_committed_h200_run
     wall medians 64.9 and 140.5 µs). The co-pinned ratio puts both at the timing phase's speed; the
     timed call's own frames (loop and synchronize left out) are read against the host delta."""
     root = Path(__file__).resolve().parents[1]
-    doc = json.loads((root / "reports/h200-explain-2.6.3-vs-2.7.0.post2-lockstep-sampler/results.json").read_text())
+    doc = results.load(root / "reports/h200-explain-2.6.3-vs-2.7.0.post2-lockstep-sampler")  # archived: .gz
     (d,) = explain.analyze(doc)["profile"]["diffs"]
     assert d["sampled_delta_us"] == pytest.approx(133.88 - 56.17, abs=0.05)
     base_wall = next(c["base_median"] for c in doc["comparisons"]

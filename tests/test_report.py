@@ -815,3 +815,32 @@ def test_a_version_by_torch_matrix_is_compared_within_each_torch_and_each_versio
         text = con.export_text()
         assert all(f"{k} vs {b}" in " ".join(text.split()) for b, k in got), text
     assert page.find(data_candidate="2.0+torch2.5.1")
+
+
+def test_an_archived_run_is_read_published_and_compared_like_a_plain_one(tmp_path):
+    """Superseded committed runs are kept as results.json.gz + index.html.gz (reports/README.md):
+    load, compare, report and publish take them as they take results.json; a cut-short archive is a
+    one-line error naming the file."""
+    import gzip
+
+    from matrix_runner import publish
+
+    plain = results.load(H200_DIR)  # a directory: its results.json
+    arch = tmp_path / "reports" / "archived"
+    arch.mkdir(parents=True)
+    raw = (H200_DIR / "results.json").read_bytes()
+    (arch / "results.json.gz").write_bytes(gzip.compress(raw))
+    (arch / "index.html.gz").write_bytes(gzip.compress((H200_DIR / "index.html").read_bytes()))
+    assert results.find(arch) == arch / "results.json.gz"
+    assert results.load(arch) == plain and results.load(arch / "results.json.gz") == plain
+    out = publish.build_site(tmp_path / "reports", tmp_path / "site")
+    assert [r["name"] for r in out["runs"]] == ["archived"] and not out["warnings"]
+    assert (tmp_path / "site" / "archived" / "results.json").read_bytes() == raw
+    assert (tmp_path / "site" / "archived" / "index.html").read_bytes() == (H200_DIR / "index.html").read_bytes()
+    cp = run_cli("compare", str(H200_DIR), str(arch))
+    assert cp.returncode == 0, cp.stderr
+    assert "2.7.0.post2" in cp.stdout
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "results.json.gz").write_bytes(gzip.compress(raw)[:5000])
+    with pytest.raises(results.ResultsError, match="results.json.gz: the compressed file is cut short"):
+        results.load(tmp_path / "cut")

@@ -320,13 +320,13 @@ def test_two_processes_share_envs_and_cache_without_rebuilding(standins, tmp_pat
 # ---------------------------------------------------------------------------------------------
 # a results.json with an edited sample: a one-line error naming the file and field (exit 2), or the
 # sample skipped with a note; never a traceback
-REAL = Path(__file__).resolve().parent.parent / "reports" / "h200-aa-4" / "results.json"
+REAL = results.find(Path(__file__).resolve().parent.parent / "reports" / "h200-aa-4")  # archived: results.json.gz
 
 
 def _edited(tmp_path: Path, value: str, where: str = "samples") -> Path:
     """A copy of a committed run (marked interrupted, so --resume takes it) with one wall sample of its
     first case replaced by the JSON text ``value``; its stored command builds nothing outside tmp_path."""
-    d = json.loads(REAL.read_text())
+    d = json.loads(results.read_text(REAL))
     w = d["cases"][0]["metrics"]["wall_us"]
     if where == "samples":
         w["samples"][0][0] = "__X__"
