@@ -5,8 +5,8 @@
 #   1. the seed comparison, default config and budget: 2.6.3 vs 2.7.0.post2 (envs created here)
 #   2. three A/A runs: 2.6.3 under two labels, default config and budget
 #   3. a --quick A/A (no faster/slower verdict may come out of one process set)
-#   4. EXTRA="--burst-ms 5" etc.: one more A/A with those options, if time is left (EXTRA_SEED=1: and
-#      first one more seed comparison with them)
+#   4. EXTRA="--burst-ms 5" etc.: one more A/A with those options, if time is left (started before
+#      EXTRA_BY s, default 400; EXTRA_SEED=1: and first one more seed comparison with them)
 # Everything comes back as $OUT/lockstep.tgz (results.json, index.html, console logs) + summary.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -44,7 +44,7 @@ fi
 if [ -n "${EXTRA:-}" ] && [ -n "${EXTRA_SEED:-}" ]; then
   step seed-extra 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}" $EXTRA
 fi
-if [ -n "${EXTRA:-}" ] && [ $((SECONDS - T0)) -lt 400 ]; then
+if [ -n "${EXTRA:-}" ] && [ $((SECONDS - T0)) -lt "${EXTRA_BY:-400}" ]; then
   step aa-extra 240 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" $EXTRA
 fi
 rm -rf /tmp/lk/*/.work
