@@ -32,6 +32,7 @@ import gzip
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import zlib
@@ -49,6 +50,24 @@ METHOD = "lockstep-sets/anytime-t-cs/1"
 CORRECTNESS_TOL = {"fp16": 1e-2, "bf16": 3e-2}  # relative (Frobenius) error vs the fp32 reference
 
 
+def first_call_record(by_set: dict | None) -> dict | None:
+    """``first_call_ms`` of a case record: the ms of the case's first synchronized call in each fresh
+    worker process (its set-up; runner.CaseData.first_call), ``{by_set: {set id: [ms per worker]},
+    first_set_median, later_median, n}``: the first set's processes are the run's first calls
+    (a JIT subject compiles there unless its on-disk cache already holds the kernels), later sets'
+    show the warm cost (e.g. loading compiled kernels from that cache). None without any."""
+    if not by_set:
+        return None
+    sids = sorted(int(k) for k in by_set)
+    first = [float(x) for x in by_set.get(sids[0], by_set.get(str(sids[0]), []))]
+    later = [float(x) for k in sids[1:] for x in by_set.get(k, by_set.get(str(k), []))]
+    def med(v):
+        return round(statistics.median(v), 3) if v else None
+
+    return {"by_set": {str(k): list(by_set.get(k, by_set.get(str(k), []))) for k in sids},
+            "first_set_median": med(first), "later_median": med(later), "n": len(first) + len(later)}
+
+
 def case_record(cd, case: Case) -> dict:
     """One entry of ``cases`` from a runner.CaseData: per metric the summary over sets
     (stats.summarize, each set as one group of values) plus ``by_set`` (set id -> cycle id -> µs for
@@ -56,7 +75,8 @@ def case_record(cd, case: Case) -> dict:
     d = case.to_dict()
     d.update({"env": cd.env, "label": case.label, "status": cd.status, "error": cd.error,
               "error_kind": cd.error_kind, "notes": cd.notes, "seconds": round(cd.seconds, 2),
-              "kernels": cd.kernels, "inner": cd.inner, "clock_seconds": cd.clock_seconds, "faults": cd.faults})
+              "kernels": cd.kernels, "inner": cd.inner, "clock_seconds": cd.clock_seconds, "faults": cd.faults,
+              "first_call_ms": first_call_record(getattr(cd, "first_call", None))})
     metrics = {}
     for m, by in cd.sets.items():
         # the summary (median, quartiles: the µs shown) is of the bursts' plain medians where the

@@ -79,6 +79,10 @@ class CaseData:
     clock_seconds: dict = field(default_factory=dict)
     #: sharded runs: the GPU the case was timed on (index, uuid, name, shard, SM clocks seen)
     gpu: dict | None = None
+    #: set id -> the ms of this case's first synchronized call in each of the set's fresh worker
+    #: processes (their set-up: lazy init, autograd set-up, a JIT subject's compile or cache load);
+    #: reported on its own (results ``first_call_ms``), never part of the timed samples
+    first_call: dict = field(default_factory=dict)
 
     @property
     def rounds(self) -> dict:
@@ -522,6 +526,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                 bad.add(cid)
                 return
             cd.seconds += float(rep.get("seconds") or 0)
+            ms = rep.get("first_call_ms")
+            if isinstance(ms, (int, float)) and math.isfinite(ms):
+                cd.first_call.setdefault(sid, []).append(round(float(ms), 3))
 
         for key in list(live):  # the replies to set-ups queued by the prefetch, in their order
             for cid in st.preloaded.get(key, []):
@@ -930,6 +937,9 @@ def case_data_from_record(rec: dict, case: Case) -> CaseData:
     cd.faults = int(rec.get("faults") or 0)
     cd.inner = dict(rec.get("inner") or {})
     cd.clock_seconds = dict(rec.get("clock_seconds") or {})
+    fc = (rec.get("first_call_ms") or {}).get("by_set") or {}
+    cd.first_call = {int(k): [float(x) for x in v if isinstance(x, (int, float))] for k, v in fc.items()
+                     if isinstance(v, list)}
     return cd
 
 

@@ -58,6 +58,13 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
             assert s["cpu"] in st["cpus"]["set_cpus"] and s["cpu"] != st["cpus"]["driver_cpu"]
     assert len({w["pid"] for s in sets for w in s["workers"].values()}) == len(sets) * 2 * st["workers_per_env"]
     assert len(res["cases"]) == 2 * 4
+    # each case's first call in every fresh worker process (its set-up), kept on its own: one value
+    # per worker of every set, in ms, and summarized for the first set and the later ones
+    for c in res["cases"]:
+        fc = c["first_call_ms"]
+        assert sorted(fc["by_set"]) == sorted(str(s["set"]) for s in sets), fc
+        assert all(len(v) == st["workers_per_env"] and all(x > 0 for x in v) for v in fc["by_set"].values())
+        assert fc["n"] == len(sets) * st["workers_per_env"] and fc["first_set_median"] > 0
     for c in res["cases"]:
         assert c["status"] == "ok", c
         assert set(c["metrics"]) == {"wall_us", "host_us"}  # CPU: no device or graph clock
@@ -124,6 +131,7 @@ def test_report_and_markdown(first_run):
     html = (root / "out1" / "index.html").read_text()
     assert "<script" not in html and "http://" not in html and "https://" not in html
     assert "2.7.0.post2 vs 2.6.3" in html and "slower" in html
+    assert "first call, ms" in html and 'class="first-call"' in html
     md = (root / "summary.md").read_text()
     assert "| B1 S16 H2 D16 | fwd |" in md and "slower" in md
 
