@@ -954,8 +954,8 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
         except ValueError as ex:
             raise envmod.UsageError(str(ex)) from None
         base_doc["settings"]["cpus"] = cpus
-        if samp.workers_per_env is None and not gpus:  # auto: 2 where the next set can start on spare cores
-            samp.workers_per_env = 2 if len(cpus.get("spare_cpus") or []) >= 4 else 1
+        if samp.workers_per_env is None and not gpus:  # auto: 1 (config.Sampling.workers_per_env)
+            samp.workers_per_env = 1
         base_doc["settings"]["workers_per_env"] = samp.workers_per_env
         # the machine's pace, for tuning the confidence sequence (Sampling.planned_sets): a set's
         # workers import torch as the driver's probe did, in parallel on the spare cores, where the

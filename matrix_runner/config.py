@@ -32,7 +32,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       max_sets: 40          # a cap; the time budget or decided verdicts normally stop first
       burst_ms: 5           # each worker's turn in a cycle (ms of calls)
       alpha: 0.05           # family-wise error rate of a run's verdicts per clock
-      workers_per_env: auto # worker processes per env in each set, averaged (auto: 2 with spare cores, else 1)
+      workers_per_env: auto # worker processes per env in each set, averaged (auto: 1; more: see Sampling)
       host_every: 2         # the host clock is cycled in one sweep of N (wall, which decides, in every sweep)
       max_repeats: 1        # > 1: a noisier case's wall clock up to N times per sweep (runner.cycle_weights)
       speed_adjust: true    # compare bursts at one reference CPU speed (stats.SpeedSlope); false: plain medians
@@ -274,8 +274,13 @@ class Sampling:
     #: under a hypervisor: benchmarks/cpu_contention.py).
     prefetch_spawn: str = "cycles"
     #: Workers per env in each process set: a set's value averages its processes (one worker
-    #: process of a version can sit a few % off another, H200: A/A set offsets up to 6 %). None:
-    #: 2 where spare cores let the next set's workers start while a set is timed, else 1.
+    #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
+    #: (H200, 2026-12-02, default config, 60 s; benchmarks/results/h200-lockstep-runs-12-02.txt):
+    #: with 2 per env a set's cycles hold ~5.7 cycles of each case, with 1 ~12, and the batch-2 set
+    #: log ratios spread less (set SD 0.022-0.038 vs 0.034-0.055 over three A/A runs each), so
+    #: the batch-2 wall intervals were narrower (median +-5.0 % vs +-7.0 %, 11 vs 10 sets); the
+    #: per-process offsets that 2 average did not show up as a larger between-set part. Until
+    #: then the default was 2 where spare cores let the next set start during a set.
     workers_per_env: int | None = None
     #: Seconds of cycles in a ``--quick`` run's single set.
     quick_set_seconds: float = 2.0

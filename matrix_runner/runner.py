@@ -324,8 +324,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     others = set(cpus.get("spare_cpus") or []) or None  # where the next set's workers start
     # where a finished set's workers exit: off every set core (the driver's CPU where nothing is spare)
     park = others or ({cpus["driver_cpu"]} if cpus.get("pinned") and cpus.get("driver_cpu") is not None else None)
-    if sampling.workers_per_env is None:  # auto (config doc)
-        sampling.workers_per_env = 2 if others and len(others) >= 4 else 1
+    if sampling.workers_per_env is None:  # auto (config.Sampling.workers_per_env)
+        sampling.workers_per_env = 1
     labels = [e.label for e in envs]
     durations: list[float] = []
     slopes: dict = {}  # (case id, metric) -> stats.SpeedSlope, over every set of this run
