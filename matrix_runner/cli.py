@@ -145,12 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_env_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    rp = sub.add_parser("report", help="re-render HTML from saved results.json files")
+    rp = sub.add_parser(
+        "report", help="re-render HTML from saved results.json files",
+        description="Render DIR/index.html from saved runs without timing anything: one run as it was "
+                    "(its comparisons as stored), or several merged into one report (e.g. the tox envs of "
+                    "reports/tox: their envs side by side, the first env the baseline, the comparisons "
+                    "recomputed). Archived runs (results.json.gz) are read as they are.")
     rp.add_argument("results", nargs="+", metavar="RESULTS.json|DIR",
                     help="results files, or dirs searched for results.json (several are merged: first env = baseline)")
-    rp.add_argument("-o", "--output", required=True, metavar="DIR")
-    rp.add_argument("--markdown", metavar="FILE")
-    rp.add_argument("--min-effect", type=float, default=None)
+    rp.add_argument("-o", "--output", required=True, metavar="DIR",
+                    help="write DIR/index.html, and DIR/results.json unless DIR is the run's own directory "
+                         "and nothing was recomputed; refuses a DIR that holds another run's results.json")
+    rp.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
+    rp.add_argument("--min-effect", type=float, default=None, metavar="FRAC",
+                    help="smallest ratio change called faster/slower (0.05 = 5 %%); given, the verdicts are "
+                         "recomputed with it (default: the run's own setting)")
 
     c = sub.add_parser(
         "compare", help="compare two saved runs (B against A): same versions on two machines or two dates",
@@ -197,7 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("envs", help="list or remove envs")
     e.add_argument("action", choices=("list", "clean"), nargs="?", help="list (default) or clean")
-    e.add_argument("labels", nargs="*", help="with clean: only these labels (default: all)")
+    e.add_argument("labels", nargs="*", help="with clean: the labels of the envs to remove")
+    e.add_argument("--all", action="store_true", help="with clean and no labels: remove every matrix-run env "
+                   "in --envs-dir (envs a running matrix-run holds, and folders that are not envs, are left alone)")
     e.add_argument("--envs-dir", default="envs")
     ap.set_defaults(_subparsers=sub.choices)
     return ap
@@ -464,6 +475,15 @@ def cmd_envs(args) -> int:
     import shutil
 
     wanted = set(args.labels)
+    if not wanted and not args.all:
+        ours = [r for r in rows if not r.get("foreign")]
+        size = sum(float(r.get("size_mb") or 0) for r in ours)
+        raise envmod.UsageError(
+            f"envs clean: name the envs to remove (matrix-run envs clean LABEL ...), or give --all to remove "
+            f"every env in {envs_dir} ({len(ours)} env(s), {size:.0f} MB: "
+            f"{', '.join(r['label'] for r in ours) or 'none'}); `matrix-run envs list` shows them")
+    if wanted and args.all:
+        raise envmod.UsageError("envs clean: give labels or --all, not both")
     unknown = wanted - {r["label"] for r in rows}
     if unknown:
         raise envmod.UsageError(f"envs clean: no env named {', '.join(sorted(unknown))} in {envs_dir}")
@@ -498,7 +518,10 @@ def cmd_report(args) -> int:
                            if not (name.endswith(".gz") and (f.parent / results.NAMES[0]).is_file()))
             if not found:
                 raise results.ResultsError(f"{p}: no results.json below this directory")
-            paths += [f for f in found if f.parent.resolve() != Path(args.output).resolve()]
+            # a merged report written into the searched dir earlier is not one of its runs; but a run
+            # re-rendered into its own directory (report RUN -o RUN) is that run
+            below = [f for f in found if f.parent.resolve() != Path(args.output).resolve()]
+            paths += below or found
         else:
             paths.append(p)
     args.results = [str(p) for p in paths]
@@ -523,7 +546,7 @@ def cmd_report(args) -> int:
         results.write_json(out / "results.json", res)
         json_name = "results.json"
     else:
-        src = Path(args.results[0]).resolve()
+        src = paths[0].resolve()  # the file found (a run dir's results.json, or an archived run's .gz)
         if src.parent == out.resolve():
             json_name = src.name
         else:

@@ -840,6 +840,11 @@ def test_an_archived_run_is_read_published_and_compared_like_a_plain_one(tmp_pat
     cp = run_cli("compare", str(H200_DIR), str(arch))
     assert cp.returncode == 0, cp.stderr
     assert "2.7.0.post2" in cp.stdout
+    # re-rendered in its own directory: the report links the archive, no plain copy is written
+    # (before, `report RUN -o RUN` found no run at all: IndexError)
+    cp = run_cli("report", str(arch), "-o", str(arch))
+    assert cp.returncode == 0, cp.stderr
+    assert 'href="results.json.gz"' in (arch / "index.html").read_text() and not (arch / "results.json").exists()
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "results.json.gz").write_bytes(gzip.compress(raw)[:5000])
     with pytest.raises(results.ResultsError, match="results.json.gz: the compressed file is cut short"):

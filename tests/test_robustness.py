@@ -390,7 +390,7 @@ def test_envs_clean_leaves_an_env_a_running_matrix_run_holds(capsys, tmp_path):
     envs = tmp_path / "envs"
     a, b = _fake_env(envs, "a"), _fake_env(envs, "b")
     with FileLock(str(envs / ".a.use.lock")):  # stands in for a run timing env a
-        code, err = main(capsys, "envs", "clean", "--envs-dir", str(envs))
+        code, err = main(capsys, "envs", "clean", "--all", "--envs-dir", str(envs))
         assert code == 3, err
         assert a.is_dir() and not b.exists()
         assert f"left {a} alone: a running matrix-run uses it" in err, err
@@ -410,9 +410,9 @@ def test_a_run_holds_its_envs_shared_until_it_ends(capsys, tmp_path):
         envmod.hold_envs(envs, ["a"], run1)
         envmod.hold_envs(envs, ["a"], run2)  # a second run shares the env: not blocked
         run1.close()
-        code, err = main(capsys, "envs", "clean", "--envs-dir", str(envs))
+        code, err = main(capsys, "envs", "clean", "--all", "--envs-dir", str(envs))
         assert code == 3 and a.is_dir() and f"left {a} alone" in err, err
-    code, err = main(capsys, "envs", "clean", "--envs-dir", str(envs))
+    code, err = main(capsys, "envs", "clean", "--all", "--envs-dir", str(envs))
     assert code == 0 and not a.exists(), err
 
 
@@ -427,7 +427,7 @@ def test_envs_clean_during_a_run_leaves_its_envs_and_the_run_completes(capsys, m
     real, seen = runner.run_all, {}
 
     def run_all(*a, **kw):
-        seen["clean"] = main(capsys, "envs", "clean", "--envs-dir", str(envs))
+        seen["clean"] = main(capsys, "envs", "clean", "--all", "--envs-dir", str(envs))
         return real(*a, **kw)
 
     monkeypatch.setattr(runner, "run_all", run_all)
@@ -441,7 +441,7 @@ def test_envs_clean_during_a_run_leaves_its_envs_and_the_run_completes(capsys, m
         assert f"left {envs / lab} alone: a running matrix-run uses it" in err, err
     res = load_results(tmp_path / "out")
     assert [c["status"] for c in res["cases"]] == ["ok", "ok"]
-    code, err = main(capsys, "envs", "clean", "--envs-dir", str(envs))  # the run has ended: its locks are gone
+    code, err = main(capsys, "envs", "clean", "--all", "--envs-dir", str(envs))  # the run has ended: its locks are gone
     assert code == 0 and not (envs / "a").exists() and not (envs / "b").exists(), err
 
 

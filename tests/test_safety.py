@@ -6,7 +6,7 @@ from conftest import load_results, run_cli
 def test_envs_clean_leaves_foreign_dirs_alone(tmp_path):
     (tmp_path / "photos").mkdir()
     (tmp_path / "photos" / "a.jpg").write_text("x")
-    cp = run_cli("envs", "clean", "--envs-dir", str(tmp_path))
+    cp = run_cli("envs", "clean", "--all", "--envs-dir", str(tmp_path))
     assert cp.returncode == 0, cp.stderr
     assert (tmp_path / "photos" / "a.jpg").read_text() == "x"
     assert "left" in cp.stderr and "not a matrix-run env" in " ".join(cp.stderr.split())
@@ -94,3 +94,21 @@ def test_an_interrupt_during_env_preparation_is_reported_as_such(standins, tmp_p
     finally:
         proc._stopping.clear()
     assert res.status == "failed" and res.error == "interrupted while creating venv (uv)", res.error
+
+
+def test_envs_clean_without_labels_asks_for_all_and_removes_nothing(tmp_path):
+    """A bare ``envs clean`` used to remove every env; now it names them and wants --all (exit 2)."""
+    import json
+
+    env = tmp_path / "2.6.3"
+    (env / "bin").mkdir(parents=True)
+    (env / "matrix-run-env.json").write_text(json.dumps({"label": "2.6.3", "status": "ok"}))
+    cp = run_cli("envs", "clean", "--envs-dir", str(tmp_path))
+    err = " ".join(cp.stderr.split())
+    assert cp.returncode == 2 and "give --all to remove every env" in err and "2.6.3" in err, err
+    assert env.is_dir()
+    cp = run_cli("envs", "clean", "2.6.3", "--all", "--envs-dir", str(tmp_path))
+    assert cp.returncode == 2 and "not both" in cp.stderr and env.is_dir()
+    cp = run_cli("envs", "clean", "--all", "--envs-dir", str(tmp_path))
+    assert cp.returncode == 0, cp.stderr
+    assert not env.exists()
