@@ -1054,8 +1054,10 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             per_clock[k] = per_clock.get(k, 0.0) + v
     in_cases = sum(per_clock.values())
     spent = ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_clock.items(), key=lambda kv: -kv[1]))
-    n = sum(1 for r in sets if r.get("status") != "interrupted")
-    console.print(f"[dim]time: envs {env_s:.1f} s, timing {timing_s:.1f} s ({n} process set{'s' if n != 1 else ''}; "
+    n = len(sets)  # as the report counts them: an interrupted set's cycles are kept and compared
+    cut = sum(1 for r in sets if r.get("status") == "interrupted")
+    console.print(f"[dim]time: envs {env_s:.1f} s, timing {timing_s:.1f} s ({n} process set{'s' if n != 1 else ''}"
+                  + (f", {cut} of them interrupted" if cut else "") + "; "
                   f"stopped: {reason})" + (f"; in cases {in_cases:.1f} s ({spent}), process start-up and "
                                            f"imports {max(timing_s - in_cases, 0):.1f} s" if per_clock else "") + "[/]")
 

@@ -60,12 +60,17 @@ def fmt_us(v) -> str:
 
 def fmt_ci(c: dict | None, digits: int = 2) -> str:
     """``[low, high]`` of a comparison's ratio interval; an anytime interval that is still unbounded
-    (too few process sets for its level) says so."""
+    (too few process sets for its level) says so, and a provisional ratio of one process set per
+    side (``--quick``; ``compare`` of one-set runs) shows none."""
     if not c:
         return "–"
+    if c.get("within_process_only") and c.get("verdict") == "provisional":
+        # one process (set) per side: an interval from its own samples would ignore the spread
+        # between processes, which is what decides (stats module doc)
+        return "(no interval: one process set)"
     lo, hi = c.get("ci_low"), c.get("ci_high")
     if hi is None or lo is None or hi == float("inf") or not lo:
-        return "[unbounded: too few sets]"
+        return "(unbounded: too few sets)"
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
 
 

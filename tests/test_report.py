@@ -849,3 +849,23 @@ def test_an_archived_run_is_read_published_and_compared_like_a_plain_one(tmp_pat
     (tmp_path / "cut" / "results.json.gz").write_bytes(gzip.compress(raw)[:5000])
     with pytest.raises(results.ResultsError, match="results.json.gz: the compressed file is cut short"):
         results.load(tmp_path / "cut")
+
+
+def test_a_provisional_ratio_of_one_process_set_shows_no_interval_and_the_terminal_keeps_the_text():
+    """One process set per side (--quick, or compare of one-set runs): an interval from that process's
+    own samples would ignore the process-to-process spread, so none is shown; the note is not rich
+    markup (a bracketed "[unbounded: ...]" was swallowed as a style tag)."""
+    import io
+
+    from rich.console import Console
+
+    one = {"ratio": 0.93, "ci_low": 0.85, "ci_high": 1.08, "verdict": "provisional", "within_process_only": True}
+    assert report.fmt_ratio(one) == "0.93x (no interval: one process set)"
+    assert report.fmt_ci({"ratio": 1.1, "ci_low": 0.0, "ci_high": float("inf"), "verdict": "ambiguous"}) == \
+        "(unbounded: too few sets)"
+    assert report.fmt_ci({"ratio": 1.1, "ci_low": 1.02, "ci_high": 1.2, "verdict": "slower"}) == "[1.02, 1.20]"
+    a, b = results.load(ROOT / "reports/h200-aa-quick-2"), results.load(ROOT / "reports/h200-aa-quick-3")
+    buf = io.StringIO()
+    report.compare_terminal(report.compare_runs(a, b), Console(file=buf, width=80))
+    out = buf.getvalue()
+    assert "(no interval: one process set)" in out and "provisional" in out, out
