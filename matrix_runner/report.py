@@ -623,7 +623,9 @@ def run_meta(res: dict, path: str | None = None) -> dict:
 
 def pair_envs(a: dict, b: dict) -> list[tuple[str, str]]:
     """Env pairs (label in A, label in B): same label first; an env left over on both sides is then
-    paired by flash-attn version when that version names exactly one env on each side."""
+    paired by flash-attn version when that version names exactly one env on each side, else by
+    (version, torch) where that pair does (a plain run against a version x torch run: "2.6.3" on
+    torch 2.11 meets "2.6.3+torch-inherit", not "2.6.3+torch2.5.1")."""
     ea = [e for e in a.get("envs", []) if e.get("status") == "ok"]
     eb = [e for e in b.get("envs", []) if e.get("status") == "ok"]
     lb = {e["label"] for e in eb}
@@ -633,10 +635,15 @@ def pair_envs(a: dict, b: dict) -> list[tuple[str, str]]:
     ver = lambda e: e.get("flash_attn_version") or e.get("requested_version")  # noqa: E731
     ra = [e for e in ea if e["label"] not in used_a]
     rb = [e for e in eb if e["label"] not in used_b]
-    for e in ra:
-        same = [f for f in rb if ver(f) == ver(e)]
-        if len(same) == 1 and sum(1 for g in ra if ver(g) == ver(e)) == 1:
-            pairs.append((e["label"], same[0]["label"]))
+    for key in (ver, lambda e: (ver(e), e.get("torch"))):
+        for e in ra:
+            if e["label"] in used_a:
+                continue
+            same = [f for f in rb if f["label"] not in used_b and key(f) == key(e)]
+            if len(same) == 1 and sum(1 for g in ra if g["label"] not in used_a and key(g) == key(e)) == 1:
+                pairs.append((e["label"], same[0]["label"]))
+                used_a.add(e["label"])
+                used_b.add(same[0]["label"])
     return pairs
 
 

@@ -869,3 +869,22 @@ def test_a_provisional_ratio_of_one_process_set_shows_no_interval_and_the_termin
     report.compare_terminal(report.compare_runs(a, b), Console(file=buf, width=80))
     out = buf.getvalue()
     assert "(no interval: one process set)" in out and "provisional" in out, out
+
+
+def test_compare_pairs_a_plain_run_with_the_same_torch_env_of_a_torch_axis_run():
+    """A plain run (2.6.3 on the driver's torch) against a version x torch run: the version names two
+    envs in B, so the pair is found by (version, torch); an A/A run still pairs nothing by version."""
+    def env(label, version, torch):
+        return {"label": label, "status": "ok", "flash_attn_version": version, "torch": torch}
+
+    a = {"envs": [env("2.6.3", "2.6.3", "2.11.0+cu130"), env("2.7.0.post2", "2.7.0.post2", "2.11.0+cu130")]}
+    b = {"envs": [env("2.6.3+torch-inherit", "2.6.3", "2.11.0+cu130"), env("2.6.3+torch2.5.1", "2.6.3", "2.5.1+cu124"),
+                  env("2.7.0.post2+torch-inherit", "2.7.0.post2", "2.11.0+cu130"),
+                  env("2.7.0.post2+torch2.5.1", "2.7.0.post2", "2.5.1+cu124")]}
+    assert report.pair_envs(a, b) == [("2.6.3", "2.6.3+torch-inherit"), ("2.7.0.post2", "2.7.0.post2+torch-inherit")]
+    assert report.pair_envs(b, a) == [("2.6.3+torch-inherit", "2.6.3"), ("2.7.0.post2+torch-inherit", "2.7.0.post2")]
+    aa = {"envs": [env("a", "2.6.3", "2.11.0+cu130"), env("b", "2.6.3", "2.11.0+cu130")]}
+    assert report.pair_envs(aa, a) == []
+    # a label match comes first; version alone where it names one env on each side
+    assert report.pair_envs(a, {"envs": [env("2.6.3", "2.6.3", "2.5.1"), env("x", "2.7.0.post2", "2.5.1")]}) == \
+        [("2.6.3", "2.6.3"), ("2.7.0.post2", "x")]
