@@ -581,11 +581,15 @@ def terminal_table(res: dict, console=None) -> None:
         t.add_column("case", no_wrap=True)
         t.add_column("op", no_wrap=True)
         unit = "wall / host / dev µs" if len(clocks) > 1 else "wall µs"
+        def head(lab: str) -> str:
+            # a version x torch label wraps at its axis ("2.7.0.post2 +torch-inherit"), not mid-word
+            return escape(lab.replace("+", " +"))
+
         for lab in labels:
-            t.add_column(f"{escape(lab)}\n{unit}", justify="right", overflow="fold")  # an error may wrap
+            t.add_column(f"{head(lab)}\n{unit}", justify="right", overflow="fold")  # an error may wrap
         for j in js:
             b, k = vm["pairs"][j]
-            t.add_column(f"{escape(k)} vs {escape(b)}\nwall ratio [95% CI]", overflow="fold")
+            t.add_column(f"{head(k)} vs {head(b)}\nwall ratio [95% CI]", overflow="fold")
         for r in vm["rows"]:
             comps = [r["comps"][j] for j in js]
             t.add_row(escape(r["short"]), escape(str(r["op"])), *(env_cell(r, lab, clocks) for lab in labels),

@@ -888,3 +888,18 @@ def test_compare_pairs_a_plain_run_with_the_same_torch_env_of_a_torch_axis_run()
     # a label match comes first; version alone where it names one env on each side
     assert report.pair_envs(a, {"envs": [env("2.6.3", "2.6.3", "2.5.1"), env("x", "2.7.0.post2", "2.5.1")]}) == \
         [("2.6.3", "2.6.3"), ("2.7.0.post2", "x")]
+
+
+def test_version_by_torch_labels_wrap_at_their_axis_in_80_columns():
+    """80-column terminal: "2.7.0.post2+torch-inherit" wrapped mid-word ("…torch-i" / "nherit")."""
+    import io
+
+    from rich.console import Console
+
+    doc = results.load(ROOT / "reports/h200-2.6.3-vs-2.7.0.post2-w1")
+    doc = json.loads(json.dumps(doc).replace('"2.7.0.post2"', '"2.7.0.post2+torch-inherit"')
+                     .replace('"2.6.3"', '"2.6.3+torch-inherit"'))
+    buf = io.StringIO()
+    report.terminal_table(doc, Console(file=buf, width=80))
+    out = buf.getvalue()
+    assert out.count("+torch-inherit") >= 3 and "torch-i\n" not in out.replace(" ", ""), out[:1200]
