@@ -210,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--all", action="store_true", help="with clean and no labels: remove every matrix-run env "
                    "in --envs-dir (envs a running matrix-run holds, and folders that are not envs, are left alone)")
     e.add_argument("--envs-dir", default="envs")
+    # each subcommand's handler (main only parses and dispatches)
+    for name, fn in (("run", lambda a, argv: cmd_run(a, argv)), ("plan", lambda a, _: cmd_plan(a)),
+                     ("report", lambda a, _: cmd_report(a)), ("wheelhouse", lambda a, _: cmd_wheelhouse(a)),
+                     ("envs", lambda a, _: cmd_envs(a)), ("compare", lambda a, _: cmd_compare(a)),
+                     ("publish", lambda a, _: cmd_publish(a)), ("explain", lambda a, _: cmd_explain(a))):
+        sub.choices[name].set_defaults(func=fn)
     ap.set_defaults(_subparsers=sub.choices)
     return ap
 
@@ -240,22 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         sp = (getattr(args, "_subparsers", None) or {}).get(args.cmd) or ap
         sp.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        if args.cmd == "run":
-            return cmd_run(args, argv)
-        if args.cmd == "plan":
-            return cmd_plan(args)
-        if args.cmd == "report":
-            return cmd_report(args)
-        if args.cmd == "wheelhouse":
-            return cmd_wheelhouse(args)
-        if args.cmd == "envs":
-            return cmd_envs(args)
-        if args.cmd == "compare":
-            return cmd_compare(args)
-        if args.cmd == "publish":
-            return cmd_publish(args)
-        if args.cmd == "explain":
-            return cmd_explain(args)
+        if getattr(args, "func", None) is not None:
+            return args.func(args, argv)
     except (ConfigError, envmod.UsageError, results.ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
