@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from matrix_runner.results import read_text  # noqa: E402  (results.json or an archived .gz)
+from matrix_runner.results import read_text  # results.json or an archived .gz
 
 
 def convert(path: str) -> dict:

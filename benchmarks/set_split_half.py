@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from matrix_runner.results import read_text  # noqa: E402  (results.json or an archived .gz)
+from matrix_runner.results import read_text  # results.json or an archived .gz
 from matrix_runner.stats import set_log_ratio  # noqa: E402  (a set's value as the run computes it)
 
 

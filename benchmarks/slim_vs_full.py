@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from matrix_runner.build import schedule  # noqa: E402
-from matrix_runner.results import find, read_text  # noqa: E402
+from matrix_runner.results import find, read_text
 
 KERNEL_FILES_PER_KIND = 28  # 2.6.3 / 2.7.0.post2 setup.py: 7 head dims x 2 dtypes x 2 (causal) per kind
 FULL_ARCHS = 2  # sm_80 and sm_90, hard-coded in both versions' setup.py

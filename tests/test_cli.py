@@ -295,6 +295,7 @@ def test_a_second_run_into_an_output_in_use_is_refused_and_the_lock_goes_with_th
 def test_compare_of_runs_without_a_common_case_says_so(tmp_path):
     import json
     from pathlib import Path
+
     from matrix_runner import results
     src = results.find(Path(__file__).resolve().parents[1] / "reports" / "h200-aa-4")  # archived: results.json.gz
     doc = json.loads(results.read_text(src))
