@@ -56,14 +56,14 @@ def first_call_record(by_set: dict | None) -> dict | None:
     first_set_median, later_median, n}``: the first set's processes are the run's first calls
     (a JIT subject compiles there unless its on-disk cache already holds the kernels), later sets'
     show the warm cost (e.g. loading compiled kernels from that cache). None without any."""
+    def med(v):
+        return round(statistics.median(v), 3) if v else None
+
     if not by_set:
         return None
     sids = sorted(int(k) for k in by_set)
     first = [float(x) for x in by_set.get(sids[0], by_set.get(str(sids[0]), []))]
     later = [float(x) for k in sids[1:] for x in by_set.get(k, by_set.get(str(k), []))]
-    def med(v):
-        return round(statistics.median(v), 3) if v else None
-
     return {"by_set": {str(k): list(by_set.get(k, by_set.get(str(k), []))) for k in sids},
             "first_set_median": med(first), "later_median": med(later), "n": len(first) + len(later)}
 
