@@ -903,3 +903,20 @@ def test_version_by_torch_labels_wrap_at_their_axis_in_80_columns():
     report.terminal_table(doc, Console(file=buf, width=80))
     out = buf.getvalue()
     assert out.count("+torch-inherit") >= 3 and "torch-i\n" not in out.replace(" ", ""), out[:1200]
+
+
+def test_first_call_ms_is_summarized_and_survives_a_resume():
+    """results.first_call_record: first set's median (a JIT subject compiles there), later sets'
+    median (warm cost), processes; a resumed run reads it back per set (runner.case_data_from_record)."""
+    from matrix_runner import runner
+    from matrix_runner.config import parse_config
+
+    case = parse_config({}).cases[0]
+    cd = runner.CaseData("fa4", case)
+    cd.first_call = {0: [28000.0, 15000.0, 9000.0], 1: [310.0, 290.0], 2: [300.0]}
+    rec = json.loads(json.dumps(results.case_record(cd, case)))
+    fc = rec["first_call_ms"]
+    assert (fc["first_set_median"], fc["later_median"], fc["n"]) == (15000.0, 300.0, 6)
+    assert fc["by_set"] == {"0": [28000.0, 15000.0, 9000.0], "1": [310.0, 290.0], "2": [300.0]}
+    assert runner.case_data_from_record(rec, case).first_call == cd.first_call
+    assert results.first_call_record({}) is None
