@@ -675,6 +675,9 @@ def cmd_run(args, argv: list[str]) -> int:
         made = getattr(args, "_created_output", None)
         if made is not None and made.is_dir() and not any(made.iterdir()):
             made.rmdir()  # created by this run, which stopped before writing anything into it
+        if stop.is_set():  # e.g. the torch probe, killed by the interrupt, read as "cannot import torch"
+            console.print("[yellow]interrupted before anything was measured[/]")
+            return EXIT_INTERRUPTED
         raise
     except Exception:
         if stop.is_set():  # a step cut short by the interrupt (a probe, a download) failed: not a fault

@@ -462,6 +462,26 @@ def test_a_run_in_a_python_without_torch_says_to_install_it(tmp_path, capsys, mo
     assert "cannot import torch" in err and "internal error" not in err, err
 
 
+def test_an_interrupt_that_kills_the_torch_probe_is_an_interrupt_not_a_torch_error(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the driver's torch probe runs: the probe dies (exit -15) and reads as "cannot import
+    torch"; the run says it was interrupted (exit 130), not that torch is broken (new-user trial, 2026-12-02)."""
+    import signal
+
+    real = envmod.probe
+
+    def killed(python, *a, **kw):
+        p = real(python, *a, **kw)
+        os.kill(os.getpid(), signal.SIGINT)  # the run's handler sets its stop event
+        return {**p, "torch": None, "error": "probe failed (exit -15): "}
+
+    monkeypatch.setattr(envmod, "probe", killed)
+    code, err = main(capsys, "--versions", "2.6.3,2.7.0.post2", "--device", "cpu", "--quick", "--offline",
+                     "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"),
+                     "--output", str(tmp_path / "out"))
+    assert code == 130, err
+    assert "interrupted before anything was measured" in err and "cannot import torch" not in err, err
+
+
 def test_compare_with_an_aa_run_says_why_versions_do_not_match(capsys):
     """A seed run against an A/A run: no label matches, and the A/A run's version names two envs."""
     root = Path(__file__).resolve().parents[1] / "reports"
