@@ -472,7 +472,7 @@ def cmd_envs(args) -> int:
         size = sum(float(r.get("size_mb") or 0) for r in ours)
         raise envmod.UsageError(
             f"envs clean: name the envs to remove (matrix-run envs clean LABEL ...), or give --all to remove "
-            f"every env in {envs_dir} ({len(ours)} env(s), {size:.0f} MB: "
+            f"every env in {envs_dir} ({len(ours)} env(s), {size:.1f} MB: "
             f"{', '.join(r['label'] for r in ours) or 'none'}); `matrix-run envs list` shows them")
     if wanted and args.all:
         raise envmod.UsageError("envs clean: give labels or --all, not both")
@@ -703,12 +703,12 @@ def _resume_args(args, argv: list[str]):
         raise envmod.UsageError(f"--resume RUN_DIR takes every setting from RUN_DIR/results.json; give no other "
                                 f"option (got {' '.join(rest)})")
     run_dir = Path(args.resume).expanduser().resolve()
-    if run_dir.name == "results.json":
+    if run_dir.name in results.NAMES:
         run_dir = run_dir.parent
-    if run_dir.is_dir() and not (run_dir / "results.json").exists():
+    if run_dir.is_dir() and not results.find(run_dir).exists():
         raise envmod.UsageError(f"--resume {args.resume}: no results.json there: that run stopped before it "
                                 "measured anything or wrote results; start it again with its original command")
-    doc = results.load(run_dir / "results.json")
+    doc = results.load(run_dir)  # results.json, or an archived run's results.json.gz
     stopped = (doc.get("timing") or {}).get("stop_reason")
     if stopped not in ("interrupted", "running") and not (doc.get("timing") or {}).get("shards_lost"):
         console.print(f"{run_dir}: that run finished (stopped: {stopped}); nothing to resume")

@@ -221,6 +221,8 @@ class _Set:
     def __init__(self, sid: int, envs: list[EnvResult], work: Path, other_cpus: set | None, per_env: int,
                  env_extra: dict | None, closing: list):
         self.sid, self.envs, self.work = sid, envs, work
+        #: lockstep cycles completed so far (an interrupted set reports the ones it keeps)
+        self.cycles_done = 0
         #: threads stopping finished workers: the run's own list (shards run concurrently)
         self.closing = closing
         self.t0 = time.monotonic()
@@ -681,6 +683,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
     except _SetFailed:
         pass
     except Interrupted:
+        rec["cycles"] = max(rec["cycles"], st.cycles_done)  # the cycles kept (the report compares them)
         rec["status"] = "interrupted"
         rec["error"] = "stopped by a signal; the cycles timed so far are kept"
     finally:
@@ -894,6 +897,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
             for key, fit, xm in fits:  # after the cycle: its bursts all used the same slope
                 slope.add((sid, key), fit, xm)
             n += 1
+            st.cycles_done = n
             if over():
                 break
     return n

@@ -455,6 +455,8 @@ def test_an_interrupted_run_resumes_with_new_sets_and_keeps_the_old_ones(tmp_pat
     assert reason == "interrupted" and [s["status"] for s in sets] == ["ok", "interrupted"]
     before = {k: copy.deepcopy(cd.sets) for k, cd in data.items()}
     assert all(cd.sets["wall_us"][1] for cd in data.values())  # the interrupted set's cycles are kept
+    # ... and counted (the set said "0 cycles" beside the cycles the report compares)
+    assert sets[1]["cycles"] >= max(len(cd.sets["wall_us"][1]) for cd in data.values()) > 0, sets[1]
     data2, sets2 = _through_results(data, sets, cs)
     assert list(data2) == list(data)
     reason, data2, sets2 = run(envs, cs, tmp_path, max_sets=3, work="work2", data=data2, sets=sets2, elapsed_s=5.0)
