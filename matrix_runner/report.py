@@ -573,6 +573,8 @@ def terminal_table(res: dict, console=None) -> None:
         if not w:
             return "–"
         attr = f" · {w['attribution']}" if w.get("attribution") else ""
+        if w["verdict"] == "provisional":  # one process set: a ratio, no interval (the header says so)
+            return f"[{VERDICT_STYLE['provisional']}]provisional[/] {w['ratio']:.2f}x"
         return f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/] {fmt_ratio(w)}{attr}"
 
     def table(labels: list[str], js: list[int], clocks: tuple[str, ...], title: str) -> Table:
@@ -587,9 +589,11 @@ def terminal_table(res: dict, console=None) -> None:
 
         for lab in labels:
             t.add_column(f"{head(lab)}\n{unit}", justify="right", overflow="fold")  # an error may wrap
+        quick = bool((res.get("settings") or {}).get("quick"))
         for j in js:
             b, k = vm["pairs"][j]
-            t.add_column(f"{head(k)} vs {head(b)}\nwall ratio [95% CI]", overflow="fold")
+            t.add_column(f"{head(k)} vs {head(b)}\n" + ("wall ratio (provisional)" if quick else "wall ratio [95% CI]"),
+                         overflow="fold")
         for r in vm["rows"]:
             comps = [r["comps"][j] for j in js]
             t.add_row(escape(r["short"]), escape(str(r["op"])), *(env_cell(r, lab, clocks) for lab in labels),
@@ -607,6 +611,9 @@ def terminal_table(res: dict, console=None) -> None:
         for i, pair in enumerate(vm["pairs"]):
             labels = [lab for lab in pair if lab in vm["table_labels"]]
             console.print(table(labels, [i], ("wall_us",), title if i == 0 else ""))
+    if vm["candidates"] and str((res.get("settings") or {}).get("method") or "").startswith("lockstep"):
+        console.print("[dim]µs: the bursts' plain medians; ratio: paired cycle by cycle and taken at one CPU speed, "
+                      "so it can differ by a few % from the ratio of the µs shown[/]")
     for w in vm["wrong"]:
         console.print(f"[red]wrong results:[/] {escape(w[0])} {escape(w[1])} {escape(w[2])}: output or gradients differ "
                       "from the fp32 reference beyond tolerance (a faster wrong answer is not faster)")
