@@ -506,8 +506,8 @@ def cmd_report(args) -> int:
     for a in args.results:
         p = Path(a)
         if p.is_dir():  # e.g. reports/tox: every results.json below it (one per tox env)
-            found = sorted(f for name in results.NAMES for f in p.rglob(name)
-                           if not (name.endswith(".gz") and (f.parent / results.NAMES[0]).is_file()))
+            # one results file per run directory, as results.find picks it (plain before archived)
+            found = sorted({results.find(f.parent) for name in results.NAMES for f in p.rglob(name)})
             if not found:
                 raise results.ResultsError(f"{p}: no results.json below this directory")
             # a merged report written into the searched dir earlier is not one of its runs; but a run
@@ -670,17 +670,15 @@ def cmd_run(args, argv: list[str]) -> int:
         elif args.versions is None:
             raise envmod.UsageError("--versions is required (or --resume RUN_DIR)")
         return _cmd_run(args, argv, stop, prior)
-    except envmod.UsageError:
-        _release_out_lock(args)
-        made = getattr(args, "_created_output", None)
-        if made is not None and made.is_dir() and not any(made.iterdir()):
-            made.rmdir()  # created by this run, which stopped before writing anything into it
-        if stop.is_set():  # e.g. the torch probe, killed by the interrupt, read as "cannot import torch"
-            console.print("[yellow]interrupted before anything was measured[/]")
-            return EXIT_INTERRUPTED
-        raise
-    except Exception:
-        if stop.is_set():  # a step cut short by the interrupt (a probe, a download) failed: not a fault
+    except Exception as e:
+        if isinstance(e, envmod.UsageError):
+            _release_out_lock(args)
+            made = getattr(args, "_created_output", None)
+            if made is not None and made.is_dir() and not any(made.iterdir()):
+                made.rmdir()  # created by this run, which stopped before writing anything into it
+        # a step cut short by the interrupt failed (a probe, a download; the torch probe it killed
+        # reads as "cannot import torch"): not a fault, not the user's input
+        if stop.is_set():
             console.print("[yellow]interrupted before anything was measured[/]")
             return EXIT_INTERRUPTED
         raise

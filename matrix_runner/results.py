@@ -61,10 +61,11 @@ def first_call_record(by_set: dict | None) -> dict | None:
 
     if not by_set:
         return None
-    sids = sorted(int(k) for k in by_set)
-    first = [float(x) for x in by_set.get(sids[0], by_set.get(str(sids[0]), []))]
-    later = [float(x) for k in sids[1:] for x in by_set.get(k, by_set.get(str(k), []))]
-    return {"by_set": {str(k): list(by_set.get(k, by_set.get(str(k), []))) for k in sids},
+    per = {int(k): [float(x) for x in v] for k, v in sorted(by_set.items(), key=lambda kv: int(kv[0]))}
+    sids = list(per)
+    first = per[sids[0]]
+    later = [x for k in sids[1:] for x in per[k]]
+    return {"by_set": {str(k): v for k, v in per.items()},
             "first_set_median": med(first), "later_median": med(later), "n": len(first) + len(later)}
 
 
