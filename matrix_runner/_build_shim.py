@@ -5,7 +5,9 @@ Run by the env's interpreter, from the unpacked sdist's directory::
     python _build_shim.py SETTINGS.json
 
 SETTINGS: ``{"dist_dir": ..., "kernels": "all" | [stems], "archs": "all" | ["90", ...],
-"manifest": path, "compile_cache": null | {"sccache": path, "dir": path}}``. The shim replaces ``torch.utils.cpp_extension.CUDAExtension`` before
+"manifest": path, "compile_cache": null | {"sccache": path, "dir": path}, "extension": name}``
+(``extension``: flash_attn_2_cuda, or FA3's flash_attn_3._C, whose sources are recorded, not slimmed:
+FA3 is slimmed by its own DISABLE switches, see fa3.py). The shim replaces ``torch.utils.cpp_extension.CUDAExtension`` before
 setup.py imports it, so the version's own source list, flags and packaging are used unchanged,
 except that
 
@@ -113,10 +115,16 @@ def main() -> int:
         manifest["compile_cache"] = {"sccache": cc["sccache"], "dir": cc["dir"], "env": wrap}
     orig = ce.CUDAExtension
 
+    extension = st.get("extension") or "flash_attn_2_cuda"
+
     def patched(name, sources, *args, **kwargs):
-        if name != "flash_attn_2_cuda":
+        if name != extension:
             return orig(name, sources, *args, **kwargs)
         sources = [str(s) for s in sources]
+        if extension != "flash_attn_2_cuda":  # FA3: setup.py's switches chose the sources; nothing to slim here
+            manifest["sources"] = sources
+            manifest["kept"] = [os.path.basename(s) for s in sources if "instantiations" in s]
+            return orig(name, sources, *args, **kwargs)
         kern = [s for s in sources if stem(s)]
         other = [s for s in sources if not stem(s)]
         if st["kernels"] != "all":
@@ -143,6 +151,13 @@ def main() -> int:
         return orig(name, sources, *args, **kwargs)
 
     ce.CUDAExtension = patched
+    if shutil.which("git") is None:  # FA3's setup.py runs `git submodule update` unchecked: a missing git raises
+        bindir = os.path.join(os.path.dirname(st["manifest"]), "bin")
+        os.makedirs(bindir, exist_ok=True)
+        with open(os.path.join(bindir, "git"), "w", encoding="utf-8") as f:
+            f.write("#!/bin/sh\necho 'matrix-run: no git here; nothing to update' >&2\nexit 1\n")
+        os.chmod(os.path.join(bindir, "git"), 0o755)
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
     sys.argv = ["setup.py", "bdist_wheel", "--dist-dir", st["dist_dir"]]
     sys.path.insert(0, os.getcwd())
     try:

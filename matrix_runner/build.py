@@ -330,23 +330,56 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
         raise BuildError(f"{sdist.name}: no setup.py at the top of the sdist")
     src = workdir / "src"
     roots[0].rename(src)
-    dist = workdir / "dist"
-    manifest_path = workdir / "manifest.json"
-    settings = {"dist_dir": str(dist), "kernels": kernels, "archs": archs, "manifest": str(manifest_path),
-                "version": version, "compile_cache": compile_cache}
-    (workdir / "settings.json").write_text(json.dumps(settings))
-    shim = Path(__file__).with_name("_build_shim.py")
-    env = {
-        "FLASH_ATTENTION_FORCE_BUILD": "TRUE",
-        "MAX_JOBS": str(jobs["max_jobs"]),
-        "NVCC_THREADS": str(jobs["nvcc_threads"]),
-        # setup.py runs `git submodule update`: never let it find a repository above the sdist
-        "GIT_CEILING_DIRECTORIES": str(workdir),
-        "PYTHONNOUSERSITE": "1",
-    }
+    env = {"FLASH_ATTENTION_FORCE_BUILD": "TRUE"}
     if archs != "all":
         env["FLASH_ATTN_CUDA_ARCHS"] = ";".join(archs)  # honoured from flash-attn 2.7.3
         env["TORCH_CUDA_ARCH_LIST"] = ";".join(f"{a[:-1]}.{a[-1]}" for a in archs)
+    env.update(extra_env or {})
+    settings = {"kernels": kernels, "archs": archs, "version": version, "extension": "flash_attn_2_cuda"}
+    return _run_setup(python=python, workdir=workdir, setup_dir=src, what=f"flash-attn {version}", settings=settings,
+                      env=env, jobs=jobs, log=log, timeout=timeout, compile_cache=compile_cache, cache_root=cache_root,
+                      on_progress=on_progress, estimate_s=estimate_s)
+
+
+def tree_build(*, python: Path, tree, workdir: Path, jobs: dict, log: Path, extra_env: dict | None = None,
+               timeout: float | None = None, compile_cache: dict | None = None, cache_root: Path | None = None,
+               on_progress: Callable[[str], None] | None = None, estimate_s: float | None = None) -> tuple[Path, dict]:
+    """Build FlashAttention 3's wheel from a source tree (``fa3.SourceTree``) with the env interpreter
+    ``python``: the tree's build files are written to ``workdir/src`` (a version-free path, as for
+    sdists), hopper/setup.py runs there with ``extra_env`` (its DISABLE switches: fa3.build_env) and
+    its own arch flags (sm_90a), through the same shim and compile cache as :func:`source_build`.
+    Returns ``(wheel_path, manifest)`` (manifest ``sources``: what setup.py compiled). Raises BuildError."""
+    from . import fa3
+
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    src = fa3.materialize(tree, workdir / "src")
+    settings = {"kernels": "all", "archs": "all", "version": tree.version, "extension": "flash_attn_3._C"}
+    return _run_setup(python=python, workdir=workdir, setup_dir=src / "hopper", what=f"FlashAttention 3 {tree.version}",
+                      settings=settings, env=dict(extra_env or {}), jobs=jobs, log=log, timeout=timeout,
+                      compile_cache=compile_cache, cache_root=cache_root, on_progress=on_progress, estimate_s=estimate_s)
+
+
+def _run_setup(*, python: Path, workdir: Path, setup_dir: Path, what: str, settings: dict, env: dict, jobs: dict,
+               log: Path, timeout: float | None, compile_cache: dict | None, cache_root: Path | None,
+               on_progress: Callable[[str], None] | None, estimate_s: float | None) -> tuple[Path, dict]:
+    """Run ``setup_dir/setup.py bdist_wheel`` through ``_build_shim.py`` (the one way both builds
+    run): no build isolation, MAX_JOBS/NVCC_THREADS from ``jobs``, git kept inside ``workdir``, the
+    compile cache's server when ``compile_cache`` is set. ``env`` goes on top."""
+    dist = workdir / "dist"
+    manifest_path = workdir / "manifest.json"
+    settings = {**settings, "dist_dir": str(dist), "manifest": str(manifest_path), "compile_cache": compile_cache}
+    (workdir / "settings.json").write_text(json.dumps(settings))
+    shim = Path(__file__).with_name("_build_shim.py")
+    env = {
+        "MAX_JOBS": str(jobs["max_jobs"]),
+        "NVCC_THREADS": str(jobs["nvcc_threads"]),
+        # setup.py runs `git submodule update`: never let it find a repository above the sources
+        "GIT_CEILING_DIRECTORIES": str(workdir),
+        "PYTHONNOUSERSITE": "1",
+        **env,
+    }
     # torch.utils.cpp_extension runs `ninja --version`: the env's and matrix-run's bin dirs go first
     path_dirs = [str(Path(python).parent), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
     env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in path_dirs if p))
@@ -362,14 +395,13 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
             compile_cache = None
             settings["compile_cache"] = None
             (workdir / "settings.json").write_text(json.dumps(settings))
-    env.update(extra_env or {})
     t0 = time.monotonic()
     follow = contextlib.nullcontext()
     if on_progress is not None:
         follow = LogFollower(log, lambda done, total, name: on_progress(
             unit_message(done, total, name, time.monotonic() - t0, estimate_s)))
     with follow:
-        res = run_logged([str(python), str(shim), str(workdir / "settings.json")], cwd=src, env_extra=env,
+        res = run_logged([str(python), str(shim), str(workdir / "settings.json")], cwd=setup_dir, env_extra=env,
                          log=log, timeout=timeout)
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if compile_cache:
@@ -378,13 +410,13 @@ def source_build(*, python: Path, sdist: Path, workdir: Path, version: str, kern
     elif cache_note:
         manifest["compile_cache"] = {"off": cache_note}
     manifest["seconds"] = round(time.monotonic() - t0, 1)
-    manifest["compile_seconds"] = ninja_times(src)
+    manifest["compile_seconds"] = ninja_times(setup_dir)
     wheels = sorted(dist.glob("*.whl")) if dist.is_dir() else []
     if res.returncode != 0 or not wheels:
         why = "timed out" if res.timed_out else f"exit code {res.returncode}"
         errors = compiler_errors(log)
         if errors:  # the compiler's words, not the tail of setuptools' traceback far below them
-            raise BuildError(f"source build of flash-attn {version} failed ({why}): {errors[0]}; log: {log}", log,
+            raise BuildError(f"source build of {what} failed ({why}): {errors[0]}; log: {log}", log,
                              "\n".join(["first compiler errors:", *errors, f"full log: {log}"]))
-        raise BuildError(f"source build of flash-attn {version} failed ({why}); log: {log}", log, res.tail)
+        raise BuildError(f"source build of {what} failed ({why}); log: {log}", log, res.tail)
     return wheels[0], manifest

@@ -1035,7 +1035,8 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
             console.print(f"  [red]✗ {escape(e.label)}: {escape(str(e.error))}[/]")
     ok_envs = [e for e in ok_envs if e.status == "ok"]
     if getattr(args, "explain", False) and ok_envs and reason != "interrupted" and not stop.is_set():
-        base_doc["explain"] = _explain(ok_envs, cfg.cases, device, out_dir, args, base_doc["settings"].get("cpus"))
+        base_doc["explain"] = _explain(ok_envs, cfg.cases, device, out_dir, args, base_doc["settings"].get("cpus"),
+                                       cfg.explain)
     doc = _finish_doc(base_doc, env_results, data, cfg, sets, reason, env_s, timing_s, t_start)
     _write(doc, out_dir, args)
     if doc.get("explain"):
@@ -1083,7 +1084,7 @@ def _cmd_run(args, argv: list[str], stop: threading.Event, prior: dict | None) -
     return code
 
 
-def _explain(envs, cases, device, out_dir, args, cpus) -> dict | None:
+def _explain(envs, cases, device, out_dir, args, cpus, settings: dict | None = None) -> dict | None:
     """The explain pass (explain.run) after the timing phase, with a progress line; a failure of the
     pass itself is reported and never fails the run."""
     console.print("[dim]explain: layers, frame profile, call counts, first calls (own worker processes)[/]")
@@ -1092,7 +1093,7 @@ def _explain(envs, cases, device, out_dir, args, cpus) -> dict | None:
                       disable=not console.is_terminal) as prog:
             task = prog.add_task("explain", total=None)
             raw = explain.run(envs, cases, device=device, work=out_dir / ".work", case_timeout=args.case_timeout,
-                              cpus=cpus, on_progress=lambda m: prog.update(task, description=m))
+                              cpus=cpus, settings=settings, on_progress=lambda m: prog.update(task, description=m))
     except proc.Stopped:
         return None
     except Exception as ex:  # noqa: BLE001 - the explanation is extra: never lose the run for it

@@ -332,6 +332,8 @@ class Config:
     cases: list[Case]
     sampling: Sampling = field(default_factory=Sampling)
     source: str = "built-in default"
+    #: ``explain:`` settings over explain.DEFAULTS (``--explain``: e.g. ``profile_s``, ``sampler_cycles``)
+    explain: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -370,7 +372,11 @@ DEFAULT_CONFIG: dict[str, Any] = {
 }
 
 _TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "input", "shapes", "sampling", "impls",
-             "func"}
+             "func", "explain"}
+#: ``explain:`` keys (the explain pass's settings, matrix_runner/explain.py DEFAULTS: there they are
+#: documented) and whether each is a whole number.
+_EXPLAIN_KEYS = {"rounds": True, "burst_ms": False, "profile_s": False, "rate": True, "count_calls": True,
+                 "warmup_s": False, "sampler_cycles": True, "sampler_loop_s": False, "sampler_lead_s": False}
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
@@ -774,7 +780,16 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         raise _err("sampling.min_effect", sampling.min_effect, "must be between 0 and 1 (0.05 = 5 %)")
     if not 0 < sampling.alpha < 0.5:
         raise _err("sampling.alpha", sampling.alpha, "must be between 0 and 0.5 (0.05: 95 % family-wise)")
-    return Config(title=title, cases=cases, sampling=sampling, source=source, raw=merged)
+    ex = merged.get("explain") or {}
+    if not isinstance(ex, dict):
+        raise _err("explain", ex, "must be a mapping (e.g. explain: {profile_s: 12, sampler_cycles: 80})")
+    _unknown("explain", ex, set(_EXPLAIN_KEYS))
+    for k, v in ex.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                or (_EXPLAIN_KEYS[k] and (v != int(v) or v < 1)):
+            raise _err(f"explain.{k}", v, "must be a positive whole number" if _EXPLAIN_KEYS[k] else "must be a number >= 0")
+    explain_settings = {k: (int(v) if _EXPLAIN_KEYS[k] else float(v)) for k, v in ex.items()}
+    return Config(title=title, cases=cases, sampling=sampling, source=source, raw=merged, explain=explain_settings)
 
 
 #: Built-in example configs (package data): ``--config NAME`` finds ``configs/NAME.yaml`` here.

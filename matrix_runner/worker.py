@@ -61,6 +61,9 @@ MIN_SAMPLES = 5
 #: ``<env>/matrix-run-subject.json`` (written by the env builder, matrix_runner/subjects.py): which
 #: package of the flash_attn namespace this env times; absent = flash-attn 2.x.
 SUBJECT_MARKER = "matrix-run-subject.json"
+#: Top-level modules a subject may be imported from (the same as matrix_runner.subjects.NAMESPACES;
+#: a test keeps them equal): FA2/FA4 ``flash_attn``, FA3 ``flash_attn_interface`` + ``flash_attn_3``.
+NAMESPACES = ("flash_attn", "flash_attn_interface", "flash_attn_3")
 
 
 def subject() -> dict:
@@ -82,8 +85,8 @@ def attention_func():
     for k, v in (sub.get("env") or {}).items():  # e.g. FA4's kernel disk cache (subjects.JIT_ENV)
         os.environ.setdefault(k, v)
     mod, _, attr = sub["func"].partition(":")
-    if mod != "flash_attn" and not mod.startswith("flash_attn."):
-        raise RuntimeError(f"subject function {mod}:{attr} is outside the flash_attn namespace")
+    if mod.split(".")[0] not in NAMESPACES:
+        raise RuntimeError(f"subject function {mod}:{attr} is outside {', '.join(NAMESPACES)}")
     return getattr(importlib.import_module(mod), attr)
 
 
@@ -121,15 +124,16 @@ def probe() -> dict:
         info["error"] = f"import torch failed: {type(e).__name__}: {e}"
         return info
     sub = subject()
-    if sub["package"] != "flash-attn":  # a pure-Python subject inside the flash_attn namespace (FA4)
+    if sub["package"] != "flash-attn":  # another subject (FA4: pure Python; FA3: its own extension)
         try:
             import importlib
             import importlib.metadata
 
             func = attention_func()  # sets the subject's environment before the first import
             m = importlib.import_module(sub["module"])
+            ext = importlib.import_module(sub["ext"]) if sub.get("ext") else None  # FA3: flash_attn_3._C
             fa = {"version": importlib.metadata.version(sub["package"]), "file": getattr(m, "__file__", None),
-                  "ext_file": None, "subject": sub["package"]}
+                  "ext_file": getattr(ext, "__file__", None), "subject": sub["package"]}
             info["flash_attn"] = fa
             fa["func_params"] = list(inspect.signature(func).parameters)
         except Exception as e:  # noqa: BLE001
@@ -158,7 +162,18 @@ class NotInVersion(RuntimeError):
 
 
 def _flash_fn(name: str):
-    """``flash_attn.<name>`` (or from ``flash_attn.flash_attn_interface``); NotInVersion if absent."""
+    """``flash_attn.<name>`` (or from ``flash_attn.flash_attn_interface``), or from the subject's
+    ``ops_module`` (FA3: ``flash_attn_interface``); NotInVersion if absent."""
+    import importlib
+
+    sub = subject()
+    ops = sub.get("ops_module") or "flash_attn"
+    if ops != "flash_attn" and ops.split(".")[0] in NAMESPACES:
+        m = importlib.import_module(ops)
+        fn = getattr(m, name, None)
+        if fn is None:
+            raise NotInVersion(f"{sub.get('package')} {sub.get('version', '?')} has no {name}: not in this version")
+        return fn
     import flash_attn
 
     fn = getattr(flash_attn, name, None)

@@ -355,3 +355,117 @@ def in_context_us(src: Path, us: float, batch: int, seqlen: int, nheads: int, he
     cp = subprocess.run([sys.executable, "-c", _TRUTH, str(src), str(us), str(batch), str(seqlen), str(nheads),
                          str(head_dim), str(blocks)], capture_output=True, text=True, check=True)
     return float(cp.stdout.strip())
+
+
+# ------------------------------------------------------------------------------------ FA3 tree
+FA3_SETUP = '''
+"""Stand-in of FlashAttention 3's hopper/setup.py: reads the same FLASH_ATTENTION_DISABLE_* switches,
+writes flash_attn_config.py as the real one does, and packages flash_attn_3 + flash_attn_interface.
+Refuses to run unless FLASH_ATTENTION_FORCE_BUILD=TRUE (the real one would try a download)."""
+import os
+from setuptools import setup
+flags = {
+@SWITCHES@
+}
+if os.getenv("FLASH_ATTENTION_FORCE_BUILD") != "TRUE":
+    raise SystemExit("stand-in: FLASH_ATTENTION_FORCE_BUILD is not TRUE: the real setup.py would download a wheel")
+with open("flash_attn_config.py", "w") as f:
+    f.write(f"CONFIG = {{'build_flags': {flags!r}}}\\n")
+with open(os.path.join("..", "README.md")) as f:  # the real one reads the repository's README
+    f.read()
+setup(name="flash_attn_3", version=@VERSION@, packages=["flash_attn_3"],
+      py_modules=["flash_attn_interface", "flash_attn_config"])
+'''
+
+FA3_INTERFACE = '''
+"""Stand-in of FA3's flash_attn_interface: flash_attn_func(q, k, v, softmax_scale=None, causal=False,
+...) -> out, computed with torch; refuses, as a slim build would, what its build switches left out."""
+import math
+import torch
+import flash_attn_3._C  # noqa: F401 - the real module imports its extension here
+from flash_attn_config import CONFIG
+
+FLAGS = CONFIG["build_flags"]
+
+
+def _need(flag, what):
+    if FLAGS.get("FLASHATTENTION_DISABLE_" + flag):
+        raise RuntimeError(f"this FA3 build has no {what} (FLASH_ATTENTION_DISABLE_{flag})")
+
+
+def round_up_headdim(d):
+    for h in (64, 96, 128, 192, 256):
+        if d <= h and not FLAGS.get(f"FLASHATTENTION_DISABLE_HDIM{h}"):
+            return h
+    return 256
+
+
+def _fwd(q, k, v, softmax_scale, causal):
+    h = round_up_headdim(q.shape[-1])
+    _need(f"HDIM{h}", f"head dim {h} kernels")
+    if q.dtype == torch.float16:
+        _need("FP16", "fp16 kernels")
+    scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
+    qt, kt, vt = (t.transpose(1, 2).float() for t in (q, k, v))
+    if kt.shape[1] != qt.shape[1]:
+        rep = qt.shape[1] // kt.shape[1]
+        kt, vt = kt.repeat_interleave(rep, 1), vt.repeat_interleave(rep, 1)
+    s = qt @ kt.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(sk - sq).logical_not(), float("-inf"))
+    return (torch.softmax(s, -1) @ vt).transpose(1, 2).to(q.dtype)
+
+
+class _Func(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal):
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            out = _fwd(qq, kk, vv, softmax_scale, causal)
+        ctx.save_for_backward(qq, kk, vv, out)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, dout):
+        _need("BACKWARD", "backward kernels")
+        qq, kk, vv, out = ctx.saved_tensors
+        dq, dk, dv = torch.autograd.grad(out, (qq, kk, vv), dout, retain_graph=True)
+        return dq, dk, dv, None, None
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                    v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+    return _Func.apply(q, k, v, softmax_scale, causal)
+'''
+
+
+def make_fa3_tree(root: Path, version: str = "3.0.0", cutlass: bool = True, marker: str = "") -> Path:
+    """Write a stand-in flash-attention checkout holding FA3's ``hopper/`` under ``root``; returns
+    the repository root. Its setup.py reads the real switch names (fa3.SWITCHES); its
+    flash_attn_func refuses head dims, fp16 or backward its build left out. ``cutlass``: write
+    csrc/cutlass/include/cutlass/cutlass.h (False: the submodule "not checked out"). ``marker``:
+    text that changes the tree's identity."""
+    from matrix_runner import fa3
+
+    d = Path(root) / "flash-attention"
+    h = d / "hopper"
+    (h / "flash_attn_3").mkdir(parents=True, exist_ok=True)
+    (h / "instantiations").mkdir(exist_ok=True)
+    (d / "README.md").write_text("FlashAttention (stand-in)\n" + marker)
+    (h / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    lines = "\n".join(f'    "FLASHATTENTION_DISABLE_{n}": os.getenv("FLASH_ATTENTION_DISABLE_{n}", "FALSE") == "TRUE",'
+                      for n in fa3.SWITCHES)  # spelled out, as the real setup.py does (plan reads the names)
+    (h / "setup.py").write_text(textwrap.dedent(FA3_SETUP).replace("@SWITCHES@", lines)
+                                .replace("@VERSION@", repr(version)))
+    (h / "flash_attn_interface.py").write_text(textwrap.dedent(FA3_INTERFACE))
+    (h / "flash_attn_3" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    (h / "flash_attn_3" / "_C.py").write_text("STANDIN = True  # the real one is the compiled extension\n")
+    for f in ("flash_fwd_hdim64_bf16_sm90.cu", "flash_fwd_hdim64_fp16_sm90.cu", "flash_bwd_hdim64_bf16_sm90.cu",
+              "flash_bwd_hdim64_fp16_sm90.cu", "flash_fwd_hdim128_bf16_sm90.cu"):
+        (h / "instantiations" / f).write_text("// stand-in\n")
+    if cutlass:
+        (d / "csrc/cutlass/include/cutlass").mkdir(parents=True, exist_ok=True)
+        (d / "csrc/cutlass/include/cutlass/cutlass.h").write_text("// stand-in\n")
+    return d

@@ -215,3 +215,23 @@ def test_planned_sets_follow_the_machines_pace_not_just_the_settings():
     assert Sampling(time_budget_s=600, set_seconds=1.0, max_sets=20).planned_sets == 20
     # --resume keeps the first part's number
     assert Sampling(start_s=6.0, planned=9).planned_sets == 9
+
+
+def test_explain_settings_from_the_config():
+    """`explain:` sets the explain pass's settings (explain.DEFAULTS names every key); whole numbers
+    where they count something; unknown keys and other types are config errors naming the key."""
+    from matrix_runner import config, explain
+
+    assert set(config._EXPLAIN_KEYS) == set(explain.DEFAULTS)
+    assert parse_config({}).explain == {}
+    cfg = parse_config({"explain": {"profile_s": 24, "sampler_cycles": 160, "sampler_loop_s": 0.01}})
+    assert cfg.explain == {"profile_s": 24.0, "sampler_cycles": 160, "sampler_loop_s": 0.01}
+    assert isinstance(cfg.explain["sampler_cycles"], int)
+    for bad, why in (({"explain": {"sampler_cycles": 1.5}}, "explain.sampler_cycles = 1.5: must be a positive whole"),
+                     ({"explain": {"sampler_cycles": 0}}, "positive whole number"),
+                     ({"explain": {"profile_s": -1}}, "explain.profile_s = -1: must be a number >= 0"),
+                     ({"explain": {"profile_s": True}}, "explain.profile_s"),
+                     ({"explain": {"cycles": 3}}, "explain: unknown key 'cycles'; allowed keys: burst_ms"),
+                     ({"explain": [1]}, "explain = \\[1\\]: must be a mapping")):
+        with pytest.raises(ConfigError, match=why):
+            parse_config(bad)
