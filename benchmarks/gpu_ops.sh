@@ -65,7 +65,7 @@ PY
 }
 for cfg in varlen kvcache-decode; do
   python3 -m matrix_runner plan --config $cfg "${COMMON[@]}" > /tmp/ops/plan-$cfg.txt 2>&1
-  grep -E "source|reuse|find-links|cache|Kernel files|^  " /tmp/ops/plan-$cfg.txt | head -20 | tee -a "$OUT/summary.txt"
+  grep -E "source|reuse|find-links|cache|kernel files|^  " /tmp/ops/plan-$cfg.txt | head -20 | tee -a "$OUT/summary.txt"
 done
 if [ "$STAGE" = build ]; then
   step build 570 --config varlen --quick

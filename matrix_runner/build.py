@@ -23,6 +23,7 @@ from typing import Callable
 
 from . import compcache, stubgen
 from .config import KERNEL_HEAD_DIMS, Case, kernel_head_dim
+from .errors import StageFailed
 from .proc import run_logged
 from .stubgen import StubError  # noqa: F401 - raised by slim_plan, caught by envs.py
 
@@ -292,7 +293,7 @@ def compiler_errors(log: Path | None, max_errors: int = 3, context: int = 2) -> 
     return out
 
 
-class BuildError(RuntimeError):
+class BuildError(StageFailed):
     """A source build failed; ``log`` is the build log's path, ``tail`` the lines to show: the first
     compiler errors when the log has any, else its last lines."""
 

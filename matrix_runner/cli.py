@@ -25,10 +25,10 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import __version__, envs as envmod, explain, lockstep, machine, proc, report, results, runner, shard, wheels
-from .config import FUNCS, MAX_CASES, ConfigError, load_config, parse_config
+from .config import FUNCS, MAX_CASES, load_config, parse_config
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, MatrixRunError
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish", "explain")
-EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_HELP = ("Exit codes: 0 done; 1 a wall-time regression over --fail-on-regression; 2 usage or config error; "
              "3 some env or case failed, or nothing could be timed (e.g. no GPU; results still written); "
              "130 interrupted (results so far written). plan: 3 when an env has no way to be obtained.")
@@ -248,9 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "func", None) is not None:
             return args.func(args, argv)
-    except (ConfigError, envmod.UsageError, results.ResultsError) as e:
+    except MatrixRunError as e:  # errors.py: usage/config/results/tree errors exit 2, the others their own code
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return e.exit_code
     except OSError as e:  # an output/input path that cannot be used: the user's to fix
         where = f"{e.filename}: " if getattr(e, "filename", None) else ""
         print(f"error: {where}{e.strerror or e}", file=sys.stderr)
@@ -420,15 +420,17 @@ def cmd_plan(args) -> int:
     reqs = envmod.cross_torch(reqs, opts.torches)
     dprobe = envmod.probe(sys.executable)
     items = _plan_all(reqs, cfg.cases, opts, dprobe)
-    per_case = _case_kernels(cfg.cases, next((i.sdist for i in items if i.sdist), None))
+    fa2 = any(r.package == envmod.subjects.DEFAULT for r in reqs)  # the kernel files below are flash-attn 2's
+    per_case = _case_kernels(cfg.cases, next((i.sdist for i in items if i.sdist), None)) if fa2 else {}
     if args.json:
         print(json.dumps([{**i.to_dict(), "case_kernels": per_case} for i in items], indent=1, default=str))
     else:  # the plan is this command's output: stdout (run prints it to stderr, with its progress)
         out = Console(highlight=False)
         _print_plan(items, out)
-        out.print("Kernel files per case (slim builds compile the union; build.case_kernels):")
-        for c in cfg.cases:
-            out.print(f"  {c.label} {c.op} ({FUNCS[c.func]}): {', '.join(per_case[c.id]) or 'none (torch)'}")
+        if fa2:
+            out.print("flash-attn 2 kernel files per case (slim builds compile the union; build.case_kernels):")
+            for c in cfg.cases:
+                out.print(f"  {c.label} {c.op} ({FUNCS[c.func]}): {', '.join(per_case[c.id]) or 'none (torch)'}")
     return EXIT_FAILED if any(i.method == "failed" for i in items) else EXIT_OK
 
 

@@ -63,6 +63,8 @@ from typing import Any
 
 import yaml
 
+from .errors import UsageError
+
 DTYPES = ("fp16", "bf16")
 #: torch's names for the two dtypes, accepted in a config and stored as the short ones (case ids
 #: keep ``fp16`` / ``bf16``).
@@ -95,7 +97,7 @@ KERNEL_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
 MAX_HEAD_DIM = 256
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """A config value breaks a rule. The message names the key, the value and the rule."""
 
 

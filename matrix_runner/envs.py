@@ -44,6 +44,7 @@ from . import build as buildmod
 from . import compcache, fa3, subjects
 from . import wheels
 from .config import Case
+from .errors import StageFailed, UsageError
 from .lockstep import WORKER
 from .proc import Stopped, capture, run_logged, stopping
 from .worker import PROBE_SCHEMA
@@ -56,17 +57,13 @@ LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 BUILD_DEPS = ("setuptools", "wheel", "packaging", "ninja", "psutil")
 
 
-class EnvError(RuntimeError):
+class EnvError(StageFailed):
     """Preparing one env failed; ``tail`` holds the relevant log lines (the other envs go on)."""
 
     def __init__(self, msg: str, tail: str = "", log: str | None = None):
         super().__init__(msg)
         self.tail = tail
         self.log = log
-
-
-class UsageError(ValueError):
-    """Bad ``--versions``/``--torch``/path input: exit code 2."""
 
 
 @dataclass
@@ -581,7 +578,7 @@ def _plan_tree(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: 
     env_dir = env_dir_for(opts, req.label)
     tid = torch_identity(opts, driver_probe, req)
     py = driver_probe.get("python") or sys.version.split()[0]
-    item = PlanItem(req.label, "?", env_dir, "failed", {}, "", [], [], sdist=req.version)
+    item = PlanItem(req.label, "?", env_dir, "failed", {}, "", [], [])
     try:
         tree = fa3.open_tree(req.version)
     except fa3.TreeError as e:

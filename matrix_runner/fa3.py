@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from .config import Case
+from .errors import UsageError
 
 PACKAGE = "flash-attn-3"
 #: FA3's head dims (``HEAD_DIMENSIONS_BWD`` in hopper/setup.py), each with its DISABLE switch.
@@ -56,7 +57,7 @@ ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar", ".tar.xz", ".zip")
 EST_FILE_S = {"fwd": 120.0, "bwd": 132.0, "other": 80.0}
 
 
-class TreeError(ValueError):
+class TreeError(UsageError):
     """The path is not a usable FA3 source tree; the message says what is missing and what to do."""
 
 

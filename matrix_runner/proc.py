@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import Interrupted
+
 #: Variables passed from matrix-run's environment to the commands it runs; everything else is dropped.
 ENV_ALLOW = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "TERM", "TMPDIR", "TZ", "SHELL",
              "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CC", "CXX",
@@ -42,7 +44,7 @@ _lock = threading.RLock()  # re-entrant: a signal handler may run while the main
 _stopping = threading.Event()
 
 
-class Stopped(RuntimeError):
+class Stopped(Interrupted):
     """matrix-run is stopping (interrupted): the command was not started, or was stopped."""
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from . import stats
 from .config import Case
+from .errors import UsageError
 
 SCHEMA = "matrix-runner/results/2"
 #: Schemas :func:`load` reads: results/1 (one worker process per round, comparisons paired by round
@@ -249,7 +250,7 @@ def _default(o):
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
 
 
-class ResultsError(ValueError):
+class ResultsError(UsageError):
     """A results file is missing, not JSON, or of another schema."""
 
 

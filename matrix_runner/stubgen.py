@@ -36,6 +36,11 @@ import re
 import tarfile
 from dataclasses import dataclass, field
 
+try:  # matrix-run's error hierarchy (errors.py); the build shim also runs this file as a plain script
+    from .errors import StageFailed as _Base
+except ImportError:
+    _Base = RuntimeError
+
 #: Kernel source names: ``flash_{fwd,fwd_split,bwd}_hdim{D}_{fp16,bf16}[_causal]_sm{NN}.cu``.
 KERNEL_RE = re.compile(r"flash_(fwd_split|fwd|bwd)_hdim(\d+)_(fp16|bf16)(_causal)?_sm\d+\.cu$")
 EXTENSION = "flash_attn_2_cuda"
@@ -45,7 +50,7 @@ STUB_FILE = "matrix_run_stubs.cu"
 TYPE_HEADERS = {"cutlass::": ("cutlass/numeric_types.h", "csrc/cutlass/include/cutlass/numeric_types.h")}
 
 
-class StubError(ValueError):
+class StubError(_Base, ValueError):
     """The generator cannot handle this version's sources; the message names the file and why."""
 
 

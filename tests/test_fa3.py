@@ -269,3 +269,15 @@ def test_wheelhouse_packs_the_tree_for_an_air_gapped_node(tmp_path):
         assert not any("composable_kernel" in n for n in tf.getnames())
     assert rows[1]["file"] == "flash_attn_3-3.0.0-k1-py3-none-any.whl"
     assert sorted(p.name for p in (tmp_path / "house").glob("*.whl")) == ["flash_attn_3-3.0.0-k1-py3-none-any.whl"]
+
+
+def test_plan_command_shows_the_tree_and_not_flash_attn_2_kernels(tmp_path):
+    """`matrix-run plan` for an FA3 tree only: its version, tree id and switches; the flash-attn 2
+    kernel-file table is left out (it lists flash-attn 2's files, which FA3 does not have)."""
+    root = standin.make_fa3_tree(tmp_path / "tree")
+    cp = run_cli("plan", "--versions", f"fa3=flash-attn-3@{root}", "--envs-dir", str(tmp_path / "e"),
+                 "--wheel-cache", str(tmp_path / "c"))
+    text = cp.stdout.replace("\n", " ")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert fa3.open_tree(root).tree_id in text and "version 3.0.0" in text and "FLASH_ATTENTION_DISABLE_" in text
+    assert "kernel files per case" not in text
