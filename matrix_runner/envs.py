@@ -300,23 +300,59 @@ def check_versions(reqs: list[EnvRequest], opts: "Options", timeout: float = 15.
         if r.version == "here":
             raise UsageError(f"--versions: {r.label}=here means the interpreter running matrix-run; "
                              "use it with --backend here")
-    want = [r for r in reqs if not r.is_path and r.package == subjects.DEFAULT]  # uv checks other subjects
-    if opts.offline or not want:
+    if opts.offline:
         return []
+    warnings = _check_torch_pins(opts, timeout)
+    want = [r for r in reqs if not r.is_path and r.package == subjects.DEFAULT]  # uv checks other subjects
     missing = [r for r in want if not _version_here(r.version, opts)]
     if not missing:
-        return []
+        return warnings
     try:
         files = wheels.index_versions(opts.index_url, timeout=timeout)
     except Exception as e:  # noqa: BLE001 - an index we cannot ask must not stop an otherwise good run
         why = getattr(e, "reason", None) or e
-        return [f"could not check that flash-attn {', '.join(r.version for r in missing)} exist(s) on "
-                f"{opts.index_url} ({type(e).__name__}: {why}); going on"]
+        return warnings + [f"could not check that flash-attn {', '.join(r.version for r in missing)} exist(s) on "
+                           f"{opts.index_url} ({type(e).__name__}: {why}); going on"]
     for r in missing:
         if not any(wheels.same_version(v, r.version) for v in files):
             near = wheels.nearest_versions(r.version, list(files))
             raise UsageError(f"--versions: flash-attn {r.version} is not on {opts.index_url}; nearest: "
                              f"{', '.join(near) if near else '(the index lists no flash-attn sdist)'}")
+    return warnings
+
+
+def _check_torch_pins(opts: "Options", timeout: float) -> list[str]:
+    """Every pinned ``--torch X.Y.Z`` must exist on the index it is installed from (``--torch-index``,
+    else ``--index-url``), asked once before anything is built: UsageError naming the nearest
+    releases when it is not listed; a warning when the index cannot be asked. A pin an env already
+    holds, or one offered as a wheel in --find-links, needs no index. Returns the warnings."""
+    from packaging.utils import parse_wheel_filename
+
+    pins = [t for t in opts.torches if t != "inherit"]
+    have = set()
+    if opts.envs_dir.is_dir():
+        have |= {((load_record(d) or {}).get("torch") or {}).get("version") for d in opts.envs_dir.iterdir() if d.is_dir()}
+    for d in opts.find_links:  # a torch wheel offered with --find-links needs no index
+        for w in (d.glob("torch-*.whl") if d.is_dir() else []):
+            try:
+                have.add(str(parse_wheel_filename(w.name)[1].public))
+            except Exception:  # noqa: BLE001 - not a wheel name
+                continue
+    pins = [t for t in pins if not any(h and wheels.same_version(str(h), t) for h in have)]
+    if not pins:
+        return []
+    index = opts.torch_index or opts.index_url
+    try:
+        listed = wheels.project_versions("torch", index, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - an index we cannot ask must not stop an otherwise good run
+        why = getattr(e, "reason", None) or e
+        return [f"could not check that torch {', '.join(pins)} exist(s) on {index} ({type(e).__name__}: {why}); going on"]
+    for t in pins:
+        if not any(wheels.same_version(v, t) for v in listed):
+            near = wheels.nearest_versions(t, sorted(listed))
+            raise UsageError(f"--torch {t}: torch {t} is not on {index}; nearest: {', '.join(near)}"
+                             + ("" if opts.torch_index else " (a CUDA build comes from --torch-index, e.g. "
+                                "https://download.pytorch.org/whl/cu130)"))
     return []
 
 

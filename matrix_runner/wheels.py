@@ -238,6 +238,35 @@ def index_versions(index_url: str = DEFAULT_INDEX, timeout: float = 20.0) -> dic
     return out
 
 
+def project_versions(project: str, index_url: str, timeout: float = 20.0) -> set[str]:
+    """Public versions of ``project`` that ``index_url`` lists (not yanked), from its sdists and
+    wheels: PEP 691 JSON when the index answers it, else the PEP 503 HTML page's file names (the
+    PyTorch indexes, ``https://download.pytorch.org/whl/cu130``, answer HTML; their wheels carry a
+    local label, ``torch-2.9.1+cu130-...``, dropped here). Raises what urllib raises when the index
+    cannot be asked, ValueError when the page lists no file of the project."""
+    req = urllib.request.Request(f"{index_url.rstrip('/')}/{project}/",
+                                 headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.5"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        ctype, body = r.headers.get("Content-Type", ""), r.read()
+    names: list[str] = []
+    if "json" in ctype:
+        names = [f.get("filename", "") for f in json.loads(body).get("files", []) if not f.get("yanked")]
+    else:
+        for m in re.finditer(r"<a\b([^>]*)>([^<]+)</a>", body.decode("utf-8", "replace"), re.IGNORECASE):
+            if "data-yanked" not in m.group(1):
+                names.append(m.group(2).strip())
+    out: set[str] = set()
+    for fn in names:
+        try:
+            ver = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
+        except Exception:  # noqa: BLE001 - not a distribution file name
+            continue
+        out.add(str(ver.public))
+    if not out:
+        raise ValueError(f"{index_url} lists no {project} file")
+    return out
+
+
 def nearest_versions(version: str, available: list[str], n: int = 3) -> list[str]:
     """The ``n`` available versions closest to ``version`` (by release tuple), for error messages."""
     try:

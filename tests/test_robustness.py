@@ -154,6 +154,14 @@ def index(monkeypatch):
                 "application/vnd.pypi.simple.v1+json"
         if path == "/html/flash-attn/":
             return b"<html><body><a href='x'>flash_attn-2.6.3.tar.gz</a></body></html>", "text/html"
+        if path == "/simple/torch/":
+            return json.dumps({"meta": {"api-version": "1.0"}, "name": "torch", "files": [
+                {"filename": f"torch-{v}-cp312-cp312-manylinux_2_28_x86_64.whl", "url": "x", "hashes": {}}
+                for v in ("2.5.1", "2.6.0", "2.7.0")]}).encode(), "application/vnd.pypi.simple.v1+json"
+        if path == "/whl/cu130/torch/":  # PyTorch's own index answers PEP 503 HTML, local labels in the names
+            return (b"<html><body><a href='x'>torch-2.9.1+cu130-cp312-cp312-manylinux_2_28_x86_64.whl</a>"
+                    b"<a href='y' data-yanked=''>torch-2.9.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl</a></body></html>",
+                    "text/html")
         return None
 
     for k in ("NO_PROXY", "no_proxy"):
@@ -189,6 +197,33 @@ def test_known_version_passes_and_an_unusable_index_only_warns(capsys, tmp_path,
     code, err = main(capsys, "plan", "--versions", "2.7.0.post2", "--index-url", index["url"],
                      "--find-links", str(standins["wheels"]), *base)
     assert code == 0 and len(index["seen"]) == n
+
+
+def test_pinned_torch_is_checked_on_its_index_before_anything_is_built(capsys, tmp_path, index, standins):
+    """--torch X.Y.Z: a release its index does not list is a usage error naming the nearest ones
+    (PyPI's JSON and PyTorch's HTML index with CUDA-labelled wheels alike; a yanked one does not
+    count); an index that cannot be asked only warns; a torch wheel in --find-links needs no index."""
+    base = ["--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"), "--json",
+            "--find-links", str(standins["wheels"])]
+    code, err = main(capsys, "plan", "--versions", "2.6.3", "--torch", "2.6.1", "--index-url", index["url"], *base)
+    assert code == 2 and f"--torch 2.6.1: torch 2.6.1 is not on {index['url']}; nearest: 2.6.0, 2.5.1, 2.7.0" in err, err
+    assert "--torch-index, e.g. https://download.pytorch.org/whl/cu130" in err
+    code, err = main(capsys, "plan", "--versions", "2.6.3", "--torch", "2.6.0", "--index-url", index["url"], *base)
+    assert code == 0 and "warning" not in err, err
+    cu = index["root"] + "/whl/cu130"
+    code, err = main(capsys, "plan", "--versions", "2.6.3", "--torch", "2.9.1", "--torch-index", cu, *base)
+    assert code == 0 and "warning" not in err, err
+    code, err = main(capsys, "plan", "--versions", "2.6.3", "--torch", "2.9.0", "--torch-index", cu, *base)
+    assert code == 2 and f"torch 2.9.0 is not on {cu}; nearest: 2.9.1" in err, err
+    code, err = main(capsys, "plan", "--versions", "2.6.3", "--torch", "2.9.0", "--torch-index", "http://127.0.0.1:1/x", *base)
+    assert code == 0 and "warning: could not check that torch 2.9.0 exist(s) on http://127.0.0.1:1/x" in err, err
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "torch-2.6.1+cpu-cp312-cp312-linux_x86_64.whl").write_bytes(b"")
+    n = len(index["seen"])
+    code, err = main(capsys, "plan", "--versions", "2.6.3", "--torch", "2.6.1", "--index-url", index["url"],
+                     "--find-links", str(links), *base)
+    assert code == 0 and not [p for p, _ in index["seen"][n:] if "torch" in p], (err, index["seen"][n:])
 
 
 # ---------------------------------------------------------------------------------------------
