@@ -39,7 +39,9 @@ console = Console(stderr=True, highlight=False)
 def _add_env_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--versions", required=True, metavar="LIST",
                    help="comma list of flash-attn versions; LABEL=VERSION names an env (A/A: a=2.6.3,b=2.6.3); "
-                        "a path to a local sdist or wheel is accepted. The first is the baseline.")
+                        "a path to a local sdist or wheel is accepted; other subjects: fa4=flash-attn-4==4.0.0b36 "
+                        "(FA4 from PyPI), fa3=flash-attn-3@PATH (FA3 from a flash-attention checkout or archive). "
+                        "The first is the baseline.")
     p.add_argument("--config", metavar="FILE|NAME", help="YAML config replacing any part of the built-in default; "
                    "or a built-in config by name: default, kvcache-decode, varlen (matrix_runner/configs/)")
     p.add_argument("--yes", action="store_true",
@@ -190,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     wh = sub.add_parser("wheelhouse", help="collect sdists, cached wheels, uv and build requirements for an "
                                            "air-gapped GPU node (then: --find-links DIR --offline there)")
     wh.add_argument("--versions", required=True, metavar="LIST",
-                    help="comma list of flash-attn versions and subjects (fa4=flash-attn-4==4.0.0b36), as for run")
+                    help="comma list of flash-attn versions and subjects (fa4=flash-attn-4==4.0.0b36, "
+                         "fa3=flash-attn-3@PATH: packs the tree's build files), as for run")
     wh.add_argument("-o", "--output", required=True, metavar="DIR")
     wh.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}",
                     help="the node's Python, for the requirement wheels (default: this one's)")

@@ -379,6 +379,12 @@ _TOP_KEYS = {"title", "dtype", "dropout_p", "softmax_scale", "causal", "ops", "i
 #: documented) and whether each is a whole number.
 _EXPLAIN_KEYS = {"rounds": True, "burst_ms": False, "profile_s": False, "rate": True, "count_calls": True,
                  "warmup_s": False, "sampler_cycles": True, "sampler_loop_s": False, "sampler_lead_s": False}
+#: ``explain:`` keys that may be 0 (the others must be > 0: a zero profile or loop measures nothing)
+_EXPLAIN_MAY_BE_ZERO = {"warmup_s", "sampler_lead_s"}
+#: upper bounds, with why
+_EXPLAIN_MAX = {"rate": (10000, "py-spy samples per second; beyond ~1000 it misses samples"),
+                "profile_s": (600, "seconds sampled per env"), "sampler_loop_s": (1, "seconds of one loop turn"),
+                "burst_ms": (1000, "ms per layer burst")}
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
@@ -782,14 +788,20 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         raise _err("sampling.min_effect", sampling.min_effect, "must be between 0 and 1 (0.05 = 5 %)")
     if not 0 < sampling.alpha < 0.5:
         raise _err("sampling.alpha", sampling.alpha, "must be between 0 and 0.5 (0.05: 95 % family-wise)")
-    ex = merged.get("explain") or {}
+    ex = merged.get("explain")
+    ex = {} if ex is None else ex
     if not isinstance(ex, dict):
-        raise _err("explain", ex, "must be a mapping (e.g. explain: {profile_s: 12, sampler_cycles: 80})")
+        raise _err("explain", ex, "must be a mapping of the explain pass's settings (e.g. explain: {profile_s: 12, "
+                   "sampler_cycles: 80}); the pass itself is turned on by --explain")
     _unknown("explain", ex, set(_EXPLAIN_KEYS))
     for k, v in ex.items():
+        lo = 0.0 if k in _EXPLAIN_MAY_BE_ZERO else None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                or (_EXPLAIN_KEYS[k] and (v != int(v) or v < 1)):
-            raise _err(f"explain.{k}", v, "must be a positive whole number" if _EXPLAIN_KEYS[k] else "must be a number >= 0")
+                or (lo is None and v <= 0) or (_EXPLAIN_KEYS[k] and (v != int(v) or v < 1)):
+            raise _err(f"explain.{k}", v, "must be a positive whole number" if _EXPLAIN_KEYS[k]
+                       else ("must be a number >= 0" if lo is not None else "must be a positive number"))
+        if k in _EXPLAIN_MAX and v > _EXPLAIN_MAX[k][0]:
+            raise _err(f"explain.{k}", v, f"must be at most {_EXPLAIN_MAX[k][0]:g} ({_EXPLAIN_MAX[k][1]})")
     explain_settings = {k: (int(v) if _EXPLAIN_KEYS[k] else float(v)) for k, v in ex.items()}
     return Config(title=title, cases=cases, sampling=sampling, source=source, raw=merged, explain=explain_settings)
 

@@ -633,7 +633,7 @@ def _plan_tree(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: 
         item.error = str(e)
         return item
     if opts.build == "full":
-        disabled, notes = [], ["--build full: no DISABLE switch (every kernel file: hours)"]
+        disabled, notes = [], ["--build full: every kernel file of the tree (hours)"]
     _, unknown = fa3.build_env(disabled, tree.available_switches)
     files, missing = fa3.kernel_files(tree, [s for s in disabled if s not in unknown])
     mode = "nocuda" if nocuda else ("full" if opts.build == "full" else "slim")
@@ -642,12 +642,12 @@ def _plan_tree(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: 
            "torch_cuda": tid.get("cuda"), "cxx11abi": tid.get("cxx11abi"), "python_tag": python_tag(py),
            "platform": "linux_x86_64", "archs": [] if nocuda else ["90a"]}
     item.key, item.key_id = key, wheels.key_id(key)
-    item.kernels, item.archs = ([] if nocuda else files), key["archs"]
+    item.kernels, item.archs = files, key["archs"]
     item.notes.append(f"{req.spec}: {req.subject.note}; tree {tree.tree_id} (hopper/ + CUTLASS headers, "
                       f"{len(tree.files)} files), version {tree.version}")
     item.notes.extend(notes)
-    item.notes.append(f"switches: FLASH_ATTENTION_DISABLE_{{{','.join(key['disabled'])}}}=TRUE" if key["disabled"]
-                      else "no DISABLE switch")
+    item.notes.append(f"switches: FLASH_ATTENTION_DISABLE_<X>=TRUE for X in {', '.join(key['disabled'])}"
+                      if key["disabled"] else "no DISABLE switch")
     if unknown:
         item.notes.append(f"this tree's hopper/setup.py does not read DISABLE_{{{','.join(unknown)}}}: those "
                           "features are built")
@@ -673,7 +673,8 @@ def _plan_tree(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: 
     if nocuda:
         item.estimate_s = 15
         item.notes.append(f"torch {tid['version']} has no CUDA: only FA3's Python part is built "
-                          "(FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE); real FA3 then fails the import preflight")
+                          "(FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE), none of the kernel files above; real FA3 then "
+                          "fails the import preflight (a CUDA torch compiles them for sm_90a)")
         return item
     item.estimate_s = round(fa3.estimate_seconds(files, item.jobs["max_jobs"]))
     item.notes.append(f"{mode}: {len(files)} kernel files ({', '.join(f.removesuffix('.cu') for f in files[:6])}"
@@ -1335,9 +1336,10 @@ def _build_tree_into_cache(req, item, key, opts, py, progress, log, info) -> Pat
         cc = compcache.shim_settings((item.compile_cache or {}).get("sccache"), opts.cache_dir) if opts.compile_cache else None
         with ExitStack() as stack:
             workdir = _acquire_slot(opts, stack)
-            progress(req.label, f"building FA3 from {Path(req.version).name} ({len(item.kernels)} kernel files, "
-                                f"MAX_JOBS={jobs['max_jobs']}, est. {item.estimate_s or '?'} s"
-                                f"{', compile cache' if cc else ''})")
+            what = ("its Python part only: no CUDA" if item.method == "source-nocuda" else
+                    f"{len(item.kernels)} kernel files, MAX_JOBS={jobs['max_jobs']}, est. {item.estimate_s or '?'} s"
+                    f"{', compile cache' if cc else ''}")
+            progress(req.label, f"building FA3 from {Path(req.version).name} ({what})")
             wheel, manifest = buildmod.tree_build(python=py, tree=tree, workdir=workdir, jobs=jobs, log=log,
                                                   extra_env=env, compile_cache=cc, cache_root=opts.cache_dir,
                                                   on_progress=lambda msg: progress(req.label, msg),

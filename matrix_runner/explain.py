@@ -228,6 +228,8 @@ def run(envs, cases, *, device: str, work: Path, case_timeout: float = 300.0, cp
             for r in range(int(st["rounds"])):
                 say(f"explain: layers of {c.label} fwd, round {r + 1}/{st['rounds']}")
                 order = list(labs)
+                if not order:
+                    break
                 rng.shuffle(order)
                 for lab in order:
                     w = workers.get(lab)
@@ -240,8 +242,9 @@ def run(envs, cases, *, device: str, work: Path, case_timeout: float = 300.0, cp
                         raw["notes"].append(f"{lab}: worker lost timing the layers of {c.id}: {ex}")
                         workers.pop(lab)
                         continue
-                    if rep.get("status") != "ok":
+                    if rep.get("status") != "ok":  # once per env and case: the next rounds would say the same
                         raw["notes"].append(f"{lab}: layers of {c.id}: {rep.get('error')}")
+                        labs = [x for x in labs if x != lab]
                         continue
                     rec[lab]["layers"] = rep["layers"]
                     rec[lab]["rounds"].append({"round": r, **rep["us"]})

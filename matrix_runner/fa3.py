@@ -166,11 +166,12 @@ def _read_archive(p: Path) -> tuple[dict[str, bytes], str]:
                         entries[m.name.lstrip("./")] = f.read()
     prefix = ""
     if "hopper/setup.py" not in entries:
-        tops = {n.split("/", 1)[0] for n in entries if "/" in n}
-        for t in sorted(tops):
-            if f"{t}/hopper/setup.py" in entries:
-                prefix = t + "/"
-                break
+        tops = sorted({n.split("/", 1)[0] for n in entries if "/" in n})
+        roots = [t for t in tops if f"{t}/hopper/setup.py" in entries]
+        if len(roots) > 1:
+            raise TreeError(f"{p}: the archive holds {len(roots)} flash-attention trees ({', '.join(roots)}): "
+                            "give an archive of one")
+        prefix = roots[0] + "/" if roots else ""
     out = {}
     for n, b in entries.items():
         if n.startswith(prefix):

@@ -823,6 +823,11 @@ def discover_layers(b: "Bench") -> list:
     with the arguments its version passed it in that call: the same work, one layer less."""
     import types
 
+    sub = subject()
+    if sub["package"] != "flash-attn":  # FA3/FA4 wrap their kernels in other layers
+        raise RuntimeError(f"layer timing knows flash-attn 2.x's layers (flash_attn_func, FlashAttnFunc, "
+                           f"_flash_attn_forward, the extension's fwd); {sub['package']} has others: not split into "
+                           "layers (its frame profile, call counts and first calls still are)")
     import flash_attn
     from flash_attn import flash_attn_interface as fi
     import torch

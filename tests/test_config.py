@@ -223,15 +223,21 @@ def test_explain_settings_from_the_config():
     from matrix_runner import config, explain
 
     assert set(config._EXPLAIN_KEYS) == set(explain.DEFAULTS)
-    assert parse_config({}).explain == {}
+    assert parse_config({}).explain == {} == parse_config({"explain": None}).explain
+    assert parse_config({"explain": {"warmup_s": 0}}).explain == {"warmup_s": 0.0}
     cfg = parse_config({"explain": {"profile_s": 24, "sampler_cycles": 160, "sampler_loop_s": 0.01}})
     assert cfg.explain == {"profile_s": 24.0, "sampler_cycles": 160, "sampler_loop_s": 0.01}
     assert isinstance(cfg.explain["sampler_cycles"], int)
     for bad, why in (({"explain": {"sampler_cycles": 1.5}}, "explain.sampler_cycles = 1.5: must be a positive whole"),
                      ({"explain": {"sampler_cycles": 0}}, "positive whole number"),
-                     ({"explain": {"profile_s": -1}}, "explain.profile_s = -1: must be a number >= 0"),
+                     ({"explain": {"profile_s": -1}}, "explain.profile_s = -1: must be a positive number"),
+                     ({"explain": {"profile_s": 0}}, "explain.profile_s = 0: must be a positive number"),
+                     ({"explain": {"warmup_s": -0.1}}, "explain.warmup_s = -0.1: must be a number >= 0"),
+                     ({"explain": {"rate": 100000}}, "explain.rate = 100000: must be at most 10000"),
+                     ({"explain": False}, "the pass itself is turned on by --explain"),
                      ({"explain": {"profile_s": True}}, "explain.profile_s"),
                      ({"explain": {"cycles": 3}}, "explain: unknown key 'cycles'; allowed keys: burst_ms"),
-                     ({"explain": [1]}, "explain = \\[1\\]: must be a mapping")):
+                     ({"explain": [1]}, "explain = \\[1\\]: must be a mapping"),
+                     ({"explain": 0}, "explain = 0: must be a mapping")):
         with pytest.raises(ConfigError, match=why):
             parse_config(bad)

@@ -68,6 +68,13 @@ def test_tree_errors_say_what_is_missing(tmp_path):
         fa3.open_tree(bad)
     with pytest.raises(fa3.TreeError, match="no such file"):
         fa3.open_tree(tmp_path / "absent")
+    two = tmp_path / "two.tar.gz"  # an archive of two trees: which one would be built is not guessed
+    good = standin.make_fa3_tree(tmp_path / "good")
+    with tarfile.open(two, "w:gz") as tf:
+        tf.add(good, arcname="x")
+        tf.add(good, arcname="y")
+    with pytest.raises(fa3.TreeError, match=r"holds 2 flash-attention trees \(x, y\)"):
+        fa3.open_tree(two)
 
 
 def test_versions_syntax_for_a_tree(tmp_path):
@@ -147,7 +154,7 @@ def test_plan_of_a_tree(tmp_path):
     assert item.kernels == ["flash_fwd_hdim64_bf16_sm90.cu", "flash_fwd_hdim64_fp16_sm90.cu",
                             "flash_bwd_hdim64_bf16_sm90.cu", "flash_bwd_hdim64_fp16_sm90.cu"]
     assert item.key["tree"] == fa3.open_tree(root).tree_id and "BACKWARD" not in item.key["disabled"]
-    sw = next(n for n in item.notes if n.startswith("switches: FLASH_ATTENTION_DISABLE_{"))
+    sw = next(n for n in item.notes if n.startswith("switches: FLASH_ATTENTION_DISABLE_<X>=TRUE for X in "))
     assert "SPLIT," in sw and "HDIM128," in sw and "HDIM64," not in sw and "FP16," not in sw, sw
     assert item.estimate_s and item.estimate_s > 0
     # another config, another key; --build full: no switch
@@ -155,6 +162,7 @@ def test_plan_of_a_tree(tmp_path):
     assert other.key_id != item.key_id and other.kernels == ["flash_fwd_hdim128_bf16_sm90.cu"]
     full = envs.plan_env(req, [case("fwd", 16)], _opts(tmp_path, build="full"), gpu)
     assert full.method == "source-full" and full.key["disabled"] == []
+    assert sum("DISABLE" in n or "every kernel file" in n for n in full.notes) == 2, full.notes  # said once each
     # an Ampere GPU: FA3 is Hopper-only, said in the plan
     a100 = {**gpu, "torch": {**gpu["torch"], "gpu": {"capability": "8.0"}}}
     bad = envs.plan_env(req, [case("fwd", 16)], _opts(tmp_path), a100)
@@ -281,3 +289,25 @@ def test_plan_command_shows_the_tree_and_not_flash_attn_2_kernels(tmp_path):
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert fa3.open_tree(root).tree_id in text and "version 3.0.0" in text and "FLASH_ATTENTION_DISABLE_" in text
     assert "kernel files per case" not in text
+    # no CUDA here: the files a CUDA torch would compile are still listed, said to be left out
+    assert "flash_fwd_hdim64_fp16_sm90.cu" in text and "none of the kernel files above" in text
+
+
+def test_explain_with_fa3_says_once_that_its_layers_are_not_split(tmp_path, standins):
+    """--explain beside an FA3 env: flash-attn 2's layer split does not apply to FA3 (its wrappers are
+    others), which the run says once per case, not once per round; the rest of the pass goes on."""
+    root = standin.make_fa3_tree(tmp_path / "tree")
+    cfg = tmp_path / "one.yaml"
+    cfg.write_text("ops: [fwd]\nshapes:\n  - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16}\n"
+                   "sampling: {time_budget_s: 60, set_seconds: 1.0, max_sets: 2}\n"
+                   "explain: {rounds: 4, profile_s: 2, sampler_cycles: 5}\n")
+    out = tmp_path / "run"
+    cp = run_cli("--versions", f"2.6.3,fa3=flash-attn-3@{root}", "--device", "cpu", "--quick", "--explain", "--offline",
+                 "--find-links", str(standins["wheels"]), "--config", str(cfg), "--envs-dir", str(tmp_path / "envs"),
+                 "--wheel-cache", str(tmp_path / "cache"), "--output", str(out), timeout=900)
+    assert cp.returncode == 0, (cp.stdout[-2000:], cp.stderr[-2000:])
+    ex = load_results(out)["explain"]
+    notes = [n for n in ex.get("notes") or [] if n.startswith("fa3: layers of")]
+    assert len(notes) == 1 and "flash-attn-3 has others: not split into layers" in notes[0], ex.get("notes")
+    assert "No module named" not in " ".join(ex.get("notes") or [])
+    assert ex["settings"]["rounds"] == 4 and ex["settings"]["profile_s"] == 2.0  # the config's explain: section
