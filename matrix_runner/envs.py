@@ -321,7 +321,7 @@ def check_versions(reqs: list[EnvRequest], opts: "Options", timeout: float = 15.
     return warnings
 
 
-def _check_torch_pins(opts: "Options", timeout: float) -> list[str]:
+def _check_torch_pins(opts: Options, timeout: float) -> list[str]:
     """Every pinned ``--torch X.Y.Z`` must exist on the index it is installed from (``--torch-index``,
     else ``--index-url``), asked once before anything is built: UsageError naming the nearest
     releases when it is not listed; a warning when the index cannot be asked. A pin an env already

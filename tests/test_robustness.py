@@ -159,9 +159,9 @@ def index(monkeypatch):
                 {"filename": f"torch-{v}-cp312-cp312-manylinux_2_28_x86_64.whl", "url": "x", "hashes": {}}
                 for v in ("2.5.1", "2.6.0", "2.7.0")]}).encode(), "application/vnd.pypi.simple.v1+json"
         if path == "/whl/cu130/torch/":  # PyTorch's own index answers PEP 503 HTML, local labels in the names
-            return (b"<html><body><a href='x'>torch-2.9.1+cu130-cp312-cp312-manylinux_2_28_x86_64.whl</a>"
-                    b"<a href='y' data-yanked=''>torch-2.9.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl</a></body></html>",
-                    "text/html")
+            page = (b"<html><body><a href='x'>torch-2.9.1+cu130-cp312-cp312-manylinux_2_28_x86_64.whl</a>"
+                    b"<a href='y' data-yanked=''>torch-2.9.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl</a></body></html>")
+            return page, "text/html"
         return None
 
     for k in ("NO_PROXY", "no_proxy"):
