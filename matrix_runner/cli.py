@@ -441,6 +441,8 @@ def cmd_wheelhouse(args) -> int:
     from . import wheelhouse
 
     versions = [r if r.package != envmod.subjects.DEFAULT else r.version for r in envmod.parse_versions(args.versions)]
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise envmod.UsageError(f"-o {args.output} is a file: give a directory for the wheelhouse (made if missing)")
     cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
     rows = wheelhouse.collect(versions, Path(args.output), python_version=args.python_version, cache=cache,
                               index_url=args.index_url, include_cache=not args.no_cache_wheels,

