@@ -357,7 +357,24 @@ def in_context_us(src: Path, us: float, batch: int, seqlen: int, nheads: int, he
     return float(cp.stdout.strip())
 
 
-# ------------------------------------------------------------------------------------ FA3 tree
+# ------------------------------------------------------------------------------ FA3 / FA4 stand-ins
+#: Source text of ``attention(q, k, v, softmax_scale, causal) -> (out, lse)`` for the stand-in FA3 and
+#: FA4 interfaces: (batch, seqlen, heads, dim) in, computed in fp32 (GQA: k/v heads repeated; causal
+#: aligned bottom-right as flash-attn does), out in q's dtype.
+ATTENTION = '''
+def attention(q, k, v, softmax_scale, causal):
+    scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
+    qt, kt, vt = (t.transpose(1, 2).float() for t in (q, k, v))
+    if kt.shape[1] != qt.shape[1]:
+        rep = qt.shape[1] // kt.shape[1]
+        kt, vt = kt.repeat_interleave(rep, 1), vt.repeat_interleave(rep, 1)
+    s = qt @ kt.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(sk - sq).logical_not(), float("-inf"))
+    return (torch.softmax(s, -1) @ vt).transpose(1, 2).to(q.dtype), torch.logsumexp(s, -1)
+'''
+
 FA3_SETUP = '''
 """Stand-in of FlashAttention 3's hopper/setup.py: reads the same FLASH_ATTENTION_DISABLE_* switches,
 writes flash_attn_config.py as the real one does, and packages flash_attn_3 + flash_attn_interface.
@@ -405,16 +422,7 @@ def _fwd(q, k, v, softmax_scale, causal):
     _need(f"HDIM{h}", f"head dim {h} kernels")
     if q.dtype == torch.float16:
         _need("FP16", "fp16 kernels")
-    scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
-    qt, kt, vt = (t.transpose(1, 2).float() for t in (q, k, v))
-    if kt.shape[1] != qt.shape[1]:
-        rep = qt.shape[1] // kt.shape[1]
-        kt, vt = kt.repeat_interleave(rep, 1), vt.repeat_interleave(rep, 1)
-    s = qt @ kt.transpose(-1, -2) * scale
-    if causal:
-        sq, sk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(sk - sq).logical_not(), float("-inf"))
-    return (torch.softmax(s, -1) @ vt).transpose(1, 2).to(q.dtype)
+    return attention(q, k, v, softmax_scale, causal)[0]
 
 
 class _Func(torch.autograd.Function):
@@ -459,7 +467,7 @@ def make_fa3_tree(root: Path, version: str = "3.0.0", cutlass: bool = True, mark
                       for n in fa3.SWITCHES)  # spelled out, as the real setup.py does (plan reads the names)
     (h / "setup.py").write_text(textwrap.dedent(FA3_SETUP).replace("@SWITCHES@", lines)
                                 .replace("@VERSION@", repr(version)))
-    (h / "flash_attn_interface.py").write_text(textwrap.dedent(FA3_INTERFACE))
+    (h / "flash_attn_interface.py").write_text(textwrap.dedent(FA3_INTERFACE) + ATTENTION)
     (h / "flash_attn_3" / "__init__.py").write_text(f"__version__ = {version!r}\n")
     (h / "flash_attn_3" / "_C.py").write_text("STANDIN = True  # the real one is the compiled extension\n")
     for f in ("flash_fwd_hdim64_bf16_sm90.cu", "flash_fwd_hdim64_fp16_sm90.cu", "flash_bwd_hdim64_bf16_sm90.cu",

@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import standin
 from conftest import load_results, run_cli
 
 from matrix_runner import envs, subjects
@@ -21,19 +22,8 @@ import nvidia_cutlass_dsl_standin  # a dependency uv must have installed
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
                     num_splits=1, pack_gqa=None, deterministic=False):
     """Stand-in of FA4's flash_attn_func: (batch, seqlen, heads, dim) in, (out, lse) back."""
-    scale = softmax_scale or 1.0 / math.sqrt(q.shape[-1])
-    qt, kt, vt = (t.transpose(1, 2).float() for t in (q, k, v))
-    if kt.shape[1] != qt.shape[1]:
-        rep = qt.shape[1] // kt.shape[1]
-        kt, vt = kt.repeat_interleave(rep, 1), vt.repeat_interleave(rep, 1)
-    s = qt @ kt.transpose(-1, -2) * scale
-    if causal:
-        sq, sk = s.shape[-2:]
-        s = s.masked_fill(torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(sk - sq).logical_not(), float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    out = (torch.softmax(s, -1) @ vt).transpose(1, 2).to(q.dtype)
-    return out, lse
-'''
+    return attention(q, k, v, softmax_scale, causal)
+''' + standin.ATTENTION
 
 
 def _wheel(dest: Path, name: str, version: str, files: dict, requires: list, extras: tuple = ()) -> Path:
