@@ -220,19 +220,11 @@ def _tree_item(it: str) -> tuple[str, str, str] | None:
 def _version_here(version: str, opts: "Options") -> bool:
     """Whether ``version`` can be had without an index: a wheel or sdist of it in --find-links or the
     wheel cache, or an env whose record asked for it."""
-    from packaging.utils import parse_wheel_filename
-
     dirs = [*opts.find_links, opts.cache_dir / "wheels", opts.cache_dir / "sdists"]
-    for d in dirs:
-        if not d.is_dir():
-            continue
-        files = d.rglob("flash_attn-*.whl") if d.parent == opts.cache_dir else d.glob("flash_attn-*.whl")
-        for w in files:
-            try:
-                if wheels.same_version(str(parse_wheel_filename(w.name)[1]), version):
-                    return True
-            except Exception:  # noqa: BLE001 - not a wheel name
-                continue
+    have = wheels.wheel_versions(opts.find_links, "flash_attn") | wheels.wheel_versions(
+        [opts.cache_dir / "wheels", opts.cache_dir / "sdists"], "flash_attn", recursive=True)
+    if any(wheels.same_version(v, version) for v in have):
+        return True
     if wheels.find_sdist(dirs, version):
         return True
     if opts.envs_dir.is_dir():
@@ -326,18 +318,10 @@ def _check_torch_pins(opts: Options, timeout: float) -> list[str]:
     else ``--index-url``), asked once before anything is built: UsageError naming the nearest
     releases when it is not listed; a warning when the index cannot be asked. A pin an env already
     holds, or one offered as a wheel in --find-links, needs no index. Returns the warnings."""
-    from packaging.utils import parse_wheel_filename
-
     pins = [t for t in opts.torches if t != "inherit"]
-    have = set()
+    have = wheels.wheel_versions(opts.find_links, "torch")  # a torch wheel offered with --find-links needs no index
     if opts.envs_dir.is_dir():
         have |= {((load_record(d) or {}).get("torch") or {}).get("version") for d in opts.envs_dir.iterdir() if d.is_dir()}
-    for d in opts.find_links:  # a torch wheel offered with --find-links needs no index
-        for w in (d.glob("torch-*.whl") if d.is_dir() else []):
-            try:
-                have.add(str(parse_wheel_filename(w.name)[1].public))
-            except Exception:  # noqa: BLE001 - not a wheel name
-                continue
     pins = [t for t in pins if not any(h and wheels.same_version(str(h), t) for h in have)]
     if not pins:
         return []
@@ -635,10 +619,11 @@ def _plan_tree(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: 
     if opts.build == "full":
         disabled, notes = [], ["--build full: every kernel file of the tree (hours)"]
     _, unknown = fa3.build_env(disabled, tree.available_switches)
-    files, missing = fa3.kernel_files(tree, [s for s in disabled if s not in unknown])
+    effective = sorted(s for s in disabled if s not in unknown)  # only the switches this tree's setup.py reads
+    files, missing = fa3.kernel_files(tree, effective)
     mode = "nocuda" if nocuda else ("full" if opts.build == "full" else "slim")
     key = {"package": req.package, "version": tree.version, "tree": tree.tree_id,
-           "disabled": sorted(s for s in disabled if s not in unknown), "torch": tid["version"],
+           "disabled": effective, "torch": tid["version"],
            "torch_cuda": tid.get("cuda"), "cxx11abi": tid.get("cxx11abi"), "python_tag": python_tag(py),
            "platform": "linux_x86_64", "archs": [] if nocuda else ["90a"]}
     item.key, item.key_id = key, wheels.key_id(key)
@@ -1267,18 +1252,25 @@ def _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log, res)
     progress(req.label, f"installing {req.spec} with uv")
     t0 = time.monotonic()
     install_subject(py, req, tid, opts, log)
-    _atomic_json(item.env_dir / subjects.MARKER, subjects.marker(req.subject, req.version, str(item.env_dir)))
+    info = {"method": "resolve", "subject": req.package, "seconds": round(time.monotonic() - t0, 1)}
+    _finish_subject_env(req, item, py, tid, driver_probe, progress, res, req.version, {"build": info})
+    return info
+
+
+def _finish_subject_env(req, item, py, tid, driver_probe, progress, res, version: str, extra: dict) -> None:
+    """The end of a subject's env (FA4 and FA3 alike): the worker's subject marker, the static
+    preflight on the subject's module (into ``res``), the env record (``extra`` on top: ``build``,
+    and ``wheel`` for an installed wheel)."""
+    _atomic_json(item.env_dir / subjects.MARKER, subjects.marker(req.subject, version, str(item.env_dir)))
     progress(req.label, f"preflight: finding {req.subject.module} in the env")
-    res.probe = static_preflight(py, item.env_dir, req.version,
+    res.probe = static_preflight(py, item.env_dir, version,
                                  driver_probe.get("torch") if tid["mode"] == "inherit" else None, req.subject)
     res.import_checked = False
-    info = {"method": "resolve", "subject": req.package, "seconds": round(time.monotonic() - t0, 1)}
     record = {"schema": RECORD_SCHEMA, "label": req.label, "requested": req.spec, "torch": tid,
               "subject_key": item.key, "fingerprint": fingerprint(item.env_dir), "probe": res.probe,
               "python": res.probe.get("python"), "status": "ok",
-              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "build": info}
+              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), **extra}
     _atomic_json(item.env_dir / RECORD, record)
-    return info
 
 
 def _prepare_tree(req, item, opts, py, tid, driver_probe, progress, log, res) -> dict:
@@ -1297,19 +1289,18 @@ def _prepare_tree(req, item, opts, py, tid, driver_probe, progress, log, res) ->
     progress(req.label, f"installing {wheel.name}")
     install_wheel(py, wheel, opts, log)
     sha = wheels.sha256_file(wheel)
-    _atomic_json(item.env_dir / subjects.MARKER, subjects.marker(req.subject, item.version, str(item.env_dir)))
-    progress(req.label, f"preflight: finding {req.subject.module} in the env")
-    res.probe = static_preflight(py, item.env_dir, item.version,
-                                 driver_probe.get("torch") if tid["mode"] == "inherit" else None, req.subject)
-    res.import_checked = False
     info.update({"method": item.method, "seconds": round(time.monotonic() - t0, 1)})
-    record = {"schema": RECORD_SCHEMA, "label": req.label, "requested": req.spec, "torch": tid,
-              "subject_key": item.key, "fingerprint": fingerprint(item.env_dir), "probe": res.probe,
-              "python": res.probe.get("python"), "status": "ok",
-              "wheel": {"file": str(wheel), "sha256": sha, "key": key, "origin": item.method},
-              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "build": info}
-    _atomic_json(item.env_dir / RECORD, record)
+    _finish_subject_env(req, item, py, tid, driver_probe, progress, res, item.version,
+                        {"wheel": {"file": str(wheel), "sha256": sha, "key": key, "origin": item.method}, "build": info})
     return {"wheel": str(wheel), "wheel_sha256": sha, **info}
+
+
+def _require_build_deps(py: Path) -> None:
+    """EnvError unless the env can import what setup.py imports (BUILD_DEPS[:3]); both source builds."""
+    missing = [m for m in BUILD_DEPS[:3] if not _importable(py, m)]
+    if missing:
+        raise EnvError(f"a source build needs {', '.join(missing)} in the env: install them in the interpreter "
+                       "running matrix-run (--torch inherit) or put their wheels in --find-links")
 
 
 def _build_tree_into_cache(req, item, key, opts, py, progress, log, info) -> Path:
@@ -1322,10 +1313,7 @@ def _build_tree_into_cache(req, item, key, opts, py, progress, log, info) -> Pat
         if found is not None:
             info["built_by_other_process"] = True
             return found
-        missing = [m for m in BUILD_DEPS[:3] if not _importable(py, m)]
-        if missing:
-            raise EnvError(f"a source build needs {', '.join(missing)} in the env: install them in the interpreter "
-                           "running matrix-run (--torch inherit) or put their wheels in --find-links")
+        _require_build_deps(py)
         tree = fa3.open_tree(req.version)
         if tree.tree_id != key["tree"]:
             raise EnvError(f"{req.version} changed since the plan (tree {tree.tree_id}, planned {key['tree']}): run again")
@@ -1368,12 +1356,9 @@ def _build_into_cache(req, item, key, opts, py, progress, log, info) -> Path:
         kernels = item.kernels
         if kernels != "all":  # re-derive with the sdist's own dispatch list
             info["dispatch"] = list(buildmod.read_dispatch(sdist))
-        missing = [m for m in BUILD_DEPS[:3] if not _importable(py, m)]
         if kernels != [] and not _importable(py, "ninja"):
             info["warning"] = "ninja is not importable in the env: torch builds the extension serially"
-        if missing:
-            raise EnvError(f"a source build needs {', '.join(missing)} in the env: install them in the interpreter "
-                           "running matrix-run (--torch inherit) or put their wheels in --find-links")
+        _require_build_deps(py)
         jobs = item.jobs or buildmod.choose_jobs(1, 8)
         plan_cc = item.compile_cache or {}
         cc = compcache.shim_settings(plan_cc.get("sccache"), opts.cache_dir) if opts.compile_cache else None

@@ -36,13 +36,12 @@ import re
 import shutil
 import tarfile
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from .config import Case
 from .errors import UsageError
 
-PACKAGE = "flash-attn-3"
 #: FA3's head dims (``HEAD_DIMENSIONS_BWD`` in hopper/setup.py), each with its DISABLE switch.
 HDIMS = (64, 96, 128, 192, 256)
 #: Every switch matrix-run may set, in setup.py's order (``FLASH_ATTENTION_DISABLE_<NAME>``).
@@ -77,7 +76,6 @@ class SourceTree:
     files: list[str]
     tree_id: str
     prefix: str = ""  # the repository root inside an archive ("flash-attention-<sha>/")
-    notes: list[str] = field(default_factory=list)
 
     @property
     def available_switches(self) -> list[str]:

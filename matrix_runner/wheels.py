@@ -238,6 +238,21 @@ def index_versions(index_url: str = DEFAULT_INDEX, timeout: float = 20.0) -> dic
     return out
 
 
+def wheel_versions(dirs: list[Path], dist: str, recursive: bool = False) -> set[str]:
+    """Versions (as written, local labels kept) of the ``DIST-*.whl`` files in ``dirs`` (``dist`` as in
+    wheel file names: ``flash_attn``, ``torch``); ``recursive``: below them too (the wheel cache)."""
+    out: set[str] = set()
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        for w in (d.rglob if recursive else d.glob)(f"{dist}-*.whl"):
+            try:
+                out.add(str(parse_wheel_filename(w.name)[1]))
+            except Exception:  # noqa: BLE001 - not a wheel name
+                continue
+    return out
+
+
 def project_versions(project: str, index_url: str, timeout: float = 20.0) -> set[str]:
     """Public versions of ``project`` that ``index_url`` lists (not yanked), from its sdists and
     wheels: PEP 691 JSON when the index answers it, else the PEP 503 HTML page's file names (the
