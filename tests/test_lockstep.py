@@ -4,6 +4,7 @@ import ast
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from types import SimpleNamespace
@@ -96,10 +97,12 @@ def test_burst_loops_are_bounded_by_their_budget_and_measure_the_call():
     t0 = time.perf_counter()
     s = worker.Bench.wall_samples(b, 2, 0.01)  # samples of 2 calls for ~10 ms
     took = time.perf_counter() - t0
-    assert 8 <= len(s) <= 20 and took < 0.05
-    assert all(250 < x < 900 for x in s)
+    assert 3 <= len(s) <= 20 and took < 0.25  # bounded by the budget (slack: a busy CI host)
+    # every sample holds its calls' 300 µs; the median (not every sample: a busy host preempts
+    # single samples) is not far above it
+    assert min(s) > 250 and statistics.median(s) < 900
     h = worker.Bench.host_samples(b, 1, 0.005)
-    assert len(h) >= 5 and all(250 < x < 900 for x in h)
+    assert len(h) >= 5 and min(h) > 250 and statistics.median(h) < 900
     # at least one sample even when one sample takes longer than the budget
     assert len(worker.Bench.wall_samples(_fake_bench(0.004), 5, 0.001)) == 1
 
@@ -252,16 +255,28 @@ def test_await_setups_waits_for_hello_config_and_every_queued_set_up():
     assert (st.workers["a"].asked, st.workers["b"].asked, st.workers["c"].asked) == (5, 4, None)
 
 
-def test_burst_brackets_every_sample_with_probe_readings_outside_the_timed_calls():
+def test_burst_brackets_every_sample_with_probe_readings_outside_the_timed_calls(monkeypatch):
+    """A planted probe that busy-waits 2 ms: inside a sample of 2 calls of 300 µs it would add
+    >= 1000 µs per call; outside, the samples' median stays near 300 µs. (A median, not every
+    sample: a busy CI host preempts single samples; that is what failed CI once with a 900 µs cap
+    on every sample.)"""
+    readings = iter(range(1, 10_000))
+
+    def planted_probe(n=0):
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+        return float(next(readings))
+
+    monkeypatch.setattr(worker, "speed_probe", planted_probe)
     b = _fake_bench(0.0003)
-    refs: list = []
-    s = worker.Bench.wall_samples(b, 2, 0.01, refs)
-    assert len(refs) == len(s) + 1  # one before each sample, one after the last
-    assert all(0 < r < 1000 for r in refs)
-    assert all(250 < x < 900 for x in s)  # the probe is not inside the timed calls
-    refs = []
-    h = worker.Bench.host_samples(b, 1, 0.005, refs)
-    assert len(refs) == len(h) + 1
+    for method, inner in (worker.Bench.wall_samples, 2), (worker.Bench.host_samples, 1):
+        refs: list = []
+        s = method(b, inner, 0.02, refs)
+        assert len(refs) == len(s) + 1  # one before each sample, one after the last
+        assert refs == sorted(refs) and refs[0] >= 1  # the planted readings, in the order taken
+        assert min(s) > 250  # every sample holds its calls' 300 µs
+        assert statistics.median(s) < 800, s  # and not the probe's 2000 µs
 
 
 def test_speed_adjusted_moves_each_sample_to_the_reference_speed_along_the_slope():
@@ -320,9 +335,9 @@ class _BurstWorker:
 
 
 @pytest.mark.parametrize("more_for, want_lo, want_hi", [
-    (None, 0.1, 0.2),    # no next set starting: the set's own seconds
-    (0.3, 0.3, 0.4),     # the next set's workers say hello after 0.3 s: cycles run until then
-    (9.0, 0.5, 0.6),     # they never do: at most EXTEND_FACTOR (5) x the set's seconds
+    (None, 0.1, 0.25),   # no next set starting: the set's own seconds
+    (0.3, 0.3, 0.45),    # the next set's workers say hello after 0.3 s: cycles run until then
+    (9.0, 0.5, 0.65),    # they never do: at most EXTEND_FACTOR (5) x the set's seconds
 ])
 def test_a_set_cycles_on_while_the_next_sets_workers_are_still_starting(more_for, want_lo, want_hi):
     import random
