@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import compcache, stubgen
+from . import compcache, machine, stubgen
 from .config import KERNEL_HEAD_DIMS, Case, kernel_head_dim
 from .errors import StageFailed
 from .proc import run_logged
@@ -107,22 +107,11 @@ def slim_plan(sdist: Path, kernels: list[str], version: str) -> stubgen.SlimPlan
     return stubgen.plan_sdist(sdist, kernels, version)
 
 
-def mem_available_gb() -> float:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return 16.0
-
-
 def choose_jobs(n_builds: int, n_units: int) -> dict:
     """MAX_JOBS per build and NVCC_THREADS, bounded by cores and memory (an nvcc job can peak near
     8-9 GB) and shared by ``n_builds`` parallel builds. Returns the numbers and the reasoning."""
-    cores = os.cpu_count() or 1
-    mem = mem_available_gb()
+    cores = machine.cpu_count()
+    mem = machine.mem_available_gb()
     total = max(1, min(cores, int(mem // NVCC_JOB_GB)))
     per = max(1, min(total // max(n_builds, 1), n_units))
     return {"max_jobs": per, "nvcc_threads": 1, "cores": cores, "mem_available_gb": round(mem, 1),

@@ -41,7 +41,7 @@ from filelock import FileLock, Timeout
 from packaging.version import InvalidVersion, Version
 
 from . import build as buildmod
-from . import compcache, fa3, subjects
+from . import compcache, fa3, machine, subjects
 from . import wheels
 from .config import Case
 from .errors import StageFailed, UsageError
@@ -401,12 +401,7 @@ def gpu_archs_from_probe(p: dict) -> list[str] | None:
     gpu = ((p or {}).get("torch") or {}).get("gpu")
     if gpu and gpu.get("capability"):
         return [gpu["capability"].replace(".", "")]
-    try:
-        cp = capture(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], timeout=20)
-        caps = sorted({c.strip().replace(".", "") for c in cp.stdout.split() if c.strip()})
-        return caps or None
-    except Exception:  # noqa: BLE001
-        return None
+    return machine.compute_capabilities()
 
 
 @dataclass

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import proc
+from . import machine, proc
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -255,29 +255,6 @@ def move_process(pid: int, cpus) -> int:
     return n
 
 
-def allowed_cpus() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except (OSError, AttributeError):
-        return []
-
-
-def siblings(cpu: int) -> set[int]:
-    """CPUs sharing ``cpu``'s physical core (SMT), from sysfs; ``{cpu}`` where unknown."""
-    try:
-        txt = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
-    except OSError:
-        return {cpu}
-    out: set[int] = set()
-    for part in txt.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out.update(range(int(a), int(b) + 1))
-        elif part.strip():
-            out.add(int(part))
-    return out or {cpu}
-
-
 def _noise(cpu: int, seconds: float = 0.03) -> float:
     """Spread of a fixed busy loop's duration on ``cpu``: (p90 - p10) / median of ~50 µs chunks,
     timed with this thread pinned there."""
@@ -307,7 +284,7 @@ def parse_cpus(request: str | None) -> list[int] | None:
         want = [int(x) for x in request.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--cpus {request!r}: give auto, unpinned or a comma list of CPU ids") from None
-    allowed = allowed_cpus()
+    allowed = machine.allowed_cpus()
     bad = [c for c in want if c not in allowed]
     if bad or not want:
         raise ValueError(f"--cpus {request!r}: CPU(s) {bad or want} not allowed to this process "
@@ -325,7 +302,7 @@ def plan_cpus(request: str | None, n_sets: int = 4, allowed: list[int] | None = 
     (one CPU, an OS or cgroup that forbids it): the run then goes on unpinned and says so.
     ``allowed``: plan within these CPUs only (a shard's share of the machine; default: every CPU
     this process may run on)."""
-    allowed = allowed_cpus() if allowed is None else sorted(set(allowed) & set(allowed_cpus()))
+    allowed = machine.allowed_cpus() if allowed is None else sorted(set(allowed) & set(machine.allowed_cpus()))
     out = {"pinned": False, "driver_cpu": None, "set_cpus": [], "spare_cpus": [], "why": None, "noise": None,
            "allowed": allowed}
     if request == "unpinned":
@@ -343,9 +320,9 @@ def plan_cpus(request: str | None, n_sets: int = 4, allowed: list[int] | None = 
             driver = rest[0] if rest else driver
         out.update(pinned=True, driver_cpu=driver, set_cpus=want)
     else:
-        cands = [c for c in allowed if c not in siblings(driver)] or [c for c in allowed if c != driver]
+        cands = [c for c in allowed if c not in machine.siblings(driver)] or [c for c in allowed if c != driver]
         noise = {}
-        before = allowed_cpus()
+        before = machine.allowed_cpus()
         try:
             for c in cands[:32]:
                 noise[c] = round(_noise(c), 4)
@@ -356,6 +333,6 @@ def plan_cpus(request: str | None, n_sets: int = 4, allowed: list[int] | None = 
             return out
         ranked = sorted(noise, key=lambda c: noise[c])
         out.update(pinned=True, driver_cpu=driver, set_cpus=ranked[:max(1, n_sets)], noise=noise)
-    busy = set().union(*(siblings(c) for c in out["set_cpus"])) if out["set_cpus"] else set()
+    busy = set().union(*(machine.siblings(c) for c in out["set_cpus"])) if out["set_cpus"] else set()
     out["spare_cpus"] = [c for c in allowed if c not in busy]
     return out

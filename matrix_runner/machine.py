@@ -1,12 +1,88 @@
-"""Machine metadata recorded with every run: host, CPU, GPU, driver, CUDA, torch."""
+"""The one place that asks the machine questions: host, CPU (model, count, the CPUs this process
+may use, SMT siblings), memory, GPU (nvidia-smi: name, driver, compute capability, clocks, NUMA
+node) -- and the metadata recorded with every run (:func:`collect`).
+
+Everything here reads the OS (``/proc``, ``/sys``, ``sched_getaffinity``) or runs nvidia-smi; no other
+module does. Each function answers "unknown" (None, [], a fallback named in its docstring) instead of
+raising where the machine cannot say."""
 from __future__ import annotations
 
 import os
 import platform
 import socket
 import sys
+from pathlib import Path
 
 from .proc import capture
+
+
+def cpu_count() -> int:
+    """Logical CPUs of the machine (``os.cpu_count``; 1 where unknown)."""
+    return os.cpu_count() or 1
+
+
+def allowed_cpus() -> list[int]:
+    """CPU ids this process may run on (``sched_getaffinity``), sorted; [] where unknown."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        return []
+
+
+def siblings(cpu: int) -> set[int]:
+    """CPUs sharing ``cpu``'s physical core (SMT), from sysfs; ``{cpu}`` where unknown."""
+    try:
+        txt = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+    except OSError:
+        return {cpu}
+    return set(_cpu_list(txt)) or {cpu}
+
+
+def _cpu_list(txt: str) -> list[int]:
+    """sysfs' CPU list syntax (``0-3,8,10-11``) as ids."""
+    out: list[int] = []
+    for part in txt.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            out.extend(range(int(a), int(b) + 1))
+        elif part.strip():
+            out.append(int(part))
+    return out
+
+
+def mem_available_gb() -> float:
+    """``MemAvailable`` of ``/proc/meminfo`` in GiB; 16.0 where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 16.0
+
+
+def compute_capabilities() -> list[str] | None:
+    """Compute capabilities of every GPU nvidia-smi lists, without the dot (``["90"]``), sorted and
+    unique; None without nvidia-smi or GPUs."""
+    try:
+        cp = capture(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], timeout=20)
+    except Exception:  # noqa: BLE001 - no nvidia-smi: no NVIDIA GPU here
+        return None
+    caps = sorted({c.strip().replace(".", "") for c in cp.stdout.split() if c.strip()})
+    return caps or None
+
+
+def sm_clock(index: int) -> tuple[float, int] | None:
+    """GPU ``index``'s SM clock (MHz) and active throttle-reason bits from nvidia-smi; None where it
+    cannot say. (runner.GpuMonitor reads NVML instead when nvidia-ml-py is importable.)"""
+    try:
+        cp = capture(["nvidia-smi", "--query-gpu=clocks.sm,clocks_throttle_reasons.active",
+                      "--format=csv,noheader,nounits", "-i", str(index)], timeout=10)
+        clk, reasons = cp.stdout.strip().splitlines()[0].split(",")
+        return float(clk), int(reasons.strip(), 16)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def nvidia_smi() -> dict | None:
@@ -91,11 +167,4 @@ def node_cpus(node: int) -> list[int]:
         txt = open(f"/sys/devices/system/node/node{node}/cpulist").read().strip()
     except OSError:
         return []
-    out: list[int] = []
-    for part in txt.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out.extend(range(int(a), int(b) + 1))
-        elif part.strip():
-            out.append(int(part))
-    return out
+    return _cpu_list(txt)

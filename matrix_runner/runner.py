@@ -41,10 +41,9 @@ from pathlib import Path
 from typing import Callable
 
 from . import envs as envmod
-from . import lockstep, proc, stats
+from . import lockstep, machine, proc, stats
 from .config import Case, Sampling
 from .envs import EnvResult
-from .proc import capture
 
 METRICS = ("wall_us", "host_us", "device_us", "graph_us")
 CYCLED = ("wall_us", "host_us")
@@ -120,13 +119,7 @@ class GpuMonitor:
                         int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)))
             except Exception:  # noqa: BLE001
                 return None
-        try:
-            cp = capture(["nvidia-smi", "--query-gpu=clocks.sm,clocks_throttle_reasons.active",
-                          "--format=csv,noheader,nounits", "-i", str(self.index)], timeout=10)
-            clk, reasons = cp.stdout.strip().splitlines()[0].split(",")
-            return float(clk), int(reasons.strip(), 16)
-        except Exception:  # noqa: BLE001
-            return None
+        return machine.sm_clock(self.index)
 
     def __enter__(self):
         self.samples = []
@@ -320,7 +313,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     t0 = time.monotonic() - elapsed_s
     monitor = GpuMonitor(device == "cuda", gpu_index)
     closing: list = []  # this run's threads stopping finished workers
-    before_aff = lockstep.allowed_cpus()
+    before_aff = machine.allowed_cpus()
     if cpus.get("pinned") and cpus.get("driver_cpu") is not None:
         lockstep.set_affinity(0, {cpus["driver_cpu"]})
     others = set(cpus.get("spare_cpus") or []) or None  # where the next set's workers start

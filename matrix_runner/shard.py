@@ -182,7 +182,7 @@ def time_local(envs: list[EnvResult], cases: list[Case], sampling: Sampling, gpu
     n = len(gpus)
     labels = [e.label for e in envs]
     shares = [share(cases, i, n) for i in range(n)]
-    allowed = lockstep.allowed_cpus()
+    allowed = machine.allowed_cpus()
     parts = split_cpus(allowed, gpus) if cpus_request != "unpinned" else [[] for _ in gpus]
     lists = None
     if cpus_request not in (None, "auto", "unpinned"):

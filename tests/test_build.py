@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from matrix_runner import _build_shim as shim
-from matrix_runner import build, stubgen
+from matrix_runner import build, machine, stubgen
 from matrix_runner.config import parse_config
 
 SWITCH = """
@@ -201,11 +201,11 @@ def test_stem_and_arch_patch():
 
 
 def test_jobs_bounded_by_cores_and_memory(monkeypatch):
-    monkeypatch.setattr(build.os, "cpu_count", lambda: 16)
-    monkeypatch.setattr(build, "mem_available_gb", lambda: 120.0)
+    monkeypatch.setattr(machine, "cpu_count", lambda: 16)
+    monkeypatch.setattr(machine, "mem_available_gb", lambda: 120.0)
     j = build.choose_jobs(2, 5)
     assert j["max_jobs"] == 5  # 13 jobs fit in memory, 8 per build by cores, only 5 compile units
-    monkeypatch.setattr(build, "mem_available_gb", lambda: 20.0)
+    monkeypatch.setattr(machine, "mem_available_gb", lambda: 20.0)
     assert build.choose_jobs(2, 5)["max_jobs"] == 1  # 20 GB / 9 GB = 2 jobs shared by 2 builds
 
 

@@ -39,7 +39,7 @@ import pytest
 from conftest import load_results, run_cli
 
 import standin
-from matrix_runner import lockstep, proc, results, runner
+from matrix_runner import lockstep, machine, proc, results, runner
 from matrix_runner.config import Case, Sampling
 from matrix_runner.envs import EnvResult
 
@@ -206,10 +206,10 @@ def test_a_transient_worker_fault_is_retried_in_the_next_set(tmp_path, name, pha
             fake_env(tmp_path, "bad", f'if cmd["cmd"] == "{phase}" and batch(cmd) == 2 and sid == 0 and once("fault"):\n'
                                       f'    {code}')]
     cs = cases(1, 2, 3)
-    before = lockstep.allowed_cpus()
+    before = machine.allowed_cpus()
     cpus = lockstep.plan_cpus("auto", n_sets=2)  # pinned where the machine lets us: pin commands, prefetch
     reason, data, sets = run(envs, cs, tmp_path, max_sets=3, cpus=cpus)
-    assert lockstep.allowed_cpus() == before  # the driver's own pinning is undone
+    assert machine.allowed_cpus() == before  # the driver's own pinning is undone
     assert reason == "max_sets 3 reached"
     bad = data[("bad", cs[1].id)]
     assert bad.status == "ok" and bad.error is None and bad.error_kind is None and bad.faults == 1, bad

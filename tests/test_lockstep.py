@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from matrix_runner import lockstep, worker
+from matrix_runner import lockstep, machine, worker
 
 WORKER_SRC = lockstep.WORKER
 
@@ -32,8 +32,8 @@ def test_worker_imports_only_stdlib_torch_and_the_subject():
 
 
 def test_plan_cpus_keeps_the_driver_off_the_set_cores(monkeypatch):
-    monkeypatch.setattr(lockstep, "allowed_cpus", lambda: list(range(8)))
-    monkeypatch.setattr(lockstep, "siblings", lambda c: {c, c ^ 1})  # SMT pairs (0,1), (2,3), ...
+    monkeypatch.setattr(machine, "allowed_cpus", lambda: list(range(8)))
+    monkeypatch.setattr(machine, "siblings", lambda c: {c, c ^ 1})  # SMT pairs (0,1), (2,3), ...
     monkeypatch.setattr(lockstep, "set_affinity", lambda pid, cpus: True)
     noise = {2: 0.5, 3: 0.1, 4: 0.2, 5: 0.9, 6: 0.05, 7: 0.3}
     monkeypatch.setattr(lockstep, "_noise", lambda c, seconds=0.03: noise[c])
@@ -51,10 +51,10 @@ def test_plan_cpus_keeps_the_driver_off_the_set_cores(monkeypatch):
 
 
 def test_one_cpu_runs_unpinned_and_says_why(monkeypatch):
-    monkeypatch.setattr(lockstep, "allowed_cpus", lambda: [0])
+    monkeypatch.setattr(machine, "allowed_cpus", lambda: [0])
     p = lockstep.plan_cpus("auto")
     assert not p["pinned"] and "only 1 CPU" in p["why"]
-    monkeypatch.setattr(lockstep, "allowed_cpus", lambda: [0, 1, 2])
+    monkeypatch.setattr(machine, "allowed_cpus", lambda: [0, 1, 2])
     monkeypatch.setattr(lockstep, "_noise", lambda c, seconds=0.03: float("inf"))  # affinity refused
     monkeypatch.setattr(lockstep, "set_affinity", lambda pid, cpus: False)
     p = lockstep.plan_cpus("auto")
