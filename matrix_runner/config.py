@@ -295,7 +295,7 @@ class Sampling:
     #: of cycles, and the next set's start waited for it idle).
     EXTEND_FACTOR = 5.0
     #: Seconds the next set's workers take to start (import torch and the subject), estimated before
-    #: anything is timed (cli: the driver's own torch import x workers per spare core); 0: unknown.
+    #: anything is timed (pipeline: the driver's own torch import x workers per spare core); 0: unknown.
     start_s: float = 0.0
     #: Whether the next set's workers start during a set (spare cores; else after it).
     prefetch: bool = True

@@ -113,21 +113,21 @@ def test_writability_checks_name_the_unwritable_directory(tmp_path, monkeypatch)
     # (as root every directory is writable, so the subprocess test above skips: check the rule here)
     import os
 
-    from matrix_runner import cli, envs
+    from matrix_runner import envs, pipeline
     ro = tmp_path / "ro"
     ro.mkdir()
     real = os.access
-    monkeypatch.setattr(cli.os, "access", lambda p, mode: False if str(p).startswith(str(ro)) else real(p, mode))
+    monkeypatch.setattr(pipeline.os, "access", lambda p, mode: False if str(p).startswith(str(ro)) else real(p, mode))
     with pytest.raises(envs.UsageError, match=f"--output {ro}/a/b: {ro} is not writable"):
-        cli._check_writable_dir(ro / "a" / "b", "--output")
+        pipeline.check_writable_dir(ro / "a" / "b", "--output")
     with pytest.raises(envs.UsageError, match="--markdown .*x.md: not writable"):
-        cli._check_writable_file(ro / "x.md", "--markdown")
+        pipeline.check_writable_file(ro / "x.md", "--markdown")
     with pytest.raises(envs.UsageError, match="does not exist"):
-        cli._check_writable_file(tmp_path / "nope" / "x.md", "--markdown")
+        pipeline.check_writable_file(tmp_path / "nope" / "x.md", "--markdown")
     (tmp_path / "f").write_text("")
     with pytest.raises(envs.UsageError, match="is not a directory"):
-        cli._check_writable_dir(tmp_path / "f" / "out", "--output")
-    cli._check_writable_dir(tmp_path / "new" / "deeper", "--output")  # creatable: fine
+        pipeline.check_writable_dir(tmp_path / "f" / "out", "--output")
+    pipeline.check_writable_dir(tmp_path / "new" / "deeper", "--output")  # creatable: fine
 
 
 def test_resume_of_a_run_that_measured_nothing_says_so(tmp_path):
@@ -138,7 +138,7 @@ def test_resume_of_a_run_that_measured_nothing_says_so(tmp_path):
 
 def test_fail_on_regression_leaves_out_the_sdpa_control_by_impl_not_by_name():
     """Issue #14: the SDPA control was dropped by its id's "-sdpa" suffix."""
-    from matrix_runner import cli
+    from matrix_runner import pipeline
     from matrix_runner.config import Case
 
     fa = Case(op="fwd", batch=2, seqlen_q=64, seqlen_k=64, nheads=4, nheads_k=4, head_dim=32).to_dict()
@@ -149,8 +149,8 @@ def test_fail_on_regression_leaves_out_the_sdpa_control_by_impl_not_by_name():
     comps = [{"baseline": "a", "candidate": "b", "case": c["id"], "label": c["label"], "op": "fwd",
               "metric": m, "verdict": "slower", "ratio": 1.5} for c in (fa, sd) for m in ("wall_us", "host_us")]
     doc = {"cases": cases, "comparisons": comps}
-    assert [c["case"] for c in cli.regressions(doc, 10)] == ["my-flash-attn-case-vs-sdpa"]
-    assert cli.regressions(doc, 60) == []  # 50 % slower is under a 60 % threshold
+    assert [c["case"] for c in pipeline.regressions(doc, 10)] == ["my-flash-attn-case-vs-sdpa"]
+    assert pipeline.regressions(doc, 60) == []  # 50 % slower is under a 60 % threshold
 
 
 def test_a_config_of_over_500_cases_needs_yes(standins, tmp_path):
@@ -178,7 +178,7 @@ def _plan_lines(width: int) -> list[str]:
 
     from rich.console import Console
 
-    from matrix_runner import cli, envs
+    from matrix_runner import envs, ui
     items = [envs.PlanItem(label="2.6.3", version="2.6.3", env_dir=Path("envs/2.6.3"), method="source-slim", key={},
                            key_id="3f9a2c1d7e8b", kernels=["fwd_hdim32_fp16", "fwd_split_hdim32_fp16", "bwd_hdim32_fp16"],
                            archs=["90"], estimate_s=360, jobs={"max_jobs": 5}, notes=["sdist from PyPI (sha256 checked)"]),
@@ -186,7 +186,7 @@ def _plan_lines(width: int) -> list[str]:
                            key_id="–", kernels="–", archs="–",
                            error="flash_fwd_hdim224_fp16_sm80.cu:12: cannot parse [template] 'x'")]
     con = Console(record=True, width=width, color_system=None)
-    cli._print_plan(items, con)
+    ui.print_plan(items, con)
     return [ln.rstrip() for ln in con.export_text().splitlines()]
 
 
@@ -242,12 +242,12 @@ def test_plan_refuses_the_runs_timing_options(extra, named, tmp_path):
 def test_envs_and_wheelhouse_tables_become_blocks_when_narrow():
     from rich.console import Console
 
-    from matrix_runner import cli
+    from matrix_runner import ui
     rows = [["2.7.0.post2", "2.7.0.post2", "ok", "2.11.0+cu130", "3.12.3",
              "flash_attn-2.7.0.post2-cp312-cp312-linux_x86_64.whl", "2026-12-01T06:00:00+00:00", "912"]]
     cols = ["label", "requested", "status", "torch", "python", "wheel", "created", "MB"]
     narrow = Console(record=True, width=80, color_system=None)
-    cli._table_or_blocks("envs in envs", cols, rows, narrow)
+    ui.table_or_blocks("envs in envs", cols, rows, narrow)
     lines = [ln.rstrip() for ln in narrow.export_text().splitlines()]
     assert max(map(len, lines)) <= 80
     assert lines == ["envs in envs", "2.7.0.post2", "  requested  2.7.0.post2", "  status     ok",
@@ -255,21 +255,21 @@ def test_envs_and_wheelhouse_tables_become_blocks_when_narrow():
                      "  wheel      flash_attn-2.7.0.post2-cp312-cp312-linux_x86_64.whl",
                      "  created    2026-12-01T06:00:00+00:00", "  MB         912"]
     wide = Console(record=True, width=200, color_system=None)
-    cli._table_or_blocks("envs in envs", cols, rows, wide)
+    ui.table_or_blocks("envs in envs", cols, rows, wide)
     assert any(" ".join(ln.split()) == " ".join(r for r in rows[0]) for ln in wide.export_text().splitlines())
 
 
 def test_gpu_sized_configs_warn_before_a_cpu_run():
     """New-user trial: `--config varlen --device cpu` sat 10 min in set-up without a word. The built-in
     GPU configs get a warning naming the largest call; the README's small CPU shapes do not."""
-    from matrix_runner import cli
+    from matrix_runner import pipeline
     from matrix_runner.config import load_config, parse_config
-    w = cli.cpu_size_warning(load_config("varlen").cases)
+    w = pipeline.cpu_size_warning(load_config("varlen").cases)
     assert w and "GPU-sized" in w and "GFLOP" in w
-    w = cli.cpu_size_warning(load_config("kvcache-decode").cases)
+    w = pipeline.cpu_size_warning(load_config("kvcache-decode").cases)
     assert w and "GB of KV cache per call" in w
     small = parse_config({"shapes": [{"batch": 2, "seqlen": 64, "nheads": 2, "embed_dim": 32}]})
-    assert cli.cpu_size_warning(small.cases) is None
+    assert pipeline.cpu_size_warning(small.cases) is None
 
 
 def test_a_second_run_into_an_output_in_use_is_refused_and_the_lock_goes_with_the_run(tmp_path):
@@ -307,3 +307,27 @@ def test_compare_of_runs_without_a_common_case_says_so(tmp_path):
     cp = run_cli("compare", str(src), str(tmp_path / "b.json"))
     assert cp.returncode == 2, cp.stdout + cp.stderr
     assert "the two runs have no case in common (A: 12 case(s)" in " ".join(cp.stderr.split())
+
+
+def test_the_run_is_one_pipeline_of_the_named_steps_and_cli_only_parses_and_dispatches(monkeypatch):
+    """Issue #14: the run has one owner (pipeline.Run) whose steps run in the order its module doc
+    names; cli.py imports no stage module (it parses and dispatches)."""
+    import ast
+    import re
+    import threading
+    from types import SimpleNamespace
+
+    from matrix_runner import cli, pipeline
+
+    order = re.search(r"^\s+(settings ->.*)$", pipeline.__doc__, re.M).group(1).split(" -> ")
+    assert order == ["settings", "output", "device", "envs", "timing", "explain", "write", "exit_code"]
+    seen = []
+    for step in order:
+        monkeypatch.setattr(pipeline.Run, step, lambda self, _s=step: seen.append(_s) or 0)
+    monkeypatch.setattr(pipeline.shard, "submitted", lambda args: False)
+    r = pipeline.Run(SimpleNamespace(), [], threading.Event(), None)
+    r.device_kind = "cuda"
+    assert r.execute() == 0 and seen == order
+    imported = {a.name for n in ast.walk(ast.parse(open(cli.__file__).read()))
+                if isinstance(n, ast.ImportFrom) and n.level == 1 and not n.module for a in n.names}
+    assert imported <= {"__version__", "commands", "pipeline", "shard", "wheels"}, imported

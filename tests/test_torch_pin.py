@@ -95,7 +95,7 @@ def test_torch_axis_run_builds_an_env_per_version_and_torch_and_compares_within_
 
 
 def test_a_pinned_torch_env_record_matches_its_plan_and_bad_torch_options_are_refused(tmp_path):
-    from matrix_runner import cli, envs
+    from matrix_runner import envs, pipeline
 
     # the record holds the pinned torch's CUDA and ABI, read after the install; the plan cannot know
     # them: the env must still be reused (comparing whole dicts rebuilt it on every run)
@@ -107,9 +107,9 @@ def test_a_pinned_torch_env_record_matches_its_plan_and_bad_torch_options_are_re
     inh = {"mode": "inherit", "version": "2.13.0+cpu", "cuda": None, "cxx11abi": True, "site_dirs": ["/a"]}
     assert envs.same_torch(dict(inh), inh) and not envs.same_torch({**inh, "site_dirs": ["/b"]}, inh)
     # a run id of long labels stays a usable folder name
-    long = cli._run_name(["b" * 64 + "+torch-inherit", "c" * 64 + "+torch2.13.0"])
+    long = pipeline.run_name(["b" * 64 + "+torch-inherit", "c" * 64 + "+torch2.13.0"])
     assert len(long) <= 120 and long.startswith("b" * 40)
-    assert cli._run_name(["2.6.3", "2.7.0.post2"]) == "2.6.3-vs-2.7.0.post2"
+    assert pipeline.run_name(["2.6.3", "2.7.0.post2"]) == "2.6.3-vs-2.7.0.post2"
     for extra, msg in ((["--backend", "here", "--torch", "inherit,2.13.0"], "use --backend uv for a torch axis"),
                        (["--torch-index", "https://example.invalid/cu121"], "--torch inherit installs none")):
         for cmd in (["plan"], []):

@@ -1,0 +1,252 @@
+"""The subcommands other than ``run`` (which is :mod:`pipeline`): ``plan``, ``report``, ``compare``,
+``explain``, ``publish``, ``envs``, ``wheelhouse`` -- each a short function over its stage's module,
+taking the parsed arguments and returning the exit code (errors.py). cli.py parses and dispatches."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+
+from . import envs as envmod
+from . import explain, report, results, wheels
+from .config import FUNCS, MAX_CASES, load_config
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from .pipeline import check_writable_dir, options, plan_all
+from .ui import console, print_plan, table_or_blocks
+
+
+def _case_kernels(cases, sdist) -> dict:
+    """case id -> the kernel stems it dispatches to (with the sdist's HEADDIM_SWITCH when known)."""
+    from . import build as buildmod
+
+    dispatch = buildmod.read_dispatch(Path(sdist) if sdist else None)
+    return {c.id: buildmod.case_kernels(c, dispatch) for c in cases}
+
+
+def cmd_plan(args) -> int:
+    cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
+    reqs = envmod.parse_versions(args.versions)
+    opts = options(args)
+    if args.backend == "uv":
+        for w in envmod.check_versions(reqs, opts):
+            console.print(f"[yellow]warning:[/] {w}")
+    reqs = envmod.cross_torch(reqs, opts.torches)
+    dprobe = envmod.probe(sys.executable)
+    items = plan_all(reqs, cfg.cases, opts, dprobe)
+    fa2 = any(r.package == envmod.subjects.DEFAULT for r in reqs)  # the kernel files below are flash-attn 2's
+    per_case = _case_kernels(cfg.cases, next((i.sdist for i in items if i.sdist), None)) if fa2 else {}
+    if args.json:
+        print(json.dumps([{**i.to_dict(), "case_kernels": per_case} for i in items], indent=1, default=str))
+    else:  # the plan is this command's output: stdout (run prints it to stderr, with its progress)
+        out = Console(highlight=False)
+        print_plan(items, out)
+        if fa2:
+            out.print("flash-attn 2 kernel files per case (slim builds compile the union; build.case_kernels):")
+            for c in cfg.cases:
+                out.print(f"  {c.label} {c.op} ({FUNCS[c.func]}): {', '.join(per_case[c.id]) or 'none (torch)'}")
+    return EXIT_FAILED if any(i.method == "failed" for i in items) else EXIT_OK
+
+
+def cmd_wheelhouse(args) -> int:
+    from . import wheelhouse
+
+    versions = [r if r.package != envmod.subjects.DEFAULT else r.version for r in envmod.parse_versions(args.versions)]
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise UsageError(f"-o {args.output} is a file: give a directory for the wheelhouse (made if missing)")
+    cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
+    rows = wheelhouse.collect(versions, Path(args.output), python_version=args.python_version, cache=cache,
+                              index_url=args.index_url, include_cache=not args.no_cache_wheels,
+                              requirements=tuple(r.strip() for r in args.requirements.split(",") if r.strip()),
+                              find_links=tuple(Path(d).expanduser().resolve() for d in args.find_links),
+                              no_index=args.no_index)
+    table_or_blocks(f"wheelhouse {escape(str(args.output))}", ["item", "file", "status", "detail"],
+                     [[escape(r["item"]), escape(r["file"] or "–"),
+                       r["status"] if r["status"] == "ok" else f"[red]{escape(r['status'])}[/]", escape(r["detail"] or "")]
+                      for r in rows], Console())
+    return EXIT_OK if all(r["status"] == "ok" for r in rows) else EXIT_FAILED
+
+
+def cmd_envs(args) -> int:
+    envs_dir = Path(args.envs_dir)
+    if not envs_dir.is_dir():
+        raise UsageError(f"--envs-dir {envs_dir}: no such directory (matrix-run creates envs in envs/ "
+                                "of the directory it runs from, or in --envs-dir)")
+    rows = envmod.list_envs(envs_dir)
+    if args.action in (None, "list"):
+        def cell(v) -> str:
+            return "–" if v is None else escape(str(v))
+
+        table_or_blocks(f"envs in {escape(str(envs_dir))}",
+                         ["label", "requested", "status", "torch", "python", "wheel", "created", "MB"],
+                         [[cell(r[k]) for k in ("label", "requested", "status", "torch", "python", "wheel", "created",
+                                                "size_mb")] for r in rows], Console())
+        return EXIT_OK
+    import shutil
+
+    wanted = set(args.labels)
+    if not wanted and not args.all:
+        ours = [r for r in rows if not r.get("foreign")]
+        size = sum(float(r.get("size_mb") or 0) for r in ours)
+        raise UsageError(
+            f"envs clean: name the envs to remove (matrix-run envs clean LABEL ...), or give --all to remove "
+            f"every env in {envs_dir} ({len(ours)} env(s), {size:.1f} MB: "
+            f"{', '.join(r['label'] for r in ours) or 'none'}); `matrix-run envs list` shows them")
+    if wanted and args.all:
+        raise UsageError("envs clean: give labels or --all, not both")
+    unknown = wanted - {r["label"] for r in rows}
+    if unknown:
+        raise UsageError(f"envs clean: no env named {', '.join(sorted(unknown))} in {envs_dir}")
+    busy: list[str] = []
+    for r in rows:
+        if not wanted or r["label"] in wanted:
+            if r.get("foreign"):
+                console.print(f"left {r['path']} alone: not a matrix-run env")
+                continue
+            if r.get("symlink"):
+                os.unlink(r["path"])  # the link only: what it points to is outside --envs-dir
+                console.print(f"removed the link {r['path']}")
+                continue
+            with ExitStack() as held:
+                if not envmod.try_exclusive(envs_dir, r["label"], held):
+                    busy.append(r["label"])
+                    console.print(f"[yellow]left {r['path']} alone: a running matrix-run uses it (it holds "
+                                  f"{envmod.use_lock(envs_dir, r['label'])}); clean it once that run has "
+                                  "finished[/]")
+                    continue
+                shutil.rmtree(r["path"])
+            console.print(f"removed {r['path']} ({r['size_mb']} MB)")
+    return EXIT_FAILED if busy else EXIT_OK
+
+
+def cmd_report(args) -> int:
+    paths: list[Path] = []
+    for a in args.results:
+        p = Path(a)
+        if p.is_dir():  # e.g. reports/tox: every results.json below it (one per tox env)
+            # one results file per run directory, as results.find picks it (plain before archived)
+            found = sorted({results.find(f.parent) for name in results.NAMES for f in p.rglob(name)})
+            if not found:
+                raise results.ResultsError(f"{p}: no results.json below this directory")
+            # a merged report written into the searched dir earlier is not one of its runs; but a run
+            # re-rendered into its own directory (report RUN -o RUN) is that run
+            below = [f for f in found if f.parent.resolve() != Path(args.output).resolve()]
+            paths += below or found
+        else:
+            paths.append(p)
+    args.results = [str(p) for p in paths]
+    if args.min_effect is not None and not 0 < args.min_effect < 1:
+        raise UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
+    runs = [results.load(p) for p in args.results]
+    res = results.merge(runs, args.min_effect)
+    out = Path(args.output)
+    existing = out / "results.json"
+    if existing.is_file() and existing.resolve() not in {Path(a).resolve() for a in args.results}:
+        try:
+            other = json.loads(existing.read_text()).get("run_id")
+        except (OSError, ValueError, AttributeError):
+            other = None
+        if other is None or other != res.get("run_id"):
+            raise UsageError(f"-o {args.output}: already holds another run's results.json (run {other}); "
+                                    "report would overwrite its measurements: give another -o")
+    check_writable_dir(out, "-o")
+    out.mkdir(parents=True, exist_ok=True)
+    json_name = None
+    if len(runs) > 1 or args.min_effect is not None:
+        results.write_json(out / "results.json", res)
+        json_name = "results.json"
+    else:
+        src = paths[0].resolve()  # the file found (a run dir's results.json, or an archived run's .gz)
+        if src.parent == out.resolve():
+            json_name = src.name
+        else:
+            results.write_json(out / "results.json", res)
+            json_name = "results.json"
+    p = report.write_html(res, out, json_name)
+    if args.markdown:
+        Path(args.markdown).write_text(report.markdown(res))
+    report.terminal_table(res, Console())
+    console.print(f"report: {p}")
+    return EXIT_OK
+
+
+def _results_path(a: str) -> Path:
+    return results.find(a)
+
+
+def cmd_compare(args) -> int:
+    pa, pb = _results_path(args.a), _results_path(args.b)
+    a, b = results.load(pa), results.load(pb)
+    if args.min_effect is not None and not 0 < args.min_effect < 1:
+        raise UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
+    cmp = report.compare_runs(a, b, args.min_effect, str(pa), str(pb))
+    if not cmp["pairs"]:
+        def envs_of(doc: dict) -> str:
+            return ", ".join(e["label"] + ("" if e.get("status") == "ok" else f" ({e.get('status')})")
+                             for e in doc.get("envs", [])) or "none"
+
+        def dup_versions(doc: dict) -> list:
+            vs = [e.get("flash_attn_version") or e.get("requested_version") for e in doc.get("envs", [])
+                  if e.get("status") == "ok"]
+            return sorted({v for v in vs if v and vs.count(v) > 1})
+
+        dups = [f"{side} has {', '.join(vs)} under several labels (an A/A run), so a version does not name one "
+                "env there" for side, vs in (("A", dup_versions(a)), ("B", dup_versions(b))) if vs]
+        raise results.ResultsError(
+            f"no env timed in both runs: A has {envs_of(a)}, B has {envs_of(b)} (envs are matched by label, else by "
+            "flash-attn version; an env counts only where it was built and timed"
+            + ("; " + "; ".join(dups) if dups else "") + ")")
+    ids_a = {c["id"] for c in a.get("cases", [])}
+    ids_b = {c["id"] for c in b.get("cases", [])}
+    if not ids_a & ids_b:
+        raise results.ResultsError(
+            f"the two runs have no case in common (A: {len(ids_a)} case(s), e.g. {min(ids_a, default='none')}; B: "
+            f"{len(ids_b)}, e.g. {min(ids_b, default='none')}): cases match by id (op, batch, seqlens, heads, head_dim, "
+            "dtype, ...); compare runs of the same config")
+    report.compare_terminal(cmp, Console())
+    if args.output:
+        if (Path(args.output) / "results.json").exists():
+            raise UsageError(f"-o {args.output}: holds a run (results.json); its index.html would be "
+                                    "overwritten; give another directory")
+        console.print(f"report: {report.write_compare_html(cmp, Path(args.output))}")
+    if args.markdown:
+        Path(args.markdown).write_text(report.compare_markdown(cmp))
+    return EXIT_OK if cmp["rows"] else EXIT_FAILED
+
+
+def cmd_explain(args) -> int:
+    """``matrix-run explain RUN_DIR``: the explanation re-rendered from saved data (exit 2 when the
+    run has none)."""
+    path = _results_path(args.run_dir)
+    doc = results.load(path)
+    if not doc.get("explain"):
+        print(f"error: {path} has no explanation: run matrix-run with --explain", file=sys.stderr)
+        return EXIT_USAGE
+    out = Path(args.output) if args.output else Path(path).parent
+    p = report.write_html(doc, out, Path(path).name if out == Path(path).parent else None)
+    for line in explain.summary_lines(explain.analyze(doc)):
+        print(line)
+    print(f"report: {p}")
+    return EXIT_OK
+
+
+def cmd_publish(args) -> int:
+    from . import publish
+
+    site = Path(args.output)
+    if site.exists() and (not site.is_dir() or (any(site.iterdir()) and not (site / publish.MARKER).exists())):
+        raise UsageError(f"-o {site}: exists and is not a site matrix-run published (no {publish.MARKER}); "
+                                "give a new or empty directory")
+    if site.resolve() == Path(args.reports_dir).resolve():
+        raise UsageError("-o must differ from REPORTS_DIR (e.g. REPORTS_DIR/site or another directory)")
+    out = publish.build_site(Path(args.reports_dir), site, rerender=args.rerender)
+    for w in out["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}")
+    for r in out["runs"]:
+        console.print(f"  {r['name']}: {r['date']} · {r['gpu']} · {', '.join(e['label'] for e in r['envs'])}")
+    console.print(f"site: {out['index']} ({len(out['runs'])} run(s))")
+    return EXIT_OK if out["runs"] else EXIT_FAILED

@@ -1,0 +1,779 @@
+"""`matrix-run run` as one pipeline of named steps -- the run's one owner.
+
+    settings -> output -> device -> envs -> timing -> explain -> write -> exit_code
+
+:class:`Run` holds one invocation's state; each step is a method that reads what the steps before
+it set and sets what the steps after it read (the table below), so a newcomer can follow a value
+from the command line to results.json in one file:
+
+=========== ===========================================================================================
+settings    the config (or a resumed run's stored one), the command line's overrides, every usage
+            check of the numbers, the version requests (checked on the index), the run id
+output      the run directory (``--output`` or ``reports/<run id>``), its run lock, ``--markdown``
+device      the driver's probe and :mod:`machine` metadata, cuda / cpu / none, the GPUs (``--gpus``),
+            the settings record, the plan of every env (printed)
+envs        every env prepared in parallel threads (:mod:`envs`); one failing env never sinks the rest
+timing      the timing phase: process sets of lockstep cycles (:mod:`runner`, or :mod:`shard` per GPU);
+            results so far are written after every set
+explain     the ``--explain`` pass (:mod:`explain`), its own workers; its failure never fails the run
+write       results.json (:mod:`results`), index.html and Markdown (:mod:`report`), the summary lines
+exit_code   0 / 1 (a regression over ``--fail-on-regression``) / 3 (an env or case failed) / 130
+=========== ===========================================================================================
+
+:func:`run` wraps the pipeline: signals (SIGINT/SIGTERM stop workers and builds; what was measured
+is written; exit 130), ``--resume``, and the clean-up that leaves nothing running. ``--executor``
+runs submit shards after the output step instead (:mod:`shard`). Errors: :mod:`errors` (a usage
+error before the output directory holds anything removes the directory it created).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shlex
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from filelock import FileLock, Timeout
+from rich.console import Console
+from rich.markup import escape
+
+from . import (
+    __version__,
+    explain,
+    lockstep,
+    machine,
+    proc,
+    report,
+    results,
+    runner,
+    shard,
+    wheels,
+)
+from . import envs as envmod
+from .config import MAX_CASES, load_config, parse_config
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, UsageError
+from .ui import console, print_plan, progress
+
+
+def options(args) -> envmod.Options:
+    """The env settings of ``plan`` and ``run`` (:class:`envs.Options`) from their command line;
+    UsageError for bad ``--archs``, ``--torch``, ``--torch-index``, ``--find-links``."""
+    envs_dir = Path(args.envs_dir).expanduser()
+    envs_dir.mkdir(parents=True, exist_ok=True)
+    archs = None
+    if args.archs:
+        archs = [a.strip().replace(".", "").replace("sm_", "") for a in args.archs.split(",") if a.strip()]
+        if not all(a.isdigit() and len(a) in (2, 3) for a in archs):
+            raise UsageError(f"--archs {args.archs!r}: give compute capabilities like 90 or 80,90")
+    torches = envmod.parse_torches(args.torch)
+    if getattr(args, "backend", "uv") == "here" and len(torches) > 1:
+        raise UsageError(f"--backend here times this interpreter's torch: --torch {args.torch!r} lists several; "
+                                "use --backend uv for a torch axis")
+    if args.torch_index and torches == ["inherit"]:
+        raise UsageError(f"--torch-index {args.torch_index}: it is where a pinned torch comes from, and "
+                                "--torch inherit installs none; add a version (--torch X.Y.Z) or drop --torch-index")
+    fl = []
+    for d in args.find_links:
+        p = Path(d).expanduser().resolve()
+        if not p.is_dir():
+            raise UsageError(f"--find-links {d}: not a directory")
+        fl.append(p)
+    cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
+    return envmod.Options(envs_dir=envs_dir.resolve(), cache_dir=cache, find_links=fl, offline=args.offline,
+                          torches=torches, torch_index=args.torch_index, build=args.build, archs=archs,
+                          index_url=args.index_url, rebuild=args.rebuild,
+                          compile_cache=getattr(args, "compile_cache", True))
+
+
+def run_name(labels: list[str], limit: int = 120) -> str:
+    """The labels part of a run id (the default output folder's name): ``A-vs-B``, cut to ``limit``
+    characters with a hash of the whole when longer (several 64-character labels, or a torch axis,
+    made a folder name over the file system's 255 bytes)."""
+    name = "-vs-".join(labels)
+    if len(name) <= limit:
+        return name
+    return name[:limit - 9].rstrip("-.+") + "-" + hashlib.sha1(name.encode()).hexdigest()[:8]
+
+
+def plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
+    """Every env's plan (:func:`envs.plan_env`), in order; compile units two envs share are planned
+    once (the later build waits for the earlier one, then hits the compile cache)."""
+    items = []
+    n_builds = len(reqs)
+    planned_units: dict = {}  # compile units shared by envs of this run: the later build waits, then hits
+    for r in reqs:
+        items.append(envmod.plan_env(r, cases, opts, dprobe, n_builds_hint=n_builds, planned_units=planned_units))
+    return items
+
+
+#: What a CPU does with torch's attention in the stand-in, order of magnitude (2-core machine:
+#: ~5-20 GFLOP/s in fp32 SDPA): only used to warn before a GPU-sized config is timed on a CPU.
+CPU_FLOPS_PER_S = 10e9
+
+def cpu_size_warning(cases) -> str | None:
+    """A warning when ``--device cpu`` meets GPU-sized cases: the largest call at
+    :data:`CPU_FLOPS_PER_S` would take more than 0.5 s (set-up alone warms every case up in every
+    worker), else None. (New-user trial: ``--config varlen`` on a CPU sat 10 minutes in set-up.)"""
+    worst = max(cases, key=lambda c: c.flops(), default=None)
+    if worst is None:
+        return None
+    kv = max(cases, key=lambda c: c.kv_read_bytes() or 0)
+    if (kv.kv_read_bytes() or 0) > 256e6:  # decode: few FLOPs, a GPU-sized KV cache
+        return (f"this config is GPU-sized for --device cpu: {kv.label} reads {kv.kv_read_bytes() / 1e9:.1f} GB of "
+                "KV cache per call; use small shapes on a CPU (README, 'Without a GPU')")
+    s = worst.flops() / CPU_FLOPS_PER_S
+    if s <= 0.5:
+        return None
+    return (f"this config is GPU-sized for --device cpu: its largest call ({worst.label} {worst.op}, "
+            f"{worst.flops() / 1e9:,.0f} GFLOP) takes ~{s:,.0f} s on a CPU, and every case is set up and warmed "
+            "up in every worker before timing starts; use small shapes on a CPU (README, 'Without a GPU')")
+
+
+def check_writable_dir(d: Path, opt: str) -> None:
+    """Raise UsageError unless ``d`` is, or can be created as, a directory this user can write
+    (checked before anything is built or timed, so a bad path never costs a run)."""
+    d = Path(d).expanduser()
+    probe = d
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise UsageError(f"{opt} {d}: {probe} is not a directory")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{opt} {d}: {probe} is not writable; give a directory you can write")
+
+
+def check_writable_file(f: Path, opt: str) -> None:
+    """Raise UsageError unless file ``f`` can be written (its directory exists and is writable)."""
+    f = Path(f).expanduser()
+    if not f.parent.is_dir():
+        raise UsageError(f"{opt} {f}: the directory {f.parent} does not exist")
+    if (f.exists() and not os.access(f, os.W_OK)) or not os.access(f.parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{opt} {f}: not writable; give a path you can write")
+
+
+def regressions(doc: dict, pct: float) -> list[dict]:
+    """The wall-time comparisons of ``doc`` that ``--fail-on-regression PCT`` fails on: slower by more than
+    ``pct`` percent, the SDPA control (a case record's ``impl``, not its id) left out."""
+    impl = {(c["env"], c["id"]): c.get("impl", "flash_attn") for c in doc["cases"]}  # records before impl: flash_attn
+    return [c for c in doc["comparisons"] if c["metric"] == "wall_us" and c["verdict"] == "slower"
+            and impl.get((c["candidate"], c["case"]), "flash_attn") != "sdpa"  # it times torch, not flash-attn
+            and (c["ratio"] - 1) * 100 > pct]
+
+
+
+def run(args, argv: list[str], parse: Callable[[list[str]], object]) -> int:
+    """Run (or, with ``--resume``, finish) a benchmark: :class:`Run`'s steps with signals handled and
+    everything cleaned up. ``parse`` turns a stored command line back into arguments (``--resume``).
+    SIGINT/SIGTERM stop workers and builds (nothing is left running), the results measured so far are
+    written and the exit code is 130. Raises :mod:`errors`' classes for usage errors (exit 2)."""
+    stop = threading.Event()
+    restore = runner.install_signal_handlers(stop)
+    cwd = os.getcwd()
+    r = None
+    try:
+        prior = None
+        if args.resume:
+            args, argv, prior = resume_args(args, argv, parse)
+            if prior is None:
+                return EXIT_OK
+        elif args.versions is None:
+            raise UsageError("--versions is required (or --resume RUN_DIR)")
+        r = Run(args, argv, stop, prior)
+        return r.execute()
+    except Exception as e:
+        if isinstance(e, UsageError) and r is not None:
+            r.release_output()
+            made = r.created_output
+            if made is not None and made.is_dir() and not any(made.iterdir()):
+                made.rmdir()  # created by this run, which stopped before writing anything into it
+        # a step cut short by the interrupt failed (a probe, a download; the torch probe it killed
+        # reads as "cannot import torch"): not a fault, not the user's input
+        if stop.is_set():
+            console.print("[yellow]interrupted before anything was measured[/]")
+            return EXIT_INTERRUPTED
+        raise
+    finally:
+        proc.kill_all()  # nothing started by this run outlives it
+        restore()
+        if r is not None:
+            r.close()
+        proc.reset()
+        os.chdir(cwd)
+
+
+def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
+    """(args, argv, results doc) of the run in ``args.resume``, re-read from its results.json:
+    the stored command line (``parse``d again) and config, output into the same directory.
+    (args, argv, None) when that run finished (nothing to resume). UsageError / ResultsError when
+    there is nothing to resume from."""
+    rest = [a for a in argv[1:] if a != "--resume" and a != args.resume and a != f"--resume={args.resume}"]
+    if rest:
+        raise UsageError(f"--resume RUN_DIR takes every setting from RUN_DIR/results.json; give no other "
+                         f"option (got {' '.join(rest)})")
+    run_dir = Path(args.resume).expanduser().resolve()
+    if run_dir.name in results.NAMES:
+        run_dir = run_dir.parent
+    if run_dir.is_dir() and not results.find(run_dir).exists():
+        raise UsageError(f"--resume {args.resume}: no results.json there: that run stopped before it "
+                         "measured anything or wrote results; start it again with its original command")
+    doc = results.load(run_dir)  # results.json, or an archived run's results.json.gz
+    stopped = (doc.get("timing") or {}).get("stop_reason")
+    if stopped not in ("interrupted", "running") and not (doc.get("timing") or {}).get("shards_lost"):
+        console.print(f"{run_dir}: that run finished (stopped: {stopped}); nothing to resume")
+        return args, argv, None
+    cmd = [str(a) for a in (doc.get("command") or [])[1:]]
+    if not cmd or "--resume" in cmd:
+        raise results.ResultsError(f"{run_dir / 'results.json'}: no command line stored to resume from")
+    new_argv = ["run", *cmd]
+    new = parse(new_argv)
+    cwd = (doc.get("settings") or {}).get("cwd")
+    if cwd and Path(cwd).is_dir():
+        os.chdir(cwd)  # the stored command's relative paths are relative to it
+    new.output, new.resume = str(run_dir), str(run_dir)
+    st = doc.get("settings") or {}
+    if st.get("device") in ("cuda", "cpu"):
+        new.device = st["device"]
+    for arg, key in (("max_sets", "max_sets"), ("set_seconds", "set_seconds"), ("burst_ms", "burst_ms"),
+                     ("workers_per_env", "workers_per_env"),
+                     ("time_budget", "time_budget_s"), ("min_effect", "min_effect"),
+                     ("case_timeout", "case_timeout_s"), ("quick", "quick"), ("cpus", "cpus_request")):
+        if st.get(key) is not None:  # the values the run used, whatever today's defaults are
+            setattr(new, arg, st[key])
+    console.print(f"resuming {doc.get('run_id')} in {run_dir}: {len(doc.get('sets') or [])} process sets "
+                  f"and {len(doc.get('cases') or [])} case records kept")
+    return new, new_argv, doc
+
+
+class Run:
+    """One ``matrix-run run`` invocation; :meth:`execute` runs the steps in order (module doc).
+
+    ``args``: run's parsed command line; ``argv``: as given (stored in results.json for
+    ``--resume``); ``stop``: set by SIGINT/SIGTERM; ``prior``: the results doc of the run being
+    resumed, or None."""
+
+    def __init__(self, args, argv: list[str], stop: threading.Event, prior: dict | None):
+        self.args, self.argv, self.stop, self.prior = args, argv, stop, prior
+        # t_inv: this invocation's start; t_start: the run's (a resume's earlier invocations included)
+        self.t_start = self.t_inv = time.monotonic()
+        self.created_output: Path | None = None  # removed again if a usage error stops the run early
+        self.out_lock: FileLock | None = None
+        self.env_holds: ExitStack | None = None
+        self.env_results: list = []
+        self.items: list = []
+        self.data: dict = {}
+        self.sets: list = []
+        self.reason = "no env could be timed"
+        self.env_s = self.timing_s = 0.0
+        self.doc: dict = {}
+
+    def execute(self) -> int:
+        self.settings()
+        self.output()
+        if shard.submitted(self.args):  # scale-out (shard module): --executor slurm|submitit-local
+            return self.submit_shards()
+        self.device()
+        if self.device_kind == "none":
+            return self.no_gpu()
+        self.envs()
+        self.timing()
+        self.explain()
+        self.write()
+        return self.exit_code()
+
+    # ---- settings ------------------------------------------------------------------------------
+    def settings(self) -> None:
+        """The config, the command line's overrides of its sampling, every usage check of the numbers
+        (before anything is built), the version requests (a version the index lacks is a usage
+        error) and the run id."""
+        args, prior = self.args, self.prior
+        if prior is None:
+            cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
+        else:  # the config as the run stored it (the file may have changed since; its size was accepted)
+            cfg = parse_config(prior.get("config"), prior.get("config_source") or "results.json", max_cases=None)
+            self.t_start -= float(((prior.get("timing") or {}).get("total_s")) or 0.0)
+        samp = cfg.sampling
+        for name, attr in (("min_effect", "min_effect"), ("max_sets", "max_sets"), ("set_seconds", "set_seconds"),
+                           ("burst_ms", "burst_ms"), ("time_budget", "time_budget_s"),
+                           ("workers_per_env", "workers_per_env")):
+            v = getattr(args, name)
+            if v is not None:
+                setattr(samp, attr, v)
+        for name, v in (("--max-sets", samp.max_sets), ("--set-seconds", samp.set_seconds), ("--burst-ms", samp.burst_ms),
+                        ("--workers-per-env", 1 if samp.workers_per_env is None else samp.workers_per_env),
+                        ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
+            if not v > 0:
+                raise UsageError(f"{name} {v:g}: give a positive number")
+        if not 0 < samp.min_effect < 1:
+            raise UsageError(f"--min-effect {samp.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
+        if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
+            raise UsageError(f"--fail-on-regression {args.fail_on_regression:g}: give a percentage >= 0 "
+                             "(5 = fail when a candidate is slower by more than 5%)")
+        if args.fail_on_regression is not None and getattr(args, "quick", False):
+            raise UsageError("--fail-on-regression with --quick: a quick run gives provisional ratios from one "
+                             "process set, never a slower verdict, so the gate could never fail; drop --quick "
+                             "(a full run decides within --time-budget) or drop --fail-on-regression")
+        try:  # before anything is built
+            lockstep.parse_cpus(args.cpus)
+        except ValueError as ex:
+            raise UsageError(str(ex)) from None
+        reqs = envmod.parse_versions(args.versions)
+        opts = options(args)
+        if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error
+            for w in envmod.check_versions(reqs, opts):
+                console.print(f"[yellow]warning:[/] {w}")
+        if args.backend == "here" and len(reqs) != 1:
+            raise UsageError("--backend here times this interpreter: give exactly one --versions entry")
+        self.cfg, self.samp, self.opts = cfg, samp, opts
+        self.reqs = envmod.cross_torch(reqs, opts.torches)
+        self.created = datetime.now(timezone.utc)
+        self.run_id = self.created.strftime("%Y%m%d-%H%M%S") + "-" + run_name([r.label for r in self.reqs])
+        if prior is not None:
+            self.run_id, self.created = prior["run_id"], datetime.fromisoformat(prior["created"])
+
+    # ---- output --------------------------------------------------------------------------------
+    def output(self) -> None:
+        """The run directory (``--output``, else ``reports/<run id>``, made unique), its run lock (one
+        run per directory at a time) and the ``--markdown`` path's check; prints the banner."""
+        args, prior = self.args, self.prior
+        if args.output:
+            out_dir = Path(args.output)
+            if prior is None and (out_dir / "results.json").exists():
+                raise UsageError(f"--output {out_dir} already holds a run (results.json); give another "
+                                 f"--output, or finish that run with --resume {shlex.quote(str(out_dir))}")
+            if out_dir.exists() and not out_dir.is_dir():
+                raise UsageError(f"--output {out_dir} is a file, not a directory")
+            check_writable_dir(out_dir, "--output")
+            if not out_dir.exists():
+                self.created_output = out_dir
+            out_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            check_writable_dir(Path("reports"), "reports/ (the default --output)")
+            base, n = Path("reports") / self.run_id, 1
+            while True:  # two runs started in the same second get their own directories
+                out_dir = base if n == 1 else base.with_name(f"{base.name}-{n}")
+                try:
+                    out_dir.mkdir(parents=True, exist_ok=prior is not None)
+                    if prior is None:
+                        self.created_output = out_dir
+                    break
+                except FileExistsError:
+                    n += 1
+            self.run_id = out_dir.name
+        self.out_dir = out_dir
+        # one run per output directory at a time: two runs started together into one --output both
+        # passed the results.json check above and the later one overwrote the other's results
+        self.out_lock = FileLock(str(out_dir / ".matrix-run.lock"))
+        try:
+            self.out_lock.acquire(timeout=0)
+        except Timeout:
+            raise UsageError(f"--output {out_dir} is in use by another matrix-run that is still running; give "
+                             "another --output, or wait for that run to finish") from None
+        if args.markdown:
+            check_writable_file(Path(args.markdown), "--markdown")
+        # two lines: a long output path on the first line wrapped it mid-way in 80 columns
+        console.print(f"[bold]matrix-run[/] {__version__}: {len(self.reqs)} env(s), {len(self.cfg.cases)} case(s) "
+                      f"({self.cfg.source})")
+        console.print(f"  output: {escape(str(out_dir))}", soft_wrap=True)
+
+    def _command(self) -> list[str]:
+        argv = self.argv
+        return ["matrix-run", *argv[1:]] if argv and argv[0] == "run" else ["matrix-run", *argv]
+
+    def submit_shards(self) -> int:
+        """``--executor slurm|submitit-local``: the shards as jobs (:func:`shard.submit`), their results
+        merged and written here."""
+        args, prior = self.args, self.prior
+        doc = shard.submit(args, self.argv, self.out_dir, self.cfg.cases, self.stop, prior, log=console.print)
+        doc.update(run_id=self.run_id, created=self.created.isoformat(timespec="seconds"), title=self.cfg.title,
+                   command=(prior or {}).get("command") or ["matrix-run", *self.argv[1:]])
+        self.doc = doc
+        self._write_files()
+        if doc["timing"]["shards_lost"]:
+            console.print(f"[yellow]shard(s) {doc['timing']['shards_lost']} lost: their cases failed; "
+                          f"rerun them with matrix-run --resume {shlex.quote(str(self.out_dir))}[/]")
+        bad = regressions(doc, args.fail_on_regression) if args.fail_on_regression is not None else []
+        return (EXIT_INTERRUPTED if self.stop.is_set() else EXIT_REGRESSION if bad else EXIT_FAILED
+                if any(c["status"] != "ok" for c in doc["cases"]) or doc["timing"]["shards_lost"] else EXIT_OK)
+
+    # ---- device --------------------------------------------------------------------------------
+    def device(self) -> None:
+        """The driver's probe and the machine record, the device (cuda / cpu / none), the GPUs of a
+        ``--gpus`` run, the settings record and the env plans (printed). UsageError for
+        ``--device cuda`` without a visible GPU."""
+        args, prior, samp, opts = self.args, self.prior, self.samp, self.opts
+        t_probe = time.monotonic()
+        dprobe = envmod.probe(sys.executable)
+        mach = machine.collect(dprobe)
+        self.base_timing = {"probe_s": round(time.monotonic() - t_probe, 2)}
+        torch_info = dprobe.get("torch") or {}
+        device = args.device
+        no_gpu_msg = None
+        if device == "cuda" and not (torch_info.get("cuda_available") or mach.get("nvidia_smi")):
+            raise UsageError("--device cuda: no CUDA device is visible here (nvidia-smi is missing and torch "
+                             f"{torch_info.get('version', '(not importable)')} reports none); "
+                             "run on a machine with an NVIDIA GPU, or use --device cpu")
+        if device == "auto":
+            has_gpu = bool(torch_info.get("cuda_available") or mach.get("nvidia_smi"))
+            device = "cuda" if has_gpu else "none"
+            if not has_gpu:
+                torch_says = (f"torch {torch_info['version']} reports no CUDA device" if torch_info.get("version") else
+                              f"torch cannot be imported by {sys.executable} (install a CUDA build of torch there)")
+                shown = ("showed the plan for each env, " if dprobe.get("torch") or "inherit" not in opts.torches else "")
+                no_gpu_msg = ("flash-attn needs an NVIDIA GPU (its kernels are CUDA-only), and none is visible here: "
+                              f"nvidia-smi is missing and {torch_says}. "
+                              f"Nothing was built or timed. Did instead: checked the config and the versions, {shown}"
+                              "and wrote results.json and index.html marking every env 'skipped'. "
+                              "Run on a machine with an NVIDIA GPU, or use --device cpu to exercise the pipeline on CPU "
+                              "(real flash-attn rejects CPU tensors; README.md, 'Without a GPU', shows a stand-in).")
+        self.gpus = shard.resolve_gpus(args.gpus, device)  # [] = one GPU, as before; else one shard per GPU
+        if args.gpus is not None and device == "cpu":  # new-user trial: it ran "GPU 0 (cpu)" without a word
+            console.print(f"[yellow]note:[/] --gpus {escape(args.gpus)} with --device cpu uses no GPU: "
+                          + ("the list only splits the cases into shards, each timed on its own CPUs"
+                             if self.gpus else "one unsharded run"))
+        self.job = shard.parse_shard(args.shard)  # a job's share of the cases (--executor slurm)
+        settings = {"device": device, "torch": ",".join(opts.torches), "quick": args.quick,
+                    "min_effect": samp.min_effect, "method": results.METHOD, "alpha": samp.alpha,
+                    "planned_sets": samp.planned_sets, "max_sets": samp.max_sets, "set_seconds": samp.set_seconds,
+                    "burst_ms": samp.burst_ms, "workers_per_env": samp.workers_per_env,
+                    "host_every": samp.host_every, "max_repeats": samp.max_repeats,
+                    "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn,
+                    "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
+                    "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,
+                    "find_links": [str(p) for p in opts.find_links], "no_gpu_message": no_gpu_msg,
+                    "cwd": (prior or {}).get("settings", {}).get("cwd") or os.getcwd(),
+                    "gpus": [g["index"] for g in self.gpus] or None}
+        self.base_doc = {"schema": results.SCHEMA, "run_id": self.run_id,
+                         "created": self.created.isoformat(timespec="seconds"), "title": self.cfg.title,
+                         "command": self._command(), "config": self.cfg.raw, "config_source": self.cfg.source,
+                         "settings": settings, "machine": mach, "matrix_run_version": __version__}
+        if prior is not None:
+            self.base_doc["command"] = prior["command"]
+            self.base_doc["resumed"] = [*(prior.get("resumed") or []),
+                                        datetime.now(timezone.utc).isoformat(timespec="seconds")]
+        if args.backend == "uv" and (dprobe.get("torch") or "inherit" not in opts.torches or device != "none"):
+            # (without torch and --torch inherit, plan_env raises the usage error that says to install it;
+            # only a no-GPU run, which builds nothing, goes on without a plan)
+            self.items = plan_all(self.reqs, self.cfg.cases, opts, dprobe)
+        if self.items:
+            print_plan(self.items)
+        if device == "cpu":
+            warn = cpu_size_warning(self.cfg.cases)
+            if warn:
+                console.print(f"[yellow]warning:[/] {warn}")
+        self.dprobe, self.machine, self.device_kind, self.no_gpu_msg = dprobe, mach, device, no_gpu_msg
+
+    def no_gpu(self) -> int:
+        """No GPU and no ``--device cpu``: every env 'skipped', results and report written, exit 3."""
+        console.print(f"[yellow]{self.no_gpu_msg}[/]")
+        items, opts = self.items, self.opts
+        self.env_results = [envmod.EnvResult(r.label, r.version, str(opts.envs_dir / r.label), status="skipped",
+                                             error="no NVIDIA GPU visible",
+                                             plan=(items[i].to_dict() if i < len(items) else None), axis=r.axis)
+                            for i, r in enumerate(self.reqs)]
+        self.reason = "no GPU"
+        self.doc = self.finish_doc(self.reason)
+        self._write_files()
+        return EXIT_FAILED
+
+    # ---- envs ----------------------------------------------------------------------------------
+    def envs(self) -> None:
+        """Every env prepared (:func:`envs.prepare_env` in parallel threads; ``--backend here``: this
+        interpreter), held until the run ends (``envs clean`` leaves them alone); a line per env.
+        UsageError when a resumed env now holds another wheel than the run being resumed."""
+        t_env = time.monotonic()
+        reqs, opts = self.reqs, self.opts
+        if self.args.backend != "here":
+            self.env_holds = ExitStack()
+            envmod.hold_envs(opts.envs_dir, [r.label for r in reqs], self.env_holds)
+            self.env_results = prepare_envs(reqs, self.items, opts, self.dprobe, self.cfg.cases)
+        else:
+            self.env_results = [envmod.prepare_here(reqs[0], self.dprobe)]
+        self.env_s = time.monotonic() - t_env
+        for e in self.env_results:
+            if e.status == "ok":
+                how = "reused" if e.build.get("reused") else e.build.get("method")
+                cc = ((e.build.get("source_build") or {}).get("compile_cache") or {}).get("stats")
+                hits = (f", compile cache {sum(cc['hits'].values())} hits / {sum(cc['misses'].values())} misses"
+                        if cc else "")
+                pkg = (e.probe["flash_attn"].get("subject") or "flash_attn").replace("-", "_")
+                console.print(f"  [green]✓[/] {e.label}: {pkg} {e.probe['flash_attn']['version']} ({how}, "
+                              f"{e.build.get('seconds', 0):.1f} s{hits})")
+            else:
+                console.print(f"  [red]✗ {escape(e.label)}: {escape(str(e.error))}[/]")
+                if e.error_tail:
+                    console.print("[dim]" + escape("\n".join("    " + ln for ln in e.error_tail.splitlines()[-12:])) + "[/]")
+        if self.prior is not None:  # never pool samples of two different builds under one label
+            before = {e["label"]: (e.get("build") or {}).get("wheel_sha256") for e in self.prior.get("envs", [])}
+            for e in self.env_results:
+                now = e.build.get("wheel_sha256") if e.status == "ok" else None
+                if before.get(e.label) and now and before[e.label] != now:
+                    raise UsageError(
+                        f"--resume: env {e.label} now has another flash-attn wheel (sha256 {now[:12]}…) than the run "
+                        f"being resumed ({before[e.label][:12]}…); its samples cannot be pooled: start a new run")
+
+    # ---- timing: process sets --------------------------------------------------------------------
+    def timing(self) -> None:
+        """The timing phase: process sets of lockstep cycles over the envs that are ok (:mod:`runner`;
+        one shard per GPU with ``--gpus``: :func:`shard.time_local`); results so far written after
+        every set. The time budget holds what this invocation spent before timing (the driver's
+        probe, the plan) but not env building or installing (minutes on a cold cache): with warm envs
+        a --time-budget 60 run takes ~60 s in all (plus writing the report)."""
+        prior, base_doc, stop = self.prior, self.base_doc, self.stop
+        ok_envs = [e for e in self.env_results if e.status == "ok"]
+        prior_tm = float(((prior or {}).get("timing") or {}).get("timing_phase_s") or 0.0)
+        t_tm = time.monotonic() - prior_tm  # a resumed run's timing phase includes the earlier one
+        before_s = max(0.0, time.monotonic() - self.t_inv - self.env_s)
+        self.base_timing["before_timing_s"] = round(before_s, 2)
+        base_doc["timing"] = self.base_timing
+        # measured process sets of the run being resumed (case id + env label is the key)
+        self.data = data = runner.data_from_results(prior, self.cfg.cases) if prior else {}
+        self.sets = sets = list(prior.get("sets") or []) if prior else []
+        if stop.is_set():  # interrupted while envs were prepared
+            self.reason = "interrupted"
+            for e in self.env_results:
+                if e.status != "ok" and not str(e.error).startswith("interrupted"):
+                    e.status, e.error = "failed", f"interrupted: {e.error}"
+        elif ok_envs:
+            self.reason = self._time_sets(ok_envs, data, sets, t_tm, prior_tm, before_s)
+        self.timing_s = time.monotonic() - t_tm
+        for e in ok_envs:
+            if e.status == "failed":  # failed the import check in its first worker
+                console.print(f"  [red]✗ {escape(e.label)}: {escape(str(e.error))}[/]")
+
+    def _time_sets(self, ok_envs, data, sets, t_tm, prior_tm, before_s) -> str:
+        """The CPU plan, the sampling's pace settings, then the process sets; returns the stop reason."""
+        args, samp, base_doc, gpus, cfg = self.args, self.samp, self.base_doc, self.gpus, self.cfg
+        try:  # sharded over GPUs: each shard plans its own share of the CPUs (shard.time_local)
+            cpus = lockstep.plan_cpus(args.cpus, n_sets=4) if not gpus else {"pinned": None, "sharded": True}
+        except ValueError as ex:
+            raise UsageError(str(ex)) from None
+        base_doc["settings"]["cpus"] = cpus
+        if samp.workers_per_env is None and not gpus:  # auto: 1 (config.Sampling.workers_per_env)
+            samp.workers_per_env = 1
+        base_doc["settings"]["workers_per_env"] = samp.workers_per_env
+        # the machine's pace, for tuning the confidence sequence (Sampling.planned_sets): a set's
+        # workers import torch as the driver's probe did, in parallel on the spare cores, where the
+        # runner starts them during the previous set (its rule: there are spare cores), else after it
+        spare = len(cpus.get("spare_cpus") or [])
+        n_workers = len(ok_envs) * (samp.workers_per_env or 1)
+        if not gpus:  # a sharded run's shards plan their own share of the CPUs
+            samp.prefetch = spare > 0
+            samp.start_s = self.base_timing["probe_s"] * math.ceil(n_workers / max(1, spare))
+        samp.before_s = before_s
+        prior_planned = ((self.prior or {}).get("settings") or {}).get("planned_sets")
+        if prior_planned:  # --resume: the sets already judged keep their sequence
+            samp.planned = int(prior_planned)
+        base_doc["settings"]["planned_sets"] = samp.planned_sets
+        if cpus["pinned"]:
+            console.print(f"[dim]process sets pinned to CPU(s) {', '.join(map(str, cpus['set_cpus']))} "
+                          f"(driver on CPU {cpus['driver_cpu']})[/]")
+        elif cpus["pinned"] is not None:
+            console.print(f"[yellow]warning:[/] workers run unpinned ({cpus['why']}): process sets are not "
+                          "timed on one core, so CPU speed changes are not shared; intervals are wider")
+        with progress() as prog:
+            task = prog.add_task("timing", total=None)
+
+            def on_progress(msg):
+                prog.update(task, description=msg)
+
+            def on_set(rec):
+                try:  # results so far, so that a crash or kill of the driver keeps them
+                    partial = self.finish_doc("running", time.monotonic() - t_tm)
+                    results.write_json(self.out_dir / "results.json", partial)
+                except Exception as ex:  # noqa: BLE001 - a partial write must never stop the run
+                    console.print(f"[dim]partial results not written: {ex}[/]")
+                if not console.is_terminal:  # a log: the sets as lines (no spinner there)
+                    console.print(f"set {rec['set']}: {rec['cycles']} cycles, {rec['seconds']:.1f} s"
+                                  + (f", cpu {rec['cpu']}" if rec.get("cpu") is not None else ", unpinned"))
+
+            work = self.out_dir / ".work"
+            if gpus:  # one shard per GPU, at once (shard module)
+                reason, base_doc["shards"] = shard.time_local(
+                    ok_envs, cfg.cases, samp, gpus, device=self.device_kind, quick=args.quick, work=work,
+                    case_timeout=args.case_timeout, stop=self.stop, data=data, sets=sets, cpus_request=args.cpus,
+                    on_set=on_set, on_progress=on_progress, elapsed_s=prior_tm, log=console.print)
+                return reason
+            job = self.job
+            mine = shard.share(cfg.cases, *job) if job else cfg.cases
+            if job:
+                base_doc["shard"] = shard.job_record(job, self.machine)
+            reason = runner.run_all(ok_envs, mine, samp, device=self.device_kind, quick=args.quick, work=work,
+                                    case_timeout=args.case_timeout, stop=self.stop, data=data, sets=sets, cpus=cpus,
+                                    on_set=on_set, on_progress=on_progress, elapsed_s=prior_tm + before_s,
+                                    family_extra=(len(ok_envs) - 1) * (len(cfg.cases) - len(mine)))
+            for cd in data.values() if job else ():  # a job's cases: its GPU and the clocks seen
+                cd.gpu = {**(base_doc["shard"].get("gpu") or {}), "shard": job[0], **shard.clocks_seen(sets)}
+            return reason
+
+    # ---- explain -------------------------------------------------------------------------------
+    def explain(self) -> None:
+        """``--explain``: the explain pass (:func:`explain.run`, its own workers) with a progress line;
+        a failure of the pass itself is reported and never fails the run."""
+        ok_envs = [e for e in self.env_results if e.status == "ok"]
+        if not (getattr(self.args, "explain", False) and ok_envs and self.reason != "interrupted"
+                and not self.stop.is_set()):
+            return
+        console.print("[dim]explain: layers, frame profile, call counts, first calls (own worker processes)[/]")
+        try:
+            with progress() as prog:
+                task = prog.add_task("explain", total=None)
+                raw = explain.run(ok_envs, self.cfg.cases, device=self.device_kind, work=self.out_dir / ".work",
+                                  case_timeout=self.args.case_timeout, cpus=self.base_doc["settings"].get("cpus"),
+                                  settings=self.cfg.explain, on_progress=lambda m: prog.update(task, description=m))
+        except proc.Stopped:
+            self.base_doc["explain"] = None
+            return
+        except Exception as ex:  # noqa: BLE001 - the explanation is extra: never lose the run for it
+            console.print(f"[yellow]explain pass failed: {type(ex).__name__}: {ex}[/]")
+            self.base_doc["explain"] = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs],
+                                        "notes": [f"explain pass failed: {ex}"]}
+            return
+        err = (raw.get("profile") or {}).get("error")
+        if err:
+            console.print(f"[yellow]explain: {err}[/]")
+        self.base_doc["explain"] = raw
+
+    # ---- write ---------------------------------------------------------------------------------
+    def finish_doc(self, reason: str, timing_s: float | None = None) -> dict:
+        """The results document (:mod:`results`' schema) of what is measured so far: envs, case records
+        in config order, comparisons, sets, timing; ``reason``: why sampling stopped."""
+        doc = dict(self.base_doc)
+        env_results, cfg = self.env_results, self.cfg
+        doc["envs"] = [e.to_dict() for e in env_results]
+        cases = [results.case_record(cd, cd.case) for cd in self.data.values()]
+        # keep config order: by case then env order
+        order = {c.id: i for i, c in enumerate(cfg.cases)}
+        labels = [e.label for e in env_results]
+        cases.sort(key=lambda c: (order.get(c["id"], 0), labels.index(c["env"]) if c["env"] in labels else 0))
+        doc["cases"] = cases
+        ok_labels = [e.label for e in env_results if e.status == "ok"]
+        doc["comparisons"] = results.comparisons(cases, ok_labels, doc["settings"]["min_effect"],
+                                                 settings=doc["settings"], pairs=results.env_pairs(doc["envs"]))
+        doc["sets"] = self.sets
+        doc["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        doc["timing"] = {**(self.base_doc.get("timing") or {}), "env_phase_s": round(self.env_s, 2),
+                         "timing_phase_s": round(self.timing_s if timing_s is None else timing_s, 2),
+                         "total_s": round(time.monotonic() - self.t_start, 2), "stop_reason": reason}
+        return doc
+
+    def _write_files(self) -> None:
+        """results.json, index.html, ``--markdown``; the terminal table; where they are."""
+        doc, out_dir = self.doc, self.out_dir
+        results.write_json(out_dir / "results.json", doc)
+        p = report.write_html(doc, out_dir, "results.json")
+        if getattr(self.args, "markdown", None):
+            Path(self.args.markdown).write_text(report.markdown(doc))
+        if doc["cases"]:
+            report.terminal_table(doc, Console())
+        console.print(f"results: {out_dir / 'results.json'}\nreport:  {p}")
+
+    def write(self) -> None:
+        """The results document written (:meth:`_write_files`), the explanation's summary, and where
+        the time went (envs, timing, per clock, start-up)."""
+        self.doc = doc = self.finish_doc(self.reason)
+        self._write_files()
+        if doc.get("explain"):
+            for line in explain.summary_lines(explain.analyze(doc)):
+                console.print(line, markup=False)
+        per_clock: dict = {}
+        for c in doc["cases"]:
+            for k, v in (c.get("clock_seconds") or {}).items():
+                per_clock[k] = per_clock.get(k, 0.0) + v
+        in_cases = sum(per_clock.values())
+        spent = ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_clock.items(), key=lambda kv: -kv[1]))
+        sets = self.sets
+        n = len(sets)  # as the report counts them: an interrupted set's cycles are kept and compared
+        cut = sum(1 for r in sets if r.get("status") == "interrupted")
+        timing_s = self.timing_s
+        console.print(f"[dim]time: envs {self.env_s:.1f} s, timing {timing_s:.1f} s ({n} process set{'s' if n != 1 else ''}"
+                      + (f", {cut} of them interrupted" if cut else "") + "; "
+                      f"stopped: {self.reason})" + (f"; in cases {in_cases:.1f} s ({spent}), process start-up and "
+                                                    f"imports {max(timing_s - in_cases, 0):.1f} s" if per_clock else "")
+                      + "[/]")
+
+    # ---- exit code -----------------------------------------------------------------------------
+    def exit_code(self) -> int:
+        """130 interrupted; 1 a wall-time regression over ``--fail-on-regression``; 3 an env or case
+        failed, or nothing was timed; else 0 (errors.py). Says why on the console."""
+        doc, reason, args = self.doc, self.reason, self.args
+        if reason == "interrupted":
+            console.print(f"[yellow]interrupted: results measured so far are written; finish the run with "
+                          f"matrix-run --resume {shlex.quote(str(self.out_dir))}[/]")
+            return EXIT_INTERRUPTED
+        code = EXIT_OK
+        ok_envs = [e for e in self.env_results if e.status == "ok"]
+        failed_cases = [c for c in doc["cases"] if c["status"] != "ok"]
+        if reason.startswith("driver error"):
+            console.print(f"[red]{reason}[/]")
+        if len(ok_envs) < len(self.env_results) or failed_cases or not ok_envs or reason.startswith("driver error"):
+            code = EXIT_FAILED
+            not_run = [c for c in failed_cases if c["status"] == "not run"]
+            failed = [c for c in failed_cases if c["status"] != "not run"]
+            if failed:
+                kinds = sorted({c.get("error_kind") or "error" for c in failed})
+                n_env = len({c["env"] for c in failed})
+                console.print(f"[yellow]{len({c['id'] for c in failed})} case(s) failed in {n_env} env(s) "
+                              f"({', '.join(kinds)}); see the report[/]")
+            if not_run:
+                console.print(f"[yellow]{len({c['id'] for c in not_run})} case(s) not timed (sampling stopped: "
+                              f"{reason}; or their case failed in the other envs); see the report[/]")
+        if args.fail_on_regression is not None:
+            bad = regressions(doc, args.fail_on_regression)
+            if bad:
+                console.print(f"[red]{len(bad)} regression(s) over {args.fail_on_regression:g}%[/]: " +
+                              ", ".join(f"{c['candidate']} vs {c['baseline']} {c['label']} {c['op']} {c['ratio']:.2f}x"
+                                        for c in bad))
+                code = EXIT_REGRESSION
+        return code
+
+    # ---- clean-up ------------------------------------------------------------------------------
+    def release_output(self) -> None:
+        """Release the output directory's run lock (taken in :meth:`output`) and remove its file."""
+        lk, self.out_lock = self.out_lock, None
+        if lk is not None and lk.is_locked:
+            lk.release()
+            Path(lk.lock_file).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """The env holds and the run lock released (every path out of :func:`run`)."""
+        if self.env_holds is not None:
+            self.env_holds.close()
+            self.env_holds = None
+        self.release_output()
+
+
+def prepare_envs(reqs, items, opts, dprobe, cases) -> list:
+    """Every env prepared in parallel threads (builds run as subprocesses), with a progress line per
+    env; an env's exception becomes its failed :class:`envs.EnvResult` (one env never sinks the others)."""
+    res: list = [None] * len(reqs)
+    with progress() as prog:
+        tasks = {r.label: prog.add_task(f"{r.label}: planning", total=None) for r in reqs}
+
+        def on_progress(label, msg):
+            prog.update(tasks[label], description=f"{label}: {msg}")
+            if not console.is_terminal:  # a log gets each step as a line (a build: one per compile unit)
+                console.print(f"{label}: {msg}", markup=False, soft_wrap=True)
+
+        def one(i):
+            r = reqs[i]
+            try:
+                out = envmod.prepare_env(r, items[i], opts, dprobe, cases, on_progress)
+            except Exception as e:  # noqa: BLE001 - one env never sinks the others
+                out = envmod.EnvResult(r.label, r.version, str(items[i].env_dir), status="failed",
+                                       error=f"{type(e).__name__}: {e}", axis=r.axis)
+            prog.update(tasks[r.label], description=f"{r.label}: {out.status}", total=1, completed=1)
+            return out
+
+        with ThreadPoolExecutor(max_workers=max(1, len(reqs))) as ex:
+            for i, out in enumerate(ex.map(one, range(len(reqs)))):
+                res[i] = out
+    return res
