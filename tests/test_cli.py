@@ -315,11 +315,12 @@ def test_the_run_is_one_pipeline_of_the_named_steps_and_cli_only_parses_and_disp
     import ast
     import re
     import threading
+    from pathlib import Path
     from types import SimpleNamespace
 
     from matrix_runner import cli, pipeline
 
-    order = re.search(r"^\s+(settings ->.*)$", pipeline.__doc__, re.M).group(1).split(" -> ")
+    order = re.search(r"^\s+(settings ->.*)$", pipeline.__doc__, re.MULTILINE).group(1).split(" -> ")
     assert order == ["settings", "output", "device", "envs", "timing", "explain", "write", "exit_code"]
     seen = []
     for step in order:
@@ -328,6 +329,6 @@ def test_the_run_is_one_pipeline_of_the_named_steps_and_cli_only_parses_and_disp
     r = pipeline.Run(SimpleNamespace(), [], threading.Event(), None)
     r.device_kind = "cuda"
     assert r.execute() == 0 and seen == order
-    imported = {a.name for n in ast.walk(ast.parse(open(cli.__file__).read()))
+    imported = {a.name for n in ast.walk(ast.parse(Path(cli.__file__).read_text()))
                 if isinstance(n, ast.ImportFrom) and n.level == 1 and not n.module for a in n.names}
     assert imported <= {"__version__", "commands", "pipeline", "shard", "wheels"}, imported
