@@ -65,6 +65,15 @@ import yaml
 
 from .errors import UsageError
 
+#: The clocks a case is timed with, µs per call (worker.py, DEVELOPERS.md "Measurement method"):
+#: wall (call + synchronize), host (until the call returns), device (the profiler's kernel time),
+#: graph (CUDA-graph replay). One list for the runner, the results, the report.
+METRICS = ("wall_us", "host_us", "device_us", "graph_us")
+#: The clocks timed in lockstep cycles (paired per cycle); device and graph are timed once per set.
+CYCLED = ("wall_us", "host_us")
+#: The clocks a table shows side by side (graph_us is a detail of the report's case rows).
+SHOWN = METRICS[:3]
+
 DTYPES = ("fp16", "bf16")
 #: torch's names for the two dtypes, accepted in a config and stored as the short ones (case ids
 #: keep ``fp16`` / ``bf16``).
@@ -337,18 +346,6 @@ class Config:
     #: ``explain:`` settings over explain.DEFAULTS (``--explain``: e.g. ``profile_s``, ``sampler_cycles``)
     explain: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def shapes(self) -> list[Case]:
-        """One case per shape (the first op's), in config order."""
-        seen, out = set(), []
-        for c in self.cases:
-            key = (c.batch, c.seqlen_q, c.seqlen_k, c.nheads, c.nheads_k, c.head_dim, c.dtype, c.causal, c.func,
-                   c.seqlens, c.cache_seqlens, c.append_kv, c.page_block_size)
-            if key not in seen:
-                seen.add(key)
-                out.append(c)
-        return out
 
 
 #: The workload that started matrix-run: batch 2 and 512, seqlen 50-300, 16 heads, embed_dim 256

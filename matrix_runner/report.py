@@ -21,6 +21,7 @@ import numpy as np
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from . import charts, results, stats
+from .config import SHOWN
 
 METRIC_NAMES = {"wall_us": "wall", "host_us": "host", "device_us": "device", "graph_us": "graph"}
 ATTR_PHRASE = {"host": "host overhead", "device": "kernel (device) time", "mixed": "host and kernel time"}
@@ -600,7 +601,7 @@ def terminal_table(res: dict, console=None) -> None:
                       *(ratio_cell(c) for c in comps))
         return t
 
-    full = table(vm["table_labels"], list(range(len(vm["pairs"]))), ("wall_us", "host_us", "device_us"), title)
+    full = table(vm["table_labels"], list(range(len(vm["pairs"]))), SHOWN, title)
     # the width the table takes unwrapped (measured unclamped: rich clamps to the console's width)
     natural = Measurement.get(console, console.options.update_width(1 << 16), full).maximum
     if not vm["candidates"] or natural <= console.width:
@@ -681,7 +682,7 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
                 skipped.append({"env": la, "case": cid, "why": f"A {x['status']}, B {y['status']}"})
                 continue
             per = {}
-            for m in ("wall_us", "host_us", "device_us"):
+            for m in SHOWN:
                 sa = ((x.get("metrics") or {}).get(m) or {}).get("samples")
                 sb = ((y.get("metrics") or {}).get(m) or {}).get("samples")
                 if sa and sb:

@@ -39,7 +39,7 @@ import zlib
 from pathlib import Path
 
 from . import stats
-from .config import Case
+from .config import CYCLED, METRICS, Case
 from .errors import UsageError
 
 SCHEMA = "matrix-runner/results/2"
@@ -182,12 +182,12 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
     quick = bool(settings.get("quick"))
     n_target = int(settings.get("planned_sets") or 8)
     family = {}
-    for m in ("wall_us", "host_us", "device_us", "graph_us"):
+    for m in METRICS:
         family[m] = sum(1 for base, cand, cid in todo if m in by[(base, cid)]["metrics"] and m in by[(cand, cid)]["metrics"])
     for base, cand, cid in todo:
         b, k = by[(base, cid)], by[(cand, cid)]
         per = {}
-        for m in ("wall_us", "host_us", "device_us", "graph_us"):
+        for m in METRICS:
             if m not in b["metrics"] or m not in k["metrics"]:
                 continue
             bs, ks = _by_set(b["metrics"][m]), _by_set(k["metrics"][m])
@@ -195,7 +195,7 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
                 rb, rk = (_by_set({"by_set": mk.get("raw_by_set")}) if mk.get("raw_by_set") else None
                           for mk in (b["metrics"][m], k["metrics"][m]))
                 per[m] = stats.set_compare(bs, ks, min_effect=min_effect, family_size=family[m], family_alpha=alpha,
-                                           n_target=n_target, cycles=m in ("wall_us", "host_us"), provisional=quick,
+                                           n_target=n_target, cycles=m in CYCLED, provisional=quick,
                                            plain=(rb, rk) if rb and rk else None)
             else:
                 per[m] = stats.compare(b["metrics"][m]["samples"], k["metrics"][m]["samples"], min_effect,

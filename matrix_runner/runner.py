@@ -42,11 +42,9 @@ from typing import Callable
 
 from . import envs as envmod
 from . import lockstep, machine, proc, stats
-from .config import Case, Sampling
+from .config import CYCLED, METRICS, Case, Sampling
 from .envs import EnvResult
 
-METRICS = ("wall_us", "host_us", "device_us", "graph_us")
-CYCLED = ("wall_us", "host_us")
 #: Seconds a worker may take to start (import torch and the subject) before it is stopped.
 START_TIMEOUT_S = 180.0
 

