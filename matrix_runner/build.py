@@ -25,7 +25,7 @@ from . import compcache, machine, stubgen
 from .config import KERNEL_HEAD_DIMS, Case, kernel_head_dim
 from .errors import StageFailed
 from .proc import run_logged
-from .stubgen import StubError  # noqa: F401 - raised by slim_plan, caught by envs.py
+from .stubgen import StubError  # noqa: F401 - raised by slim_plan, caught by envs/plan.py
 
 #: Seconds of one nvcc job per kernel file and arch, used for estimates only. Measured from ninja's
 #: log of matrix-run's slim builds on the H200 host (nvcc 13.0, sm_90, 5 jobs, hdim32 fp16):

