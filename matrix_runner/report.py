@@ -681,17 +681,12 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
             if x["status"] != "ok" or y["status"] != "ok":
                 skipped.append({"env": la, "case": cid, "why": f"A {x['status']}, B {y['status']}"})
                 continue
-            per = {}
-            for m in SHOWN:
-                sa = ((x.get("metrics") or {}).get(m) or {}).get("samples")
-                sb = ((y.get("metrics") or {}).get(m) or {}).get("samples")
-                if sa and sb:
-                    # two separate runs: their rounds did not run back to back, so never paired by round
-                    per[m] = stats.compare(sa, sb, eff, seed=zlib.crc32(f"{la}/{cid}/{m}".encode()), paired=False)
+            # two separate runs: their sets did not run back to back, so never paired
+            per, attr, why = results.compare_case({"metrics": x.get("metrics") or {}}, {"metrics": y.get("metrics") or {}},
+                                                  eff, paired=False, seed_key=f"{la}/{cid}", metrics=SHOWN)
             if not per.get("wall_us"):
                 skipped.append({"env": la, "case": cid, "why": "no wall samples"})
                 continue
-            attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
             impl = x.get("impl", "flash_attn")
             w = dict(per["wall_us"], case=cid, attribution=attr, attribution_why=why, impl=impl)
             per = {m: (dict(v, impl=impl) if v else v) for m, v in per.items()}

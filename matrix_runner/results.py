@@ -186,21 +186,8 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
         family[m] = sum(1 for base, cand, cid in todo if m in by[(base, cid)]["metrics"] and m in by[(cand, cid)]["metrics"])
     for base, cand, cid in todo:
         b, k = by[(base, cid)], by[(cand, cid)]
-        per = {}
-        for m in METRICS:
-            if m not in b["metrics"] or m not in k["metrics"]:
-                continue
-            bs, ks = _by_set(b["metrics"][m]), _by_set(k["metrics"][m])
-            if paired and bs is not None and ks is not None:
-                rb, rk = (_by_set({"by_set": mk.get("raw_by_set")}) if mk.get("raw_by_set") else None
-                          for mk in (b["metrics"][m], k["metrics"][m]))
-                per[m] = stats.set_compare(bs, ks, min_effect=min_effect, family_size=family[m], family_alpha=alpha,
-                                           n_target=n_target, cycles=m in CYCLED, provisional=quick,
-                                           plain=(rb, rk) if rb and rk else None)
-            else:
-                per[m] = stats.compare(b["metrics"][m]["samples"], k["metrics"][m]["samples"], min_effect,
-                                       seed=zlib.crc32(f"{cid}/{m}".encode()), paired=None if paired else False)
-        attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
+        per, attr, why = compare_case(b, k, min_effect, paired=paired, seed_key=cid, family=family, alpha=alpha,
+                                      n_target=n_target, quick=quick)
         for m, cmp in per.items():
             if cmp is None:
                 continue
@@ -210,6 +197,41 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
                         "attribution_why": why if m == "wall_us" else None,
                         "host_bound": {"baseline": b["host_bound"], "candidate": k["host_bound"]}})
     return out
+
+
+def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key: str,
+                 metrics: tuple = METRICS, family: dict | None = None, alpha: float = 0.05, n_target: int = 8,
+                 quick: bool = False) -> tuple[dict, str | None, str | None]:
+    """One case's comparison, candidate record ``k`` against baseline record ``b`` (results.json case
+    records of one case id): per metric of ``metrics`` that both hold, the comparison dict (ratio
+    k/b, interval, verdict), and the attribution of the wall-time difference (host, device, mixed)
+    with its reason. The one per-case loop of :func:`comparisons` (envs of a run) and
+    report.compare_runs (the same env in two runs).
+
+    ``paired`` and results/2 data (``by_set``): :func:`stats.set_compare` -- process sets paired by
+    set id, an anytime-valid interval at level ``alpha`` over ``family[metric]`` comparisons,
+    tuned for ``n_target`` sets, provisional when ``quick``. Else :func:`stats.compare` on the
+    per-set (per-round) values as independent groups (``paired=False``: separate runs), or paired by
+    round for results/1 data (``paired=True``), bootstrap seeded by ``seed_key`` and the metric."""
+    per: dict = {}
+    for m in metrics:
+        if m not in b["metrics"] or m not in k["metrics"]:
+            continue
+        bs, ks = _by_set(b["metrics"][m]), _by_set(k["metrics"][m])
+        if paired and bs is not None and ks is not None:
+            rb, rk = (_by_set({"by_set": mk.get("raw_by_set")}) if mk.get("raw_by_set") else None
+                      for mk in (b["metrics"][m], k["metrics"][m]))
+            per[m] = stats.set_compare(bs, ks, min_effect=min_effect, family_size=(family or {}).get(m, 1),
+                                       family_alpha=alpha, n_target=n_target, cycles=m in CYCLED,
+                                       provisional=quick, plain=(rb, rk) if rb and rk else None)
+        else:
+            sb, sk = b["metrics"][m].get("samples"), k["metrics"][m].get("samples")
+            if not (sb and sk):
+                continue
+            per[m] = stats.compare(sb, sk, min_effect, seed=zlib.crc32(f"{seed_key}/{m}".encode()),
+                                   paired=None if paired else False)
+    attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
+    return per, attr, why
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -114,10 +114,14 @@ def test_layers_are_discovered_from_the_installed_version(tmp_path, custom_op):
 
 # -- driver side without uv: two venvs over the stand-in's sources ---------------------------------
 def _venv_env(root: Path, label: str, src: Path) -> SimpleNamespace:
+    from matrix_runner import envs
+
     v = root / f"venv-{label}"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(v)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(v)], check=True)
     sp = next(v.glob("lib/python*/site-packages"))
-    (sp / "standin.pth").write_text(str(src) + "\n")
+    # the stand-in's sources, then this interpreter's site dirs (torch), as --torch inherit does: a
+    # venv's --system-site-packages sees the base interpreter's, which lacks torch under tox or a venv
+    (sp / "standin.pth").write_text("\n".join([str(src), *envs.driver_site_dirs()]) + "\n")
     return SimpleNamespace(label=label, python=str(v / "bin" / "python"))
 
 
