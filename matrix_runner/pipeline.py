@@ -160,6 +160,20 @@ def check_writable_file(f: Path, opt: str) -> None:
         raise UsageError(f"{opt} {f}: not writable; give a path you can write")
 
 
+def unjudged(doc: dict, pct: float) -> list[dict]:
+    """The wall-time comparisons (the SDPA control left out) that ``--fail-on-regression PCT`` cannot
+    judge: no interval yet (``provisional``: one process set; or ``unbounded``: too few sets) while
+    the ratio itself is above 1 + PCT/100, or undecided (``ambiguous``) with an interval that reaches
+    above it. Without them a gate passed silently where the run decided nothing (new-user trial: a
+    budget that fit one set, 1.57x "provisional", exit 0)."""
+    impl = {(c["env"], c["id"]): c.get("impl", "flash_attn") for c in doc["cases"]}
+    lim = 1 + pct / 100
+    return [c for c in doc["comparisons"] if c["metric"] == "wall_us"
+            and impl.get((c["candidate"], c["case"]), "flash_attn") != "sdpa"
+            and ((c["verdict"] == "provisional" or c.get("unbounded")) and c["ratio"] > lim
+                 or c["verdict"] == "ambiguous" and not c.get("unbounded") and (c.get("ci_high") or 0) > lim)]
+
+
 def regressions(doc: dict, pct: float) -> list[dict]:
     """The wall-time comparisons of ``doc`` that ``--fail-on-regression PCT`` fails on: slower by more than
     ``pct`` percent, the SDPA control (a case record's ``impl``, not its id) left out."""
@@ -354,7 +368,12 @@ class Run:
             check_writable_dir(out_dir, "--output")
             if not out_dir.exists():
                 self.created_output = out_dir
-            out_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                out_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:  # new-user trial: /proc/x said "No such file or directory", naming no option
+                self.created_output = None
+                raise UsageError(f"--output {out_dir}: cannot create it ({e.strerror or e}); give a directory "
+                                 "you can write") from None
         else:
             check_writable_dir(Path("reports"), "reports/ (the default --output)")
             base, n = Path("reports") / self.run_id, 1
@@ -447,6 +466,7 @@ class Run:
                     "host_every": samp.host_every, "max_repeats": samp.max_repeats,
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn,
                     "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
+                    "fail_on_regression": args.fail_on_regression,
                     "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,
                     "find_links": [str(p) for p in opts.find_links], "no_gpu_message": no_gpu_msg,
                     "cwd": (prior or {}).get("settings", {}).get("cwd") or os.getcwd(),
@@ -727,12 +747,37 @@ class Run:
                 console.print(f"[yellow]{len({c['id'] for c in not_run})} case(s) not timed (sampling stopped: "
                               f"{reason}; or their case failed in the other envs); see the report[/]")
         if args.fail_on_regression is not None:
-            bad = regressions(doc, args.fail_on_regression)
-            if bad:
-                console.print(f"[red]{len(bad)} regression(s) over {args.fail_on_regression:g}%[/]: " +
-                              ", ".join(f"{c['candidate']} vs {c['baseline']} {c['label']} {c['op']} {c['ratio']:.2f}x"
-                                        for c in bad))
-                code = EXIT_REGRESSION
+            code = self.gate(code)
+        return code
+
+    def gate(self, code: int) -> int:
+        """``--fail-on-regression PCT``: exit 1 on a wall-time "slower" by more than PCT (the SDPA control
+        left out); where no comparison is over it but some could not be judged (:func:`unjudged`),
+        says which: exit 3 when one has no interval at all (the run decided nothing there: a longer
+        ``--time-budget`` does), a warning for an undecided one whose interval reaches over PCT."""
+        pct, doc = self.args.fail_on_regression, self.doc
+
+        def name(c):
+            return f"{c['candidate']} vs {c['baseline']} {c['label']} {c['op']} {c['ratio']:.2f}x"
+
+        bad = regressions(doc, pct)
+        if bad:
+            console.print(f"[red]{len(bad)} regression(s) over {pct:g}%[/]: " + ", ".join(name(c) for c in bad))
+            return EXIT_REGRESSION
+        open_ = unjudged(doc, pct)
+        none = [c for c in open_ if c["verdict"] == "provisional" or c.get("unbounded")]
+        if none:
+            console.print(f"[yellow]--fail-on-regression {pct:g}: not judged: {len(none)} comparison(s) over "
+                          f"{pct:g}% have no interval yet (too few process sets in --time-budget "
+                          f"{self.samp.time_budget_s:g} s): " + ", ".join(name(c) for c in none)
+                          + "; raise --time-budget[/]")
+            return max(code, EXIT_FAILED)
+        if open_:
+            console.print(f"[yellow]--fail-on-regression {pct:g}: passed, but {len(open_)} undecided comparison(s) "
+                          f"could still be over {pct:g}% (their intervals reach above it): "
+                          + ", ".join(f"{name(c)} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" for c in open_) + "[/]")
+        else:
+            console.print(f"[dim]--fail-on-regression {pct:g}: passed (no wall time over {pct:g}% slower)[/]")
         return code
 
     # ---- clean-up ------------------------------------------------------------------------------

@@ -75,9 +75,10 @@ def compatible(have: dict, want: dict) -> str | None:
 
 
 def same_version(a: str, b: str) -> bool:
-    """PEP 440 equality of public versions (``2.7.0.post2`` == ``2.7.0-post2``; local labels ignored)."""
+    """PEP 440 equality of public versions (``2.7.0.post2`` == ``2.7.0-post2``, ``2.13`` == ``2.13.0``;
+    local labels ignored)."""
     try:
-        return Version(a).public == Version(b).public
+        return Version(Version(a).public) == Version(Version(b).public)
     except InvalidVersion:
         return a == b
 
@@ -283,19 +284,34 @@ def project_versions(project: str, index_url: str, timeout: float = 20.0) -> set
 
 
 def nearest_versions(version: str, available: list[str], n: int = 3) -> list[str]:
-    """The ``n`` available versions closest to ``version`` (by release tuple), for error messages."""
+    """The ``n`` available versions closest to ``version``, for error messages: most leading release
+    components in common first (2.6.4: 2.6.x before 2.7.0), then the smallest difference in the first
+    component that differs, then the nearest in version order (3.0.0 or 99.0.0 above every 2.x: the
+    newest 2.x first, not 2.0.x)."""
+    import bisect
+
+    vs = []
+    for v in dict.fromkeys(available):
+        try:
+            vs.append((Version(v), v))
+        except InvalidVersion:
+            continue
+    vs.sort()
     try:
-        target = Version(version).release
+        target = Version(version)
     except InvalidVersion:
-        return sorted(available, key=Version)[-n:]
+        return [v for _, v in vs[-n:]]
+    pos = bisect.bisect_left([pv for pv, _ in vs], target)
+    t = target.release + (0,) * (4 - len(target.release))
 
-    def dist(v: str):
-        r = Version(v).release
-        r = r + (0,) * (4 - len(r))
-        t = target + (0,) * (4 - len(target))
-        return tuple(abs(a - b) for a, b in zip(r, t))
+    def key(iv):
+        i, (pv, _) = iv
+        r = pv.release + (0,) * (4 - len(pv.release))
+        shared = next((k for k in range(4) if r[k] != t[k]), 4)
+        diff = abs(r[shared] - t[shared]) if shared < 4 else 0
+        return (-shared, diff, pos - i - 1 if i < pos else i - pos)
 
-    return sorted(available, key=dist)[:n]
+    return [v for _, (_, v) in sorted(enumerate(vs), key=key)[:n]]
 
 
 def fetch_sdist(version: str, cache: Path, index_url: str = DEFAULT_INDEX) -> Path:

@@ -45,6 +45,14 @@ def test_plan_json(standins, tiny_config, tmp_path):
     assert plan[0]["wheel"].endswith("flash_attn-2.6.3-py3-none-any.whl")
 
 
+def test_an_output_dir_that_cannot_be_created_is_a_usage_error_naming_the_option(tmp_path):
+    """New-user trial: --output /proc/x said "/proc/x: No such file or directory", naming no option."""
+    out = "/proc/matrix-run-no-such-dir/out"
+    cp = run_cli("--versions", "2.6.3", "--envs-dir", str(tmp_path / "envs"), "--output", out)
+    assert cp.returncode == 2, cp.stderr
+    assert f"--output {out}: cannot create it" in " ".join(cp.stderr.split()) and "Traceback" not in cp.stderr
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--versions", "2.6.3", "--fail-on-regression", "-3"], "--fail-on-regression -3: give a percentage >= 0"),
     (["pln", "--versions", "2.6.3"], "unknown subcommand 'pln'"),
@@ -151,6 +159,36 @@ def test_fail_on_regression_leaves_out_the_sdpa_control_by_impl_not_by_name():
     doc = {"cases": cases, "comparisons": comps}
     assert [c["case"] for c in pipeline.regressions(doc, 10)] == ["my-flash-attn-case-vs-sdpa"]
     assert pipeline.regressions(doc, 60) == []  # 50 % slower is under a 60 % threshold
+
+
+def test_fail_on_regression_says_what_it_could_not_judge_and_exits_3_where_nothing_was_decided(capsys):
+    """New-user trial: a budget that fit one process set gave "provisional 1.57x" and the gate passed
+    silently (exit 0). Now: no interval over the threshold -> exit 3 naming it; an undecided interval
+    reaching over it -> a warning; a decided slower -> exit 1 as before; all clear -> it says passed."""
+    import threading
+    from types import SimpleNamespace
+
+    from matrix_runner import errors, pipeline
+
+    def doc(**wall):
+        c = {"baseline": "a", "candidate": "b", "case": "x", "label": "B2 S64", "op": "fwd", "metric": "wall_us",
+             "ratio": 1.57, "ci_low": 1.0, "ci_high": 2.0, "unbounded": False, **wall}
+        return {"cases": [{"env": e, "id": "x"} for e in ("a", "b")], "comparisons": [c]}
+
+    def gate(d, code=0):
+        r = pipeline.Run(SimpleNamespace(fail_on_regression=5.0), [], threading.Event(), None)
+        r.doc, r.samp = d, SimpleNamespace(time_budget_s=35.0)
+        return r.gate(code), " ".join(capsys.readouterr().err.split())  # the console wraps at 80 columns
+
+    code, err = gate(doc(verdict="provisional"))
+    assert code == errors.EXIT_FAILED and "not judged" in err and "1.57x" in err and "raise --time-budget" in err
+    assert gate(doc(verdict="provisional", ratio=1.02))[0] == 0  # under the threshold: nothing to judge
+    code, err = gate(doc(verdict="ambiguous"))
+    assert code == 0 and "could still be over 5%" in err
+    code, err = gate(doc(verdict="ambiguous", ci_high=1.04))
+    assert code == 0 and "passed (no wall time over 5% slower)" in err
+    assert gate(doc(verdict="slower"), errors.EXIT_FAILED)[0] == errors.EXIT_REGRESSION  # 1 wins over 3
+    assert gate(doc(verdict="provisional"), errors.EXIT_FAILED)[0] == errors.EXIT_FAILED
 
 
 def test_a_config_of_over_500_cases_needs_yes(standins, tmp_path):

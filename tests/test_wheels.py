@@ -56,6 +56,14 @@ def test_cache_store_writes_sidecar_atomically(tmp_path):
 def test_nearest_versions():
     avail = ["2.5.9.post1", "2.6.0", "2.6.1", "2.6.3", "2.7.0.post2", "2.8.3"]
     assert wheels.nearest_versions("2.6.4", avail)[:2] == ["2.6.3", "2.6.1"]
+    # new-user trial: above every release it named 2.0.x (the smallest minor difference); the newest
+    # releases are the nearest there
+    many = [f"2.{m}.{p}" for m in range(9) for p in range(3)] + ["1.0.5", "2.8.3"]
+    assert wheels.nearest_versions("3.0.0", many) == ["2.8.3", "2.8.2", "2.8.1"]
+    assert wheels.nearest_versions("99.0.0", many) == ["2.8.3", "2.8.2", "2.8.1"]
+    assert wheels.nearest_versions("2.13", ["2.9.1", "2.10.0", "2.12.0", "2.13.0", "2.14.0"])[0] == "2.13.0"
+    assert wheels.same_version("2.13", "2.13.0") and wheels.same_version("2.13.0+cpu", "2.13")
+    assert not wheels.same_version("2.13.1", "2.13")
 
 
 def test_download_stops_when_matrix_run_is_interrupted(tmp_path):
