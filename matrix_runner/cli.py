@@ -17,7 +17,8 @@ from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, MatrixRu
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish", "explain")
 EXIT_HELP = ("Exit codes: 0 done; 1 a wall-time regression over --fail-on-regression; 2 usage or config error; "
-             "3 some env or case failed, or nothing could be timed (e.g. no GPU; results still written); "
+             "3 some env or case failed, or nothing could be timed (e.g. no GPU; results still written), or "
+             "--fail-on-regression could not judge a comparison over its threshold (too few sets); "
              "130 interrupted (results so far written). plan: 3 when an env has no way to be obtained.")
 
 
@@ -80,7 +81,8 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--case-timeout", type=float, default=300.0, metavar="S",
                    help="a case running longer than this is stopped and failed (default 300)")
     r.add_argument("--fail-on-regression", type=float, metavar="PCT",
-                   help="exit 1 if any candidate's wall time is 'slower' by more than PCT percent")
+                   help="exit 1 if any candidate's wall time is 'slower' by more than PCT percent; exit 3 "
+                        "if one over PCT could not be judged (no interval yet: raise --time-budget)")
     r.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
     shard.add_args(r)
 
