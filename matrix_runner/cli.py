@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                   "the cases, not where each env's flash-attn comes from; leave them out (e.g. a run command "
                   "with `plan` in front: drop them) (matrix-run plan -h)", file=sys.stderr)
             return EXIT_USAGE
+    if extra and args.cmd == "envs" and not any(a.startswith("-") for a in extra):
+        # `envs clean --envs-dir D LABEL`: argparse ends the labels at the option (new-user trial)
+        args.labels, extra = [*args.labels, *extra], []
     if extra:  # name the subcommand's usage, not the top-level one (`matrix-run --versions X --bogus`)
         sp = (getattr(args, "_subparsers", None) or {}).get(args.cmd) or ap
         sp.error(f"unrecognized arguments: {' '.join(extra)}")

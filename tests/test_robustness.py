@@ -433,6 +433,10 @@ def test_envs_clean_leaves_an_env_a_running_matrix_run_holds(capsys, tmp_path):
         assert code == 3 and a.is_dir() and f"left {a} alone" in err, err
     code, err = main(capsys, "envs", "clean", "a", "--envs-dir", str(envs))  # that run ended
     assert code == 0 and not a.exists(), err
+    # labels after --envs-dir too (new-user trial: "unrecognized arguments: c")
+    c = _fake_env(envs, "c")
+    code, err = main(capsys, "envs", "clean", "--envs-dir", str(envs), "c")
+    assert code == 0 and not c.exists(), err
 
 
 def test_a_run_holds_its_envs_shared_until_it_ends(capsys, tmp_path):
