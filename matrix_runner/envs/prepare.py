@@ -203,9 +203,7 @@ def _prepare_flash_attn(req, item, opts, py, tid, driver_probe, progress, log, r
     else:
         wheel, built = _build_into_cache(req, item, key, opts, py, progress, log)
         info.update(built)
-    progress(req.label, f"installing {wheel.name}")
-    install_wheel(py, wheel, opts, log)
-    sha = wheels.sha256_file(wheel)
+    sha = _install(req, py, wheel, opts, log, progress)
     progress(req.label, "preflight: finding flash_attn in the env")
     p = static_preflight(py, env_dir, item.version,
                          driver_probe.get("torch") if tid["mode"] == "inherit" else (tp or None))
@@ -216,6 +214,14 @@ def _prepare_flash_attn(req, item, opts, py, tid, driver_probe, progress, log, r
                         "origin": item.method, "unverified": item.wheel_unverified},
               "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "build": info}
     return Prepared({"wheel": str(wheel), "wheel_sha256": sha, **info}, p, str(py), False, record)
+
+
+def _install(req, py: Path, wheel: Path, opts: Options, log: Path, progress) -> str:
+    """Install ``wheel`` into the env (uv, no deps; both wheel paths: flash-attn 2 and a tree subject);
+    returns its sha256."""
+    progress(req.label, f"installing {wheel.name}")
+    install_wheel(py, wheel, opts, log)
+    return wheels.sha256_file(wheel)
 
 
 def _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log) -> Prepared:
@@ -259,9 +265,7 @@ def _prepare_tree(req, item, opts, py, tid, driver_probe, progress, log) -> Prep
     else:
         wheel, built = _build_tree_into_cache(req, item, key, opts, py, progress, log)
         info.update(built)
-    progress(req.label, f"installing {wheel.name}")
-    install_wheel(py, wheel, opts, log)
-    sha = wheels.sha256_file(wheel)
+    sha = _install(req, py, wheel, opts, log, progress)
     info.update({"method": item.method, "seconds": round(time.monotonic() - t0, 1)})
     p, record = _finish_subject_env(req, item, py, tid, driver_probe, progress, item.version,
                                     {"wheel": {"file": str(wheel), "sha256": sha, "key": key, "origin": item.method},
