@@ -284,34 +284,34 @@ def project_versions(project: str, index_url: str, timeout: float = 20.0) -> set
 
 
 def nearest_versions(version: str, available: list[str], n: int = 3) -> list[str]:
-    """The ``n`` available versions closest to ``version``, for error messages: most leading release
-    components in common first (2.6.4: 2.6.x before 2.7.0), then the smallest difference in the first
-    component that differs, then the nearest in version order (3.0.0 or 99.0.0 above every 2.x: the
-    newest 2.x first, not 2.0.x)."""
-    import bisect
-
-    vs = []
-    for v in dict.fromkeys(available):
-        try:
-            vs.append((Version(v), v))
-        except InvalidVersion:
-            continue
-    vs.sort()
+    """The ``n`` available versions closest to ``version``, for error messages: by release tuple
+    (per-component distance, the major first), except above every available version the newest
+    ones, newest first, and below every one the oldest (new-user trial: 3.0.0, 99.0.0 and torch 9.9.9
+    named 2.0.x, the smallest minor difference)."""
+    vs = sorted({v: Version(v) for v in available if _parses(v)}.items(), key=lambda kv: kv[1])
     try:
         target = Version(version)
     except InvalidVersion:
-        return [v for _, v in vs[-n:]]
-    pos = bisect.bisect_left([pv for pv, _ in vs], target)
+        return [v for v, _ in vs[-n:]]
+    if vs and target > vs[-1][1]:
+        return [v for v, _ in vs[::-1][:n]]
+    if vs and target < vs[0][1]:
+        return [v for v, _ in vs[:n]]
     t = target.release + (0,) * (4 - len(target.release))
 
-    def key(iv):
-        i, (pv, _) = iv
-        r = pv.release + (0,) * (4 - len(pv.release))
-        shared = next((k for k in range(4) if r[k] != t[k]), 4)
-        diff = abs(r[shared] - t[shared]) if shared < 4 else 0
-        return (-shared, diff, pos - i - 1 if i < pos else i - pos)
+    def dist(kv):
+        r = kv[1].release + (0,) * (4 - len(kv[1].release))
+        return tuple(abs(a - b) for a, b in zip(r, t))
 
-    return [v for _, (_, v) in sorted(enumerate(vs), key=key)[:n]]
+    return [v for v, _ in sorted(vs, key=dist)[:n]]
+
+
+def _parses(v: str) -> bool:
+    try:
+        Version(v)
+        return True
+    except InvalidVersion:
+        return False
 
 
 def fetch_sdist(version: str, cache: Path, index_url: str = DEFAULT_INDEX) -> Path:
