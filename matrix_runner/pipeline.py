@@ -419,9 +419,10 @@ class Run:
         if doc["timing"]["shards_lost"]:
             console.print(f"[yellow]shard(s) {doc['timing']['shards_lost']} lost: their cases failed; "
                           f"rerun them with matrix-run --resume {shlex.quote(str(self.out_dir))}[/]")
-        bad = regressions(doc, args.fail_on_regression) if args.fail_on_regression is not None else []
-        return (EXIT_INTERRUPTED if self.stop.is_set() else EXIT_REGRESSION if bad else EXIT_FAILED
-                if any(c["status"] != "ok" for c in doc["cases"]) or doc["timing"]["shards_lost"] else EXIT_OK)
+        if self.stop.is_set():
+            return EXIT_INTERRUPTED
+        code = EXIT_FAILED if any(c["status"] != "ok" for c in doc["cases"]) or doc["timing"]["shards_lost"] else EXIT_OK
+        return self.gate(code) if args.fail_on_regression is not None else code
 
     # ---- device --------------------------------------------------------------------------------
     def device(self) -> None:

@@ -215,17 +215,18 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
     round for results/1 data (``paired=True``), bootstrap seeded by ``seed_key`` and the metric."""
     per: dict = {}
     for m in metrics:
-        if m not in b["metrics"] or m not in k["metrics"]:
+        mb, mk_ = b["metrics"].get(m), k["metrics"].get(m)
+        if not mb or not mk_:  # not timed in one of them (or a null entry: compare read those as missing)
             continue
-        bs, ks = _by_set(b["metrics"][m]), _by_set(k["metrics"][m])
+        bs, ks = _by_set(mb), _by_set(mk_)
         if paired and bs is not None and ks is not None:
             rb, rk = (_by_set({"by_set": mk.get("raw_by_set")}) if mk.get("raw_by_set") else None
-                      for mk in (b["metrics"][m], k["metrics"][m]))
+                      for mk in (mb, mk_))
             per[m] = stats.set_compare(bs, ks, min_effect=min_effect, family_size=(family or {}).get(m, 1),
                                        family_alpha=alpha, n_target=n_target, cycles=m in CYCLED,
                                        provisional=quick, plain=(rb, rk) if rb and rk else None)
         else:
-            sb, sk = b["metrics"][m].get("samples"), k["metrics"][m].get("samples")
+            sb, sk = mb.get("samples"), mk_.get("samples")
             if not (sb and sk):
                 continue
             per[m] = stats.compare(sb, sk, min_effect, seed=zlib.crc32(f"{seed_key}/{m}".encode()),

@@ -288,7 +288,13 @@ def nearest_versions(version: str, available: list[str], n: int = 3) -> list[str
     (per-component distance, the major first), except above every available version the newest
     ones, newest first, and below every one the oldest (new-user trial: 3.0.0, 99.0.0 and torch 9.9.9
     named 2.0.x, the smallest minor difference)."""
-    vs = sorted({v: Version(v) for v in available if _parses(v)}.items(), key=lambda kv: kv[1])
+    vs = []
+    for v in dict.fromkeys(available):
+        try:
+            vs.append((v, Version(v)))
+        except InvalidVersion:  # not a release name: never suggested
+            continue
+    vs.sort(key=lambda kv: kv[1])
     try:
         target = Version(version)
     except InvalidVersion:
@@ -304,14 +310,6 @@ def nearest_versions(version: str, available: list[str], n: int = 3) -> list[str
         return tuple(abs(a - b) for a, b in zip(r, t))
 
     return [v for v, _ in sorted(vs, key=dist)[:n]]
-
-
-def _parses(v: str) -> bool:
-    try:
-        Version(v)
-        return True
-    except InvalidVersion:
-        return False
 
 
 def fetch_sdist(version: str, cache: Path, index_url: str = DEFAULT_INDEX) -> Path:
