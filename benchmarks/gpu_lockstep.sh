@@ -28,8 +28,11 @@ step() { local name=$1; shift; local t=$SECONDS
   grep -E "✓|✗|time:|stopped|failed|warning|pinned" /tmp/lk/$name.log | head -8 | tee -a "$OUT/summary.txt"
   python3 benchmarks/lockstep_summary.py /tmp/lk/$name/results.json 2>&1 | tee -a "$OUT/summary.txt"; }
 [ "${SEED:-1}" = 1 ] && step seed 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
+# AA_VERSION: the version of the A/A runs (2.6.3 by default; 2.7.0.post2 asks whether its own
+# processes differ from one another more than 2.6.3's do)
+AAV=${AA_VERSION:-2.6.3}; AAS=$([ "$AAV" = 2.6.3 ] || echo "-$AAV")
 for i in $(seq 1 "${AA:-3}"); do
-  step aa$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}"
+  step aa$AAS$i 150 python3 -m matrix_runner run --versions a=$AAV,b=$AAV "${COMMON[@]}"
 done
 [ "${QUICK:-1}" = 1 ] && step aa-quick 90 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" --quick
 # 5. four versions at the default budget, if their slim wheels (built here earlier) are carried in

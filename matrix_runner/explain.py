@@ -59,13 +59,16 @@ What it measures, per env (one fresh worker per env, all pinned to one set core 
    were 760-980 per env on the H200 with the twins (1,180-1,380 with the partner alone) at the
    defaults. With a cycle's log ratio r = log(X µs / P µs):
 
-       effect = exp(mean(r | on) - mean(r | off, off2)) - 1
+       effect = exp(tmean(r | on) - tmean(r | off, off2)) - 1
 
-   and its 95 % interval is the Welch t interval of that difference of means (the on and the off
-   cycles are two independent groups of unequal size and variance; Welch-Satterthwaite df),
-   mapped through exp(.) - 1 (:func:`sampler_effect`; at the defaults ~130 on and 80 off cycles: with
-   a per-cycle SD of 0.05 about ±1.4 %; the CPU test's runs read e.g. +0.5 % [-0.9, +2.0] while
-   the plain loops of the same worker moved +4.5 %). It is read against ±2 % (``within``,
+   with tmean the 20 % trimmed mean, and its 95 % interval is Yuen's trimmed t interval of that
+   difference (the on and the off cycles are two independent groups of unequal size and variance:
+   winsorized variances, Welch-Satterthwaite df; ``scipy.stats.ttest_ind(trim=0.2)``), mapped
+   through exp(.) - 1 (:func:`sampler_effect`, :func:`_yuen`). Trimmed because a cycle's log ratio
+   is heavy-tailed (a preempted loop of either worker): on the committed H200 runs Welch's
+   interval of plain means was 2-4x as wide around the same centre. At the defaults ~130 on and
+   80 off cycles: with a per-cycle SD of 0.05 about ±1.4 %; the CPU test's runs read e.g. +0.5 % [-0.9, +2.0] while
+   the plain loops of the same worker moved +4.5 %. It is read against ±2 % (``within``,
    ``over``, or ``undecided`` when the interval straddles a bound). The off cycles before and
    after bracket the sampled ones, so a slow drift of X/P itself (the processes, not the CPU)
    averages out to first order; off2 against off, the same way, is reported as that drift. What
@@ -644,28 +647,36 @@ def counts_diff(base: dict, cand: dict, top: int = 25) -> dict:
 SAMPLER_TOL = 0.02
 
 
-def _welch(a: list, b: list, level: float = stats.CI_LEVEL) -> tuple:
-    """mean(a) - mean(b) of two independent groups of log ratios and its Welch t interval
-    (Welch-Satterthwaite df), returned as ratios - 1: (estimate, low, high); low/high None when a
-    group has fewer than 2 values."""
-    na, nb = len(a), len(b)
-    d = sum(a) / na - sum(b) / nb
-    if na < 2 or nb < 2:
+#: Share trimmed from each end of a phase's per-cycle log ratios before their means are compared
+#: (Yuen's trimmed t; the main comparison trims a set's cycles alike: stats.CYCLE_TRIM).
+SAMPLER_TRIM = stats.CYCLE_TRIM
+
+
+def _yuen(a: list, b: list, level: float = stats.CI_LEVEL) -> tuple:
+    """trimmed mean(a) - trimmed mean(b) of two independent groups of log ratios (20 % trimmed from
+    each end, :data:`SAMPLER_TRIM`) and its Yuen-Welch t interval (Yuen 1974: winsorized variances,
+    Welch-Satterthwaite df; ``scipy.stats.ttest_ind(trim=...)``), returned as ratios - 1:
+    (estimate, low, high); low/high None when a group keeps fewer than 2 values after trimming.
+    Why trimmed: a cycle's log ratio is heavy-tailed (a preemption or a slow loop of either worker:
+    H200 per-cycle SD 0.02-0.25, single cycles off by 0.5 and more), and a plain mean's interval
+    widens with the tail -- on the committed H200 explain runs Welch's interval of 2.6.3's effect
+    was +-2.1-3.5 % where this one is +-0.5-0.9 % (benchmarks/results/h200-sampler-trimmed.txt)."""
+    d = float(sps.trim_mean(a, SAMPLER_TRIM)) - float(sps.trim_mean(b, SAMPLER_TRIM))
+    kept = [n - 2 * math.floor(SAMPLER_TRIM * n) for n in (len(a), len(b))]
+    if min(kept) < 2:
         return math.expm1(d), None, None
-    va = sum((x - sum(a) / na) ** 2 for x in a) / (na - 1) / na
-    vb = sum((x - sum(b) / nb) ** 2 for x in b) / (nb - 1) / nb
-    se = math.sqrt(va + vb)
-    if se == 0:
+    if max(a) == min(a) and max(b) == min(b):
         return math.expm1(d), math.expm1(d), math.expm1(d)
-    df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1))
-    t = float(sps.t.ppf(1 - (1 - level) / 2, df))
-    return math.expm1(d), math.expm1(d - t * se), math.expm1(d + t * se)
+    ci = sps.ttest_ind(a, b, equal_var=False, trim=SAMPLER_TRIM).confidence_interval(level)
+    return math.expm1(d), math.expm1(float(ci.low)), math.expm1(float(ci.high))
 
 
 def sampler_effect(ls: dict) -> dict:
     """The lockstep record of one env (``profile.envs.*.lockstep``, module doc 3) -> the sampler's
-    effect on its wall time: ``effect`` = exp(mean on-phase log(X/P) - mean off-phase log(X/P)) - 1
-    with its Welch 95 % interval ``effect_lo`` / ``effect_hi`` (off = the cycles before and after),
+    effect on its wall time: ``effect`` = exp(tmean on-phase log(X/T) - tmean off-phase log(X/T)) - 1
+    (tmean: 20 % trimmed mean; T the twin, P the partner in records without one) with its Yuen 95 %
+    interval (:func:`_yuen`; ``effect_plain_mean``: the plain means' difference, where a sampler
+    that slowed a few loops a lot would show) ``effect_lo`` / ``effect_hi`` (off = the cycles before and after),
     ``verdict`` against :data:`SAMPLER_TOL` (``within`` / ``over`` / ``undecided``), ``ratio_drift``
     (off2 against off, the same way: whether X/P held still without the sampler), X's and P's plain
     µs per call (medians of their loops) without / with the sampler, cycle counts, ``contention``
@@ -696,17 +707,19 @@ def sampler_effect(ls: dict) -> dict:
            "off_us": _median([c["x_us"] for c in by["off"] + by["off2"]]), "on_us": _median(on_x),
            "partner_off_us": _median([c["p_us"] for c in by["off"] + by["off2"]]),
            "partner_on_us": _median([c["p_us"] for c in by["on"]]),
-           "effect": None, "effect_lo": None, "effect_hi": None, "verdict": None, "ratio_drift": None,
+           "effect": None, "effect_lo": None, "effect_hi": None, "effect_plain_mean": None, "verdict": None, "ratio_drift": None,
            "ratio_drift_lo": None, "ratio_drift_hi": None,
            "error": ls.get("error") or ls.get("twin_error")}
     if lr["on"] and off:
-        out["effect"], out["effect_lo"], out["effect_hi"] = _welch(lr["on"], off)
+        out["effect"], out["effect_lo"], out["effect_hi"] = _yuen(lr["on"], off)
+        # the plain means' difference beside it: a sampler that slowed a few loops a lot would show here
+        out["effect_plain_mean"] = math.expm1(sum(lr["on"]) / len(lr["on"]) - sum(off) / len(off))
         lo, hi = out["effect_lo"], out["effect_hi"]
         if lo is not None:
             out["verdict"] = ("within" if -SAMPLER_TOL <= lo and hi <= SAMPLER_TOL else
                               "over" if lo > SAMPLER_TOL or hi < -SAMPLER_TOL else "undecided")
     if lr["off"] and lr["off2"]:
-        out["ratio_drift"], out["ratio_drift_lo"], out["ratio_drift_hi"] = _welch(lr["off2"], lr["off"])
+        out["ratio_drift"], out["ratio_drift_lo"], out["ratio_drift_hi"] = _yuen(lr["off2"], lr["off"])
     cont = [c["x_mean_us"] / c["x_us"] for c in by["on"] if c.get("x_mean_us")]
     out["contention"] = _median(cont)
     return out

@@ -104,12 +104,14 @@ def run_name(labels: list[str], limit: int = 120) -> str:
 
 def plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
     """Every env's plan (:func:`envs.plan_env`), in order; compile units two envs share are planned
-    once (the later build waits for the earlier one, then hits the compile cache)."""
+    once (the later build waits for the earlier one, then hits the compile cache), and the cores are
+    shared by the builds that compile at the same time (:func:`envs.share_jobs`)."""
     items = []
     n_builds = len(reqs)
     planned_units: dict = {}  # compile units shared by envs of this run: the later build waits, then hits
     for r in reqs:
         items.append(envmod.plan_env(r, cases, opts, dprobe, n_builds_hint=n_builds, planned_units=planned_units))
+    envmod.share_jobs(items)
     return items
 
 

@@ -229,7 +229,7 @@ def test_matrix_run_explain_rerenders_from_saved_data(explained_run, tmp_path):
         assert "sampler effect on wall time, 2.6.3: " in cp.stdout
         assert "unsampled twin (a second 2.6.3 worker)" in cp.stdout, cp.stdout
         html = (tmp_path / "html" / "index.html").read_text()
-        assert "unsampled twin (a second 2.7.0.post2 worker)" in html and "Welch t 95 % interval" in html
+        assert "unsampled twin (a second 2.7.0.post2 worker)" in html and "Yuen's trimmed t 95 % interval" in html
         assert res["explain"]["profile"]["envs"]["2.6.3"]["lockstep"]["twin"] == "2.6.3~twin"
         old = json.loads(json.dumps(res))
         for e in old["explain"]["profile"]["envs"].values():  # as written before the lockstep cycles
@@ -291,9 +291,10 @@ def _cycles(phase, ratios, drift0, rng):
 
 
 def test_lockstep_sampler_effect_values_and_wording():
-    """The lockstep record (module doc, 3): effect = exp(mean on log(X/P) - mean off log(X/P)) - 1 with a
-    Welch 95 % interval (scipy's Welch t-test interval, as an independent check); the CPU's drift,
-    common to both turns of a cycle, drops out."""
+    """The lockstep record (module doc, 3): effect = exp(tmean on log(X/P) - tmean off log(X/P)) - 1
+    (20 % trimmed means) with Yuen's 95 % interval (checked against scipy's trimmed t-test interval
+    and, by hand, Yuen's winsorized-variance formula); the CPU's drift, common to both turns of a
+    cycle, drops out."""
     from scipy import stats as sps
     rng = random.Random(5)
     off = [math.log(1.25) + rng.gauss(0, 0.03) for _ in range(40)]
@@ -304,17 +305,35 @@ def test_lockstep_sampler_effect_values_and_wording():
     raw = {"envs": ["2.6.3", "2.7.0.post2"], "profile": {"case": "c", "envs": {"2.6.3": {"lockstep": {
         "partner": "2.7.0.post2", "loop_s": 0.02, "cycles_per_off_phase": 40, "pinned_cpu": 3, "cycles": cyc}}}}}
     e = explain.analyze({"explain": raw, "cases": [], "comparisons": []})["profile"]["envs"]["2.6.3"]
-    d = sum(on) / len(on) - sum(off + off2) / len(off + off2)
-    ci = sps.ttest_ind(on, off + off2, equal_var=False).confidence_interval(0.95)
+
+    def tmean(x):  # 20 % from each end
+        x = sorted(x)
+        g = int(0.2 * len(x))
+        return sum(x[g:len(x) - g]) / (len(x) - 2 * g)
+
+    def yuen_var(x):  # squared standard error of a trimmed mean: winsorized variance / (h (h - 1)) * (n - 1)
+        x = sorted(x)
+        n, g = len(x), int(0.2 * len(x))
+        w = [x[g]] * g + x[g:n - g] + [x[n - g - 1]] * g
+        m = sum(w) / n
+        h = n - 2 * g
+        return sum((v - m) ** 2 for v in w) / (h * (h - 1)), h
+
+    d = tmean(on) - tmean(off + off2)
+    (va, ha), (vb, hb) = yuen_var(on), yuen_var(off + off2)
+    df = (va + vb) ** 2 / (va ** 2 / (ha - 1) + vb ** 2 / (hb - 1))
+    half = sps.t.ppf(0.975, df) * math.sqrt(va + vb)
+    ci = sps.ttest_ind(on, off + off2, equal_var=False, trim=0.2).confidence_interval(0.95)
+    assert ci.low == pytest.approx(d - half, abs=1e-12) and ci.high == pytest.approx(d + half, abs=1e-12)
     assert e["effect"] == pytest.approx(math.expm1(d), abs=1e-9)  # the on_edge cycles are left out
-    assert e["effect_lo"] == pytest.approx(math.expm1(ci.low), abs=1e-9)
-    assert e["effect_hi"] == pytest.approx(math.expm1(ci.high), abs=1e-9)
+    assert e["effect_lo"] == pytest.approx(math.expm1(d - half), abs=1e-9)
+    assert e["effect_hi"] == pytest.approx(math.expm1(d + half), abs=1e-9)
     assert (e["n_off"], e["n_off2"], e["n_on"]) == (40, 40, 58)
     assert -0.02 < e["effect_lo"] < e["effect"] < e["effect_hi"] < 0.02 and e["verdict"] == "within"
     # X's own µs per call: medians of its loops (with the sampler: what the frames are scaled by)
     assert e["on_us"] == pytest.approx(explain._median([c["x_us"] for c in cyc if c["phase"] == "on"]))
     assert e["off_us"] == pytest.approx(explain._median([c["x_us"] for c in cyc if c["phase"] in ("off", "off2")]))
-    d2 = sum(off2) / 40 - sum(off) / 40
+    d2 = tmean(off2) - tmean(off)
     assert e["ratio_drift"] == pytest.approx(math.expm1(d2), abs=1e-9)
     lines = explain.summary_lines({"base": "2.6.3", "labels": ["2.6.3"], "layers": [], "first_call": [], "notes": [],
                                    "profile": {"envs": {"2.6.3": e}, "diffs": [], "error": None, "case": "c"}})
@@ -536,3 +555,21 @@ def test_a_lost_twin_falls_back_to_the_partner(tmp_path, monkeypatch):
         c.pop("t_us", None)
     e = explain.sampler_effect(ls)
     assert e["reference"] == "partner" and e["effect"] is not None
+
+
+def test_sampler_effect_interval_is_not_blown_up_by_preempted_cycles():
+    """A preempted loop of either worker is one cycle whose log ratio is off by 0.5 or more (H200);
+    the trimmed means and Yuen's interval leave those tails out where plain means would not: 6 such
+    cycles among 130 sampled ones keep the effect "within" ±2 % and near its true +0.3 %."""
+    rng = random.Random(11)
+    off = [rng.gauss(0, 0.04) for _ in range(80)]
+    on = [math.log(1.003) + rng.gauss(0, 0.04) for _ in range(130)]
+    for i in range(0, 130, 22):
+        on[i] += 0.7  # X was preempted in its loop
+    for i in range(0, 80, 27):
+        off[i] -= 0.6  # the twin was
+    cyc = _cycles("off", off[:40], 1.0, rng) + _cycles("on", on, 0.95, rng) + _cycles("off2", off[40:], 0.9, rng)
+    e = explain.sampler_effect({"partner": "b", "loop_s": 0.02, "cycles": cyc})
+    assert e["verdict"] == "within" and abs(e["effect"] - 0.003) < 0.01, e
+    plain = sum(on) / len(on) - sum(off) / len(off)
+    assert math.expm1(plain) > 0.04  # what the plain means read

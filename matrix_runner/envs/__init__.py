@@ -47,9 +47,11 @@ from .plan import (
     plan_env,
     python_tag,
     same_torch,
+    share_jobs,
     torch_identity,
     unit_context,
     unit_keys,
+    waits_for_cache,
     wanted_key,
 )
 from .preflight import STATIC_PROBE, check_probe, record_import_check, static_preflight
@@ -127,6 +129,7 @@ __all__ = [
     "python_tag",
     "record_import_check",
     "same_torch",
+    "share_jobs",
     "static_preflight",
     "subjects",
     "torch_identity",
@@ -134,6 +137,7 @@ __all__ = [
     "unit_context",
     "unit_keys",
     "use_lock",
+    "waits_for_cache",
     "wanted_key",
     "write_record",
 ]

@@ -434,6 +434,41 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
     return item
 
 
+def waits_for_cache(item: PlanItem) -> bool:
+    """Whether a flash-attn 2 slim build gets every kernel file from another build of this run (it
+    waits for that one, then hits the compile cache: only its own flash_api and stub units compile)."""
+    cc = item.compile_cache or {}
+    kernel_units = [u for u in (cc.get("keys") or {}) if u != "stubs"]
+    hits = cc.get("expected_hits") or {}
+    return bool(kernel_units) and all(u in hits and "this run" in hits[u] for u in kernel_units)
+
+
+def share_jobs(items: list[PlanItem]) -> None:
+    """Size each source build's MAX_JOBS by the builds that compile at the same time, once the whole
+    run is planned (each env was planned with a share for every env of the run): a build that waits
+    for another's kernel files (:func:`waits_for_cache`) takes no share. Why: on the H200 (16 cores,
+    2026-12-02) 2.6.3, 2.7.0.post2 and 2.8.3 hdim128 builds got 4 jobs each for 5 compile units, so
+    each compiled its slowest file (~420 s) after another one, while 2.7.0.post2's 4 jobs waited on
+    2.6.3's files (benchmarks/results/h200-ops-build-12-02.txt). The estimates follow the new jobs."""
+    builds = [it for it in items if it.method.startswith("source-") and it.jobs]
+    waiting = [it for it in builds if waits_for_cache(it)]
+    n = max(1, len(builds) - len(waiting))
+    if not waiting or n == len(builds):
+        return
+    for it in builds:
+        if it in waiting or it.kernels == "all" or not (it.compile_cache or {}).get("keys"):
+            continue  # waiting builds keep theirs (two small units); FA3 and full builds as planned
+        it.jobs = buildmod.choose_jobs(n, len(it.kernels) + 2)
+        n_archs = len(it.archs) if it.archs != "all" else 2
+        hits = set(it.compile_cache.get("expected_hits") or {})
+        cold = round(buildmod.estimate_seconds(it.kernels, n_archs, it.jobs["max_jobs"]))
+        if hits:
+            it.compile_cache["estimate_cold_s"] = cold
+            it.estimate_s = round(buildmod.estimate_seconds(it.kernels, n_archs, it.jobs["max_jobs"], hits=hits))
+        else:
+            it.estimate_s = cold
+
+
 def unit_context(item: PlanItem, tid: dict, py: str) -> dict:
     """What besides the sources decides a compiled object, for :func:`compcache.content_keys`: archs,
     the torch the headers come from, the Python tag (a pinned torch lives in each env: its include
