@@ -66,8 +66,8 @@ What it measures, per env (one fresh worker per env, all pinned to one set core 
    winsorized variances, Welch-Satterthwaite df; ``scipy.stats.ttest_ind(trim=0.2)``), mapped
    through exp(.) - 1 (:func:`sampler_effect`, :func:`_yuen`). Trimmed because a cycle's log ratio
    is heavy-tailed (a preempted loop of either worker): on the committed H200 runs Welch's
-   interval of plain means was 2-4x as wide around the same centre. At the defaults ~130 on and
-   80 off cycles: with a per-cycle SD of 0.05 about ±1.4 %; the CPU test's runs read e.g. +0.5 % [-0.9, +2.0] while
+   interval of plain means was 2-4x as wide around the same centre. At the defaults (12 s sampled,
+   80+80 cycles without) ~170 on and 160 off cycles: with a per-cycle SD of 0.05 about ±1 %; the CPU test's runs read e.g. +0.5 % [-0.9, +2.0] while
    the plain loops of the same worker moved +4.5 %. It is read against ±2 % (``within``,
    ``over``, or ``undecided`` when the interval straddles a bound). The off cycles before and
    after bracket the sampled ones, so a slow drift of X/P itself (the processes, not the CPU)
@@ -107,14 +107,17 @@ from . import lockstep, proc, stats
 SCHEMA = "matrix-runner/explain/1"
 #: Defaults: layer rounds, ms per layer burst, seconds sampled per env (py-spy's --duration: the
 #: profiled worker loops about a third of it, taking turns with its twin and partner: 760-980 samples
-#: under its loop on the H200; with 3 s and the partner alone, the CPU test's
+#: under its loop on the H200 at 6 s; with 3 s and the partner alone, the CPU test's
 #: planted 20 µs read 16.4-26.6 µs over 7 runs on the loaded 2-core machine, with 6 s 19.5-22.9 over
 #: 4), py-spy samples per second, cProfile'd calls per env, set-up warm-up seconds per case; the
-#: sampler effect (module doc, 3):
-DEFAULTS = {"rounds": 20, "burst_ms": 5.0, "profile_s": 6, "rate": 1000, "count_calls": 200, "warmup_s": 0.05,
-            # K: cycles (one loop of the profiled worker, one of its partner) without the sampler,
-            # before and again after the sampled ones (~45 ms a cycle: ~1.8 s each)
-            "sampler_cycles": 40,
+#: sampler effect (module doc, 3). ``profile_s`` 12 and ``sampler_cycles`` 80 (were 6 and 40): the
+#: effect's trimmed interval on the H200 was ±0.5-1.0 % at 6 s / 40 (one of three 2.6.3 readings,
+#: +1.2 % [+0.2, +2.2], reached past ±2 %) and ±0.5-0.6 % at 24 s / 160
+#: (benchmarks/results/h200-sampler-trimmed.txt); each doubling adds ~20 s per env to ``--explain``.
+DEFAULTS = {"rounds": 20, "burst_ms": 5.0, "profile_s": 12, "rate": 1000, "count_calls": 200, "warmup_s": 0.05,
+            # K: cycles (one loop of the profiled worker, one of its twin, one of its partner) without
+            # the sampler, before and again after the sampled ones (~65 ms a cycle: ~5 s each)
+            "sampler_cycles": 80,
             # seconds of one worker's loop per turn (~20 of its ~1 ms samples; H200: turns of 5-20 ms
             # see the same CPU speed in both workers)
             "sampler_loop_s": 0.02,
