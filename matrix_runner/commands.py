@@ -183,6 +183,9 @@ def cmd_compare(args) -> int:
     a, b = results.load(pa), results.load(pb)
     if args.min_effect is not None and not 0 < args.min_effect < 1:
         raise UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
+    if a.get("run_id") and a.get("run_id") == b.get("run_id"):
+        print(f"warning: A and B are the same run ({a['run_id']}: {pa} and {pb}); every ratio below is 1 "
+              "by construction, not a measured A/A", file=sys.stderr)
     cmp = report.compare_runs(a, b, args.min_effect, str(pa), str(pb))
     if not cmp["pairs"]:
         def envs_of(doc: dict) -> str:

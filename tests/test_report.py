@@ -920,3 +920,18 @@ def test_first_call_ms_is_summarized_and_survives_a_resume():
     assert fc["by_set"] == {"0": [28000.0, 15000.0, 9000.0], "1": [310.0, 290.0], "2": [300.0]}
     assert runner.case_data_from_record(rec, case).first_call == cd.first_call
     assert results.first_call_record({}) is None
+
+
+def test_compare_of_a_run_with_itself_warns_that_its_ratios_are_1_by_construction():
+    cp = run_cli("compare", str(H200), str(H200))
+    assert cp.returncode == 0, cp.stderr
+    assert "warning: A and B are the same run" in cp.stderr and "not a measured A/A" in cp.stderr
+
+
+def test_a_one_set_run_says_one_process_set(tmp_path):
+    doc = results.load(ROOT / "reports/h200-aa-quick-3")
+    assert len(doc["sets"]) == 1
+    html = report.write_html(doc, tmp_path).read_text()
+    text = " ".join(re.sub(r"<[^>]+>", " ", html).split())
+    w = doc["settings"]["workers_per_env"]
+    assert f"(1 process set of {w} worker(s) per version;" in text and "1 process sets" not in text
