@@ -20,7 +20,14 @@ from .. import build as buildmod
 from .. import compcache, fa3, subjects, wheels
 from ..config import Case
 from ..proc import Stopped, stopping
-from .plan import Options, PlanItem, _tree_wheel, plan_env, torch_identity, waits_for_cache
+from .plan import (
+    Options,
+    PlanItem,
+    _tree_wheel,
+    plan_env,
+    torch_identity,
+    waits_for_cache,
+)
 from .preflight import preflight, static_preflight
 from .record import RECORD, RECORD_SCHEMA, load_record, write_record
 from .requests import EnvRequest
@@ -178,18 +185,27 @@ def _prepare_reused(req: EnvRequest, item: PlanItem) -> Prepared:
                     {**rec, "fingerprint": fingerprint(env_dir), "probe": p, "status": "ok", "import_error": None})
 
 
+def _pinned_torch_key(py: Path, tid: dict, key: dict) -> tuple[dict, dict]:
+    """A wheel key with the torch the env holds: with a pinned torch (``--torch X.Y.Z``) its CUDA
+    version and C++ ABI are known only once it is installed, so the venv's torch is probed and put
+    into the key (both wheel paths: flash-attn 2 and a tree subject). Returns (key, the probed torch;
+    {} with an inherited torch, whose key the plan already knew)."""
+    if tid["mode"] != "pinned":
+        return dict(key), {}
+    tp = probe(py).get("torch") or {}
+    return {**key, "torch_cuda": tp.get("cuda"), "cxx11abi": tp.get("cxx11abi"),
+            "torch": tp.get("version", key.get("torch", tid["version"]))}, tp
+
+
 def _prepare_flash_attn(req, item, opts, py, tid, driver_probe, progress, log, rebuilt: dict) -> Prepared:
     """Obtain flash-attn's wheel (find-links, cache, the release wheel, or a source build into the
     cache), install it into the new venv ``py`` and run the static preflight; the record names the
     wheel with its key, and the build info (``rebuilt``: why a reused env was rebuilt, first)."""
     env_dir = item.env_dir
     info: dict = dict(rebuilt)
-    key = item.key
-    tp: dict = {}
-    if tid["mode"] == "pinned":
-        tp = probe(py).get("torch") or {}
+    key, tp = _pinned_torch_key(py, tid, item.key)
+    if tp:
         tid = {**tid, "cuda": tp.get("cuda"), "cxx11abi": tp.get("cxx11abi")}
-        key = {**key, "torch_cuda": tp.get("cuda"), "cxx11abi": tp.get("cxx11abi"), "torch": tp.get("version", tid["version"])}
     wheel: Path | None = None
     sha = None
     if item.method in ("find-links", "cache", "local-wheel", "reuse") and item.wheel and not item.wheel.startswith("http"):
@@ -255,10 +271,7 @@ def _prepare_tree(req, item, opts, py, tid, driver_probe, progress, log) -> Prep
     install it, write the worker's subject marker, run the static preflight; the env record to write
     goes with it."""
     t0 = time.monotonic()
-    key = dict(item.key)
-    if tid["mode"] == "pinned":
-        tp = probe(py).get("torch") or {}
-        key.update({"torch_cuda": tp.get("cuda"), "cxx11abi": tp.get("cxx11abi"), "torch": tp.get("version", key["torch"])})
+    key, _ = _pinned_torch_key(py, tid, item.key)
     info: dict = {"subject": req.package, "tree": key["tree"]}
     if item.method in ("cache", "find-links", "reuse") and item.wheel and Path(item.wheel).is_file():
         wheel = Path(item.wheel)
