@@ -285,19 +285,23 @@ NAMES = ("results.json", "results.json.gz")
 
 def find(path: str | Path) -> Path:
     """The results file of ``path``: a run directory (its results.json, else results.json.gz) or a
-    file given as is. A directory holding neither gives its results.json path (load then names it)."""
+    file given as is; a ``.../results.json`` that is not there but archived beside it (``.gz``) gives
+    the archive (a command line written before the run was archived still reads it). A directory
+    holding neither gives its results.json path (load then names it)."""
     p = Path(path)
     if p.is_dir():
         for name in NAMES:
             if (p / name).is_file():
                 return p / name
         return p / NAMES[0]
+    if p.name == NAMES[0] and not p.exists() and (p.parent / NAMES[1]).is_file():
+        return p.parent / NAMES[1]
     return p
 
 
 def read_text(path: str | Path) -> str:
-    """The JSON text of a results file, gunzipped when its name ends in ``.gz``."""
-    p = Path(path)
+    """The JSON text of a results file (:func:`find`), gunzipped when its name ends in ``.gz``."""
+    p = find(path)
     if p.suffix == ".gz":
         with gzip.open(p, "rt", encoding="utf-8") as f:
             return f.read()

@@ -833,6 +833,9 @@ def test_an_archived_run_is_read_published_and_compared_like_a_plain_one(tmp_pat
     (arch / "index.html.gz").write_bytes(gzip.compress((H200_DIR / "index.html").read_bytes()))
     assert results.find(arch) == arch / "results.json.gz"
     assert results.load(arch) == plain and results.load(arch / "results.json.gz") == plain
+    # a path written before the run was archived (RUN/results.json) reads the archive beside it
+    assert results.find(arch / "results.json") == arch / "results.json.gz"
+    assert json.loads(results.read_text(arch / "results.json")) == plain
     out = publish.build_site(tmp_path / "reports", tmp_path / "site")
     assert [r["name"] for r in out["runs"]] == ["archived"] and not out["warnings"]
     assert (tmp_path / "site" / "archived" / "results.json").read_bytes() == raw
