@@ -67,7 +67,7 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
                    help="one process set, short sampling (smoke runs): ratios are provisional, never a verdict")
     r.add_argument("--min-effect", type=float, metavar="FRAC",
                    help="smallest ratio change called faster/slower (default 0.05 = 5%%)")
-    r.add_argument("--time-budget", type=float, metavar="S", help="seconds the run may take from its start, env building and installing excluded (default 60)")
+    r.add_argument("--time-budget", type=float, metavar="S", help="seconds the run may take from its start, env building and installing excluded (default 60); checked before each process set and while its cases are set up (a set-up still running then ends the run); a set that has begun its cycles finishes them")
     r.add_argument("--max-sets", type=int, metavar="N",
                    help="most process sets (fresh workers of every env each; default 40: the budget or decided "
                         "verdicts normally stop first)")

@@ -563,7 +563,12 @@ def terminal_table(res: dict, console=None) -> None:
         if e is None:
             return "–"
         if e["case"]["status"] != "ok":
-            why = (e["case"].get("error") or "").split(": ", 1)[-1][:60]
+            if e["case"].get("error_kind") == "not-run":  # the run's stop reason is printed below the table
+                why = "not timed: the run stopped first"
+            else:
+                why = (e["case"].get("error") or "").split(": ", 1)[-1]
+                if len(why) > 60:  # cut at a word, marked
+                    why = why[:59].rsplit(" ", 1)[0] + "…"
             return f"[red]{escape(e['case'].get('error_kind') or e['case']['status'])}[/]: {escape(why)}"
         m = e["m"]
         return (" / ".join(fmt_us(m[k]["median"]) if m.get(k) else "–" for k in clocks)

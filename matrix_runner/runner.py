@@ -158,6 +158,11 @@ class _SetFailed(Exception):
     """A worker of the set could not start (died or hung) in an env known to import: the set is given up."""
 
 
+class _BudgetSpent(Exception):
+    """The run's time budget ran out while the set's cases were being set up (inputs, first calls):
+    nothing more is timed; the set's record says where (:func:`_run_set`)."""
+
+
 def _import_check(env: EnvResult, hello: dict) -> str | None:
     """The full preflight of an env whose import was not checked yet (envs module doc), on its first
     worker's ``hello`` probe. On success the env's probe becomes the worker's (torch, GPU) and the
@@ -380,7 +385,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             with monitor:
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
                                case_timeout=case_timeout, stop=stop, rng=rng, on_progress=on_progress,
-                               prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes, pairs=pairs)
+                               prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes, pairs=pairs,
+                               deadline=t0 + sampling.time_budget_s)
             rec["gpu"] = monitor.summary()
             sets.append(rec)
             durations.append(rec["seconds"])
@@ -396,6 +402,9 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             on_set(rec)
             if rec["status"] == "interrupted":
                 raise Interrupted()
+            if rec["status"] == "budget":
+                reason = rec["error"]
+                break
     except (Interrupted, KeyboardInterrupt):
         stop.set()
         reason = "interrupted"
@@ -421,8 +430,12 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
 def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, device: str, quick: bool,
              cpu: int | None, case_timeout: float, stop: threading.Event, rng: random.Random,
              on_progress, prefetch, seed: int, labels: list[str], park: set | None = None,
-             slopes: dict | None = None, pairs: list | None = None) -> dict:
-    """Run one process set to its end; returns its record. Faults are handled as the module doc says."""
+             slopes: dict | None = None, pairs: list | None = None, deadline: float | None = None) -> dict:
+    """Run one process set to its end; returns its record. Faults are handled as the module doc says.
+    ``deadline`` (monotonic s: the run's start + its time budget) bounds the set-up of the set's
+    cases too: a set-up still running then ends the set and the run (status ``budget``; a GPU-sized
+    config on a CPU spent 200 s setting up one case under a 20 s budget before), without blaming the
+    case."""
     sid = st.sid
     st.t0 = time.monotonic()  # the set's own time: its workers may have started during the previous set
     rec = {"set": sid, "cpu": cpu, "pinned": cpu is not None, "status": "ok", "error": None,
@@ -523,12 +536,29 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             if isinstance(ms, (int, float)) and math.isfinite(ms):
                 cd.first_call.setdefault(sid, []).append(round(float(ms), 3))
 
+        def setup_reply(key: str, cid: str) -> dict:
+            """A set-up's reply, waited for at most until the run's deadline (then _BudgetSpent)."""
+            t_wait = case_timeout
+            if deadline is not None:
+                t_wait = min(case_timeout, max(0.5, deadline - time.monotonic()))
+            try:
+                return live[key].reply(t_wait)
+            except lockstep.WorkerFault as ex:
+                if ex.kind == "timeout" and t_wait < case_timeout and not stop.is_set():
+                    raise _BudgetSpent(
+                        f"time budget {sampling.time_budget_s:g} s spent while set {sid} set up case "
+                        f"{data[(lab_of[key], cid)].case.label} {data[(lab_of[key], cid)].case.op} "
+                        f"(inputs and first calls, {time.monotonic() - st.t0:.0f} s into the set): "
+                        "the cases set up so far were not timed; raise --time-budget, or use smaller "
+                        "cases on this device") from None
+                raise
+
         for key in list(live):  # the replies to set-ups queued by the prefetch, in their order
             for cid in st.preloaded.get(key, []):
                 if key not in live:
                     break
                 try:
-                    rep = live[key].reply(case_timeout)
+                    rep = setup_reply(key, cid)
                 except lockstep.WorkerFault as ex:
                     fault(key, cid, ex, "set-up")
                     bad.add(cid)
@@ -550,7 +580,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     bad.add(c.id)
             for key in sent:
                 try:
-                    rep = live[key].reply(case_timeout)
+                    rep = setup_reply(key, c.id)
                 except lockstep.WorkerFault as ex:
                     fault(key, c.id, ex, "set-up")
                     bad.add(c.id)
@@ -673,6 +703,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         phase("device")
     except _SetFailed:
         pass
+    except _BudgetSpent as ex:
+        rec["status"], rec["error"] = "budget", str(ex)
     except Interrupted:
         rec["cycles"] = max(rec["cycles"], st.cycles_done)  # the cycles kept (the report compares them)
         rec["status"] = "interrupted"

@@ -889,3 +889,28 @@ def test_sigterm_during_a_build_stops_it_and_writes_results(tmp_path):
     assert res["sets"] == [] and res["cases"] == []
     (e,) = res["envs"]
     assert e["status"] == "failed" and e["error"].startswith("interrupted")
+
+
+def test_the_time_budget_bounds_a_slow_set_up_without_blaming_the_case(tmp_path):
+    """A case whose set-up outlasts the run's time budget (a GPU-sized config on a CPU: 200 s for one
+    case under a 20 s budget, new-user trial) ends the set and the run at the budget, says so, and
+    neither fails the case nor waits for --case-timeout; no worker is left running."""
+    slow = 'if cmd["cmd"] == "setup" and batch(cmd) == 4:\n    time.sleep(60)\n'
+    envs = [fake_env(tmp_path, "a", fault=slow), fake_env(tmp_path, "b", fault=slow)]
+    cs = cases(2, 4)
+    data, sets = {}, []
+    t0 = time.monotonic()
+    reason = runner.run_all(envs, cs, Sampling(set_seconds=0.2, time_budget_s=2.0, max_sets=3, burst_ms=1.0),
+                            device="cpu", quick=False, work=tmp_path / "work", stop=threading.Event(),
+                            data=data, sets=sets, case_timeout=60.0)
+    took = time.monotonic() - t0
+    assert took < 12, took  # the budget (2 s) plus the set's start, not the 60 s set-up
+    assert reason.startswith("time budget 2 s spent while set 0 set up case B4 ") and "raise --time-budget" in reason
+    assert len(sets) == 1 and sets[0]["status"] == "budget" and sets[0]["error"] == reason
+    for lab in ("a", "b"):
+        cd = data[(lab, cs[1].id)]
+        assert cd.status != "error" and cd.faults == 0 and not cd.sets["wall_us"]
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids(tmp_path))

@@ -938,3 +938,24 @@ def test_a_one_set_run_says_one_process_set(tmp_path):
     text = " ".join(re.sub(r"<[^>]+>", " ", html).split())
     w = doc["settings"]["workers_per_env"]
     assert f"(1 process set of {w} worker(s) per version;" in text and "1 process sets" not in text
+
+
+def test_terminal_cells_of_cases_not_timed_or_failed_are_not_cut_mid_word(h200):
+    """A case the run did not time says so in a short phrase (the stop reason follows the table);
+    a long error is cut at a word and marked (new-user trial: every cell ended '(sampling stopped
+    first: the')."""
+    import io
+
+    from rich.console import Console
+
+    res = copy.deepcopy(h200)
+    a, b = [c for c in res["cases"] if c["label"] == "B2 S300 H16 D16" and c["op"] == "fwd"]
+    a.update(status="not run", error_kind="not-run", error="not timed: no process set timed this case (sampling "
+             "stopped first: the time budget or max_sets ran out, or a fault ended the set)")
+    b.update(status="error", error_kind="crash", error="set 0: the worker exited with signal SIGSEGV while "
+             "timing the backward pass of this case in its second burst")
+    out = io.StringIO()
+    report.terminal_table(res, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "not timed: the run stopped first" in text and "(sampling stopped first: the" not in text
+    assert "crash: the worker exited with signal SIGSEGV while timing the…" in text
