@@ -247,10 +247,13 @@ def test_plan_expects_hits_for_a_second_version_with_the_same_kernel_sources(tmp
     assert b["compile_cache"]["expected_hits"] == {u: "env 2.6.3 (this run; one build waits for the other)" for u in units}
     assert b["estimate_s"] < a["estimate_s"] / 3 and b["compile_cache"]["estimate_cold_s"] > b["estimate_s"]
     # the cores go to the build that compiles (envs.share_jobs): 2.6.3 gets the jobs of a run with one
-    # build, 2.7.0.post2 (waiting for its files) keeps the share it was planned with, and 2.6.3's
-    # estimate is the one for its jobs
+    # build, 2.7.0.post2 (waiting for its files) jobs for its own two units, and 2.6.3's estimate is
+    # the one for its jobs
     assert a["jobs"]["max_jobs"] == build.choose_jobs(1, 5)["max_jobs"]
-    assert b["jobs"]["max_jobs"] == build.choose_jobs(2, 5)["max_jobs"]
+    assert b["jobs"]["max_jobs"] == build.choose_jobs(1, 2)["max_jobs"]  # its flash_api and stub units, after 2.6.3
+    import torch
+    if torch.version.cuda is None:  # the CPU machines: the plan says this torch cannot build it
+        assert any("has no CUDA: a CUDA build of flash-attn cannot be made against it" in n for n in a["notes"])
     assert a["estimate_s"] == round(build.estimate_seconds(sorted(units - {"stubs"}), 1, a["jobs"]["max_jobs"]))
     print("estimates s: cold", a["estimate_s"], "with hits", b["estimate_s"])
     # a later run: 2.6.3's build is in the ledger

@@ -333,6 +333,10 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
         key["sdist_sha256"] = wheels.sha256_file(sdist)
     kid = wheels.key_id(key)
     item = PlanItem(req.label, version, env_dir, "", key, kid, kernels, arch_field, sdist=str(sdist) if sdist else None)
+    if mode in ("slim", "full") and not tid.get("cuda") and tid["mode"] == "inherit":
+        item.notes.append(f"torch {tid.get('version')} here has no CUDA: a CUDA build of flash-attn cannot be made "
+                          f"against it; this is what {'--build ' + opts.build if opts.build != 'auto' else 'the build'} "
+                          "would compile where matrix-run runs on a CUDA build of torch")
     if tid["mode"] == "pinned":
         item.notes.append("torch is pinned: the key's torch CUDA version and ABI are read after torch is installed")
     # 1. find-links, 2. cache: the first wheel that fits the key
@@ -446,7 +450,8 @@ def waits_for_cache(item: PlanItem) -> bool:
 def share_jobs(items: list[PlanItem]) -> None:
     """Size each source build's MAX_JOBS by the builds that compile at the same time, once the whole
     run is planned (each env was planned with a share for every env of the run): a build that waits
-    for another's kernel files (:func:`waits_for_cache`) takes no share. Why: on the H200 (16 cores,
+    for another's kernel files (:func:`waits_for_cache`) takes no share (and gets jobs for its own
+    two units, which it compiles after the other build). Why: on the H200 (16 cores,
     2026-12-02) 2.6.3, 2.7.0.post2 and 2.8.3 hdim128 builds got 4 jobs each for 5 compile units, so
     each compiled its slowest file (~420 s) after another one, while 2.7.0.post2's 4 jobs waited on
     2.6.3's files (benchmarks/results/h200-ops-build-12-02.txt). The estimates follow the new jobs."""
@@ -456,9 +461,11 @@ def share_jobs(items: list[PlanItem]) -> None:
     if not waiting or n == len(builds):
         return
     for it in builds:
-        if it in waiting or it.kernels == "all" or not (it.compile_cache or {}).get("keys"):
-            continue  # waiting builds keep theirs (two small units); FA3 and full builds as planned
-        it.jobs = buildmod.choose_jobs(n, len(it.kernels) + 2)
+        if it.kernels == "all" or not (it.compile_cache or {}).get("keys"):
+            continue  # FA3 and full builds as planned
+        # a waiting build compiles nothing until the other is done, then its own flash_api (and a
+        # stub file the other did not compile): two units
+        it.jobs = buildmod.choose_jobs(n, 2 if it in waiting else len(it.kernels) + 2)
         n_archs = len(it.archs) if it.archs != "all" else 2
         hits = set(it.compile_cache.get("expected_hits") or {})
         cold = round(buildmod.estimate_seconds(it.kernels, n_archs, it.jobs["max_jobs"]))
@@ -519,7 +526,7 @@ def _plan_compile_cache(item: PlanItem, slim, tid: dict, py: str, opts: Options,
     by_src: dict[str, list[str]] = {}
     for u, src in sorted(hits.items()):
         by_src.setdefault(src, []).append(u)
-    out["note"] = (f"compile cache: {len(hits)} of {len(keys)} compile units expected from the cache"
+    out["note"] = (f"compile cache: {len(hits)} of {len(keys)} kernel and stub units expected from the cache (flash_api.cpp: every build compiles its own)"
                    + "".join(f"; {', '.join(us)} from {src}" for src, us in by_src.items()))
     return out
 
