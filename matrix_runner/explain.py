@@ -955,7 +955,11 @@ def lockstep_effect_text(lab: str, e: dict) -> str:
         return f"{lab}: not measured ({why})"
     s = f"{lab}: {_pct(e['effect'])} %"
     if e.get("effect_lo") is not None:
-        s += f" [{_pct(e['effect_lo'])}, {_pct(e['effect_hi'])}]"
+        lo, hi = e["effect_lo"], e["effect_hi"]
+        # a bound that rounds onto ±2.0 % shows three decimals, so "reaches past" can be seen
+        fine = any(round(abs(b) * 100, 1) == round(SAMPLER_TOL * 100, 1) for b in (lo, hi))
+        pct = (lambda x: f"{x * 100:+.3f}") if fine else _pct
+        s += f" [{pct(lo)}, {pct(hi)}]"
     how = "a co-pinned" if e.get("pinned_cpu") is not None else "an unpinned (drift not cancelled)"
     who = f"twin (a second {lab} worker)" if e.get("reference") == "twin" else f"{e['partner']} worker"
     s += (f" (against {how} unsampled {who}, {e['n_off']}+{e['n_off2']} cycles without the "
@@ -963,6 +967,12 @@ def lockstep_effect_text(lab: str, e: dict) -> str:
     if e.get("verdict"):
         s += "; " + VERDICT_TEXT[e["verdict"]].format(tol=SAMPLER_TOL * 100)
     return s + ")"
+
+
+#: Said where the sampled worker's ratio to its reference moved between the unsampled cycles before
+#: and after the sampler (an interval off 0): the effect is read against both (module doc, 3).
+DRIFT_NOTE = (" (it drifted; the sampled cycles sit between the unsampled ones before and after, so a"
+              " steady drift cancels in the effect, a step would not)")
 
 
 def _lockstep_lines(lab: str, e: dict) -> list[str]:
@@ -977,6 +987,8 @@ def _lockstep_lines(lab: str, e: dict) -> list[str]:
             s += f"; {lab}/{ref} after vs before the sampler {_pct(e['ratio_drift'])} %"
             if e.get("ratio_drift_lo") is not None:
                 s += f" [{_pct(e['ratio_drift_lo'])}, {_pct(e['ratio_drift_hi'])}]"
+                if e["ratio_drift_lo"] > 0 or e["ratio_drift_hi"] < 0:
+                    s += DRIFT_NOTE
         if (e.get("contention") or 0) > 1.2:
             s += f"; preempted: mean/median {e['contention']:.1f}x"
         out.append(s)

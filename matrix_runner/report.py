@@ -486,6 +486,7 @@ def render_html(res: dict, json_name: str | None = "results.json", with_charts: 
     from . import explain  # the explain stage's view (matrix-run --explain); None without its data
 
     vm["explain"] = explain.analyze(res)
+    vm["drift_note"] = explain.DRIFT_NOTE
     return _env().get_template("report.html.j2").render(**vm)
 
 
@@ -496,6 +497,12 @@ def write_html(res: dict, out_dir: Path, json_name: str | None = "results.json")
     tmp.write_text(render_html(res, json_name), encoding="utf-8")
     tmp.replace(p)
     return p
+
+
+def kv_gbps(case: dict) -> float | None:
+    """A kvcache case's GB/s of KV read at the device clock (stats.gbps; None for other cases): the
+    decode figure that belongs beside its µs in the terminal and Markdown tables."""
+    return ((case or {}).get("gbps") or {}).get("device")
 
 
 def markdown(res: dict) -> str:
@@ -520,7 +527,9 @@ def markdown(res: dict) -> str:
         for lab in vm["labels"]:
             e = by.get(lab)
             w = e["m"]["wall_us"] if e else None
-            cells.append(fmt_us(w["median"]) if w else (e["case"]["status"] if e else "–"))
+            g = kv_gbps(e["case"]) if e else None
+            cells.append((fmt_us(w["median"]) + (f" ({g:,.0f} GB/s)" if g else "")) if w
+                         else (e["case"]["status"] if e else "–"))
         for c in r["comps"]:
             w = c["wall"]
             cells.append(f"{w['verdict']} {fmt_ratio(w)}" + (f" ({w['attribution']})" if w.get("attribution") else "")
@@ -529,6 +538,9 @@ def markdown(res: dict) -> str:
     lines.append("")
     lines.append(f"ratio = candidate / baseline wall time: {ratio_definition(res.get('comparisons', []), (res.get('settings') or {}).get('method'), (res.get('settings') or {}).get('speed_adjust'))}; "
                  "(host) / (device): the difference is host overhead / kernel time.")
+    if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
+        lines.append("GB/s: KV cache read per second at the kernel (device) time (kvcache cases: the bytes of "
+                     "k_cache/v_cache a call must read given cache_seqlens).")
     for w in vm["wrong"]:
         lines.append(f"\n**Wrong results:** {esc(w[0])} {esc(w[1])} {esc(w[2])}: output or gradients differ from "
                      "the fp32 reference beyond tolerance.")
@@ -571,8 +583,10 @@ def terminal_table(res: dict, console=None) -> None:
                     why = why[:59].rsplit(" ", 1)[0] + "…"
             return f"[red]{escape(e['case'].get('error_kind') or e['case']['status'])}[/]: {escape(why)}"
         m = e["m"]
+        g = kv_gbps(e["case"])
         return (" / ".join(fmt_us(m[k]["median"]) if m.get(k) else "–" for k in clocks)
-                + (" [dim]HB[/]" if e["case"].get("host_bound") and len(clocks) > 1 else ""))
+                + (" [dim]HB[/]" if e["case"].get("host_bound") and len(clocks) > 1 else "")
+                + (f" [dim]· {g:,.0f} GB/s[/]" if g else ""))
 
     def ratio_cell(c: dict) -> str:
         w = c["wall"]
@@ -620,6 +634,8 @@ def terminal_table(res: dict, console=None) -> None:
     if vm["candidates"] and str((res.get("settings") or {}).get("method") or "").startswith("lockstep"):
         console.print("[dim]µs: the bursts' plain medians; ratio: paired cycle by cycle and taken at one CPU speed, "
                       "so it can differ by a few % from the ratio of the µs shown[/]")
+    if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
+        console.print("[dim]GB/s: KV cache read per second at the kernel (device) time (kvcache cases)[/]")
     for w in vm["wrong"]:
         console.print(f"[red]wrong results:[/] {escape(w[0])} {escape(w[1])} {escape(w[2])}: output or gradients differ "
                       "from the fp32 reference beyond tolerance (a faster wrong answer is not faster)")

@@ -575,3 +575,13 @@ def test_sampler_effect_interval_is_not_blown_up_by_preempted_cycles():
     assert e["verdict"] == "within" and abs(e["effect"] - 0.003) < 0.01, e
     plain = sum(on) / len(on) - sum(off) / len(off)
     assert math.expm1(plain) > 0.04  # what the plain means read
+
+
+def test_a_sampler_bound_that_rounds_onto_the_tolerance_shows_why_it_is_undecided():
+    """New-user trial: "[-2.0, +1.2] ... the interval reaches past ±2 %" read as a contradiction."""
+    e = {"effect": -0.004, "effect_lo": -0.02004, "effect_hi": 0.012, "pinned_cpu": 1, "reference": "twin",
+         "n_off": 40, "n_off2": 40, "n_on": 80, "verdict": "undecided"}
+    text = explain.lockstep_effect_text("2.6.3", e)
+    assert text.startswith("2.6.3: -0.4 % [-2.004, +1.200] (") and "reaches past ±2 %" in text
+    e.update(effect_lo=-0.015, verdict="within")
+    assert explain.lockstep_effect_text("2.6.3", e).startswith("2.6.3: -0.4 % [-1.5, +1.2] (")

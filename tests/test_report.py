@@ -959,3 +959,22 @@ def test_terminal_cells_of_cases_not_timed_or_failed_are_not_cut_mid_word(h200):
     text = out.getvalue()
     assert "not timed: the run stopped first" in text and "(sampling stopped first: the" not in text
     assert "crash: the worker exited with signal SIGSEGV while timing the…" in text
+
+
+def test_kvcache_gbps_is_in_the_terminal_and_markdown_tables(tmp_path):
+    """New-user trial: the decode figure (GB/s of KV read) was only in the HTML's case detail."""
+    import io
+
+    from rich.console import Console
+
+    res = results.load(ROOT / "reports/h200-kvcache-decode-2.6.3-2.7.0.post2-2.8.3")
+    paged = next(c for c in res["cases"] if c.get("page_block_size") and c["env"] == "2.8.3")
+    g = paged["gbps"]["device"]
+    assert 3900 < g < 4100  # 2.8.3's paged decode on the H200: ~3,977 GB/s of KV read
+    out = io.StringIO()
+    report.terminal_table(res, Console(file=out, width=220))
+    text = out.getvalue()
+    assert f"· {g:,.0f} GB/s" in text and "GB/s: KV cache read per second at the kernel (device) time" in text
+    md = report.markdown(res)
+    assert f"{report.fmt_us(paged['metrics']['wall_us']['median'])} ({g:,.0f} GB/s)" in md
+    assert "GB/s" not in report.markdown(results.load(H200_DIR))  # not for the other entry points
