@@ -313,7 +313,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             data.setdefault((e.label, c.id), CaseData(e.label, c))
     rng = random.Random(seed + len(sets))
     max_sets = 1 if quick else sampling.max_sets
-    t0 = time.monotonic() - elapsed_s
+    t_call = time.monotonic()
+    t0 = t_call - elapsed_s
     monitor = GpuMonitor(device == "cuda", gpu_index)
     closing: list = []  # this run's threads stopping finished workers
     before_aff = machine.allowed_cpus()
@@ -386,7 +387,9 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
                                case_timeout=case_timeout, stop=stop, rng=rng, on_progress=on_progress,
                                prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes, pairs=pairs,
-                               deadline=t0 + sampling.time_budget_s)
+                               # set-ups: within the budget from this call's start (a --resume of a
+                               # run near its budget still gets its set set up and timed)
+                               deadline=t_call + sampling.time_budget_s)
             rec["gpu"] = monitor.summary()
             sets.append(rec)
             durations.append(rec["seconds"])
@@ -432,7 +435,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
              on_progress, prefetch, seed: int, labels: list[str], park: set | None = None,
              slopes: dict | None = None, pairs: list | None = None, deadline: float | None = None) -> dict:
     """Run one process set to its end; returns its record. Faults are handled as the module doc says.
-    ``deadline`` (monotonic s: the run's start + its time budget) bounds the set-up of the set's
+    ``deadline`` (monotonic s: this run_all call's start + the time budget) bounds the set-up of the set's
     cases too: a set-up still running then ends the set and the run (status ``budget``; a GPU-sized
     config on a CPU spent 200 s setting up one case under a 20 s budget before), without blaming the
     case."""
