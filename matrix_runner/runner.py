@@ -19,7 +19,10 @@ that interval is within ``Sampling.precision`` (1 %) of its ratio, or the time b
 is reached: a run does not stop at its first decided verdicts while its budget can still narrow
 them (H200: a seed run that stopped once all 12 were decided, after 7 sets, left batch-2 intervals
 of ±14-23 %; the interval stays valid whenever the run stops). Items whose wall and host comparisons are all decided
-are no longer sampled in later sets.
+are no longer sampled in later sets. The budget is checked before each set (the next one must fit,
+by the sets so far) and while a set's cases are set up: a set-up still running at the budget ends
+the run there, naming the case and blaming nobody (a GPU-sized config on a 2-core CPU took 200 s to
+set up one case); a set that has begun its cycles finishes them.
 
 Faults: a worker that crashes or hangs (no reply within ``case_timeout`` s) fails the case it was
 working on in that env; the set ends (the cycles already timed are kept) and the next set retries
