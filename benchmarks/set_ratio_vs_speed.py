@@ -1,6 +1,6 @@
 """Does a process set's batch-2 forward ratio follow the CPU speed the set saw? For each seed run
 given (two envs), per batch-2 forward case: the correlation over sets of the set's log ratio (20 %
-trimmed mean of its per-cycle log ratios: speed-adjusted, as the statistics use them, and plain) with
+trimmed mean of its per-cycle log ratios, stats.set_log_ratio: speed-adjusted, as the statistics use them, and plain) with
 the log of the set's median speed-probe reading (worker.speed_probe, µs: higher = slower CPU).
 A consistent sign over runs would say the between-set spread is CPU speed that a per-version slope
 could take out; no consistent sign says it is not. Reads committed results only.
@@ -16,14 +16,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from matrix_runner import results
-
-
-def trimmed(v: list, trim: float = 0.2) -> float:
-    v = sorted(v)
-    g = int(trim * len(v))
-    return float(np.mean(v[g:len(v) - g]))
-
+from matrix_runner import results, stats
 
 for run in sys.argv[1:]:
     d = results.load(run)
@@ -42,8 +35,9 @@ for run in sys.argv[1:]:
             ids = sorted(set(cyc) & set(mb["by_set"][s]), key=int)
             if len(ids) < 4:
                 continue
-            adj.append(trimmed([math.log(mb["by_set"][s][i] / cyc[i]) for i in ids]))
-            plain.append(trimmed([math.log(mb["raw_by_set"][s][i] / ma["raw_by_set"][s][i]) for i in ids]))
+            # the set's value as the statistics take it (paired by cycle id, 20 % trimmed mean)
+            adj.append(stats.set_log_ratio(cyc, mb["by_set"][s]))
+            plain.append(stats.set_log_ratio(ma["raw_by_set"][s], mb["raw_by_set"][s]))
             speed.append(float(np.median([0.5 * math.log(ma["ref_by_set"][s][i] * mb["ref_by_set"][s][i]) for i in ids])))
         print(f"{Path(run).name:<42} {cid[:20]:<20} sets {len(speed):2d}  corr(set log ratio, log probe): "
               f"speed-adjusted {np.corrcoef(speed, adj)[0, 1]:+.2f}, plain {np.corrcoef(speed, plain)[0, 1]:+.2f}; "

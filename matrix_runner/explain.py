@@ -681,9 +681,9 @@ def sampler_effect(ls: dict) -> dict:
     interval (:func:`_yuen`; ``effect_plain_mean``: the plain means' difference, where a sampler
     that slowed a few loops a lot would show) ``effect_lo`` / ``effect_hi`` (off = the cycles before and after),
     ``verdict`` against :data:`SAMPLER_TOL` (``within`` / ``over`` / ``undecided``), ``ratio_drift``
-    (off2 against off, the same way: whether X/P held still without the sampler), X's and P's plain
-    µs per call (medians of their loops) without / with the sampler, cycle counts, ``contention``
-    (median mean/median of X's sampled loops)."""
+    (off2 against off, the same way: whether X/P held still without the sampler; ``drifted``: its
+    interval off 0), X's and P's plain µs per call (medians of their loops) without / with the
+    sampler, cycle counts, ``contention`` (median mean/median of X's sampled loops)."""
     every = ls.get("cycles") or []
     # the reference: the twin (a second worker of the same version: their ratio does not move with
     # the CPU's speed) where the record has one, else the partner (records before the twins)
@@ -711,7 +711,7 @@ def sampler_effect(ls: dict) -> dict:
            "partner_off_us": _median([c["p_us"] for c in by["off"] + by["off2"]]),
            "partner_on_us": _median([c["p_us"] for c in by["on"]]),
            "effect": None, "effect_lo": None, "effect_hi": None, "effect_plain_mean": None, "verdict": None, "ratio_drift": None,
-           "ratio_drift_lo": None, "ratio_drift_hi": None,
+           "ratio_drift_lo": None, "ratio_drift_hi": None, "drifted": False,
            "error": ls.get("error") or ls.get("twin_error")}
     if lr["on"] and off:
         out["effect"], out["effect_lo"], out["effect_hi"] = _yuen(lr["on"], off)
@@ -723,6 +723,8 @@ def sampler_effect(ls: dict) -> dict:
                               "over" if lo > SAMPLER_TOL or hi < -SAMPLER_TOL else "undecided")
     if lr["off"] and lr["off2"]:
         out["ratio_drift"], out["ratio_drift_lo"], out["ratio_drift_hi"] = _yuen(lr["off2"], lr["off"])
+        lo, hi = out["ratio_drift_lo"], out["ratio_drift_hi"]
+        out["drifted"] = lo is not None and (lo > 0 or hi < 0)  # its interval off 0 (DRIFT_NOTE)
     cont = [c["x_mean_us"] / c["x_us"] for c in by["on"] if c.get("x_mean_us")]
     out["contention"] = _median(cont)
     return out
@@ -987,7 +989,7 @@ def _lockstep_lines(lab: str, e: dict) -> list[str]:
             s += f"; {lab}/{ref} after vs before the sampler {_pct(e['ratio_drift'])} %"
             if e.get("ratio_drift_lo") is not None:
                 s += f" [{_pct(e['ratio_drift_lo'])}, {_pct(e['ratio_drift_hi'])}]"
-                if e["ratio_drift_lo"] > 0 or e["ratio_drift_hi"] < 0:
+                if e.get("drifted"):
                     s += DRIFT_NOTE
         if (e.get("contention") or 0) > 1.2:
             s += f"; preempted: mean/median {e['contention']:.1f}x"

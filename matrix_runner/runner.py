@@ -551,9 +551,10 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                 return live[key].reply(t_wait)
             except lockstep.WorkerFault as ex:
                 if ex.kind == "timeout" and t_wait < case_timeout and not stop.is_set():
+                    case = data[(lab_of[key], cid)].case
                     raise _BudgetSpent(
                         f"time budget {sampling.time_budget_s:g} s spent while set {sid} set up case "
-                        f"{data[(lab_of[key], cid)].case.label} {data[(lab_of[key], cid)].case.op} "
+                        f"{case.label} {case.op} "
                         f"(inputs and first calls, {time.monotonic() - st.t0:.0f} s into the set): "
                         "the cases set up so far were not timed; raise --time-budget, or use smaller "
                         "cases on this device") from None

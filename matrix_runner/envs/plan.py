@@ -426,13 +426,8 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
         item.notes.append(f"torch {tid['version']} has no CUDA: only flash-attn's Python part is built "
                           "(FLASH_ATTENTION_SKIP_CUDA_BUILD=TRUE); real flash-attn then fails the import preflight")
         return item
-    n_archs = len(arch_field) if arch_field != "all" else 2
-    item.estimate_s = round(buildmod.estimate_seconds(kernels, n_archs, item.jobs["max_jobs"]))
     item.compile_cache = _plan_compile_cache(item, slim, tid, py, opts, planned_units)
-    hits = set((item.compile_cache or {}).get("expected_hits") or {})
-    if hits:
-        item.compile_cache["estimate_cold_s"] = item.estimate_s
-        item.estimate_s = round(buildmod.estimate_seconds(kernels, n_archs, item.jobs["max_jobs"], hits=hits))
+    _estimate(item)
     if mode == "full":
         item.notes.append("full build: every kernel file of the version (hours on few cores)")
     return item
@@ -466,14 +461,18 @@ def share_jobs(items: list[PlanItem]) -> None:
         # a waiting build compiles nothing until the other is done, then its own flash_api (and a
         # stub file the other did not compile): two units
         it.jobs = buildmod.choose_jobs(n, 2 if it in waiting else len(it.kernels) + 2)
-        n_archs = len(it.archs) if it.archs != "all" else 2
-        hits = set(it.compile_cache.get("expected_hits") or {})
-        cold = round(buildmod.estimate_seconds(it.kernels, n_archs, it.jobs["max_jobs"]))
-        if hits:
-            it.compile_cache["estimate_cold_s"] = cold
-            it.estimate_s = round(buildmod.estimate_seconds(it.kernels, n_archs, it.jobs["max_jobs"], hits=hits))
-        else:
-            it.estimate_s = cold
+        _estimate(it)
+
+
+def _estimate(item: PlanItem) -> None:
+    """A flash-attn 2 source build's estimate (s) from its kernel files, archs and MAX_JOBS, with the
+    compile cache's expected hits (``compile_cache["estimate_cold_s"]``: without them)."""
+    n_archs = len(item.archs) if item.archs != "all" else 2
+    item.estimate_s = round(buildmod.estimate_seconds(item.kernels, n_archs, item.jobs["max_jobs"]))
+    hits = set((item.compile_cache or {}).get("expected_hits") or {})
+    if hits:
+        item.compile_cache["estimate_cold_s"] = item.estimate_s
+        item.estimate_s = round(buildmod.estimate_seconds(item.kernels, n_archs, item.jobs["max_jobs"], hits=hits))
 
 
 def unit_context(item: PlanItem, tid: dict, py: str) -> dict:
