@@ -2,7 +2,8 @@
 # GPU machine (device tool; no network, no uv there): the lockstep measurement (issue #10) on real
 # flash-attn, in one device call. Needs in .carry/: uv's wheel and the slim 2.6.3 / 2.7.0.post2 wheels
 # (hdim32 fp16, sm_90) with their key sidecars (../shared/wheels/).
-#   1. the seed comparison, default config and budget: 2.6.3 vs 2.7.0.post2 (envs created here)
+#   1. the seed comparison, default config and budget: 2.6.3 vs 2.7.0.post2 (envs created here;
+#      SEED=N: N of them, SEED=0: none)
 #   2. three A/A runs: 2.6.3 under two labels, default config and budget
 #   3. a --quick A/A (no faster/slower verdict may come out of one process set)
 #   4. EXTRA="--burst-ms 5" etc.: one more A/A with those options, if time is left (started before
@@ -27,7 +28,10 @@ step() { local name=$1; shift; local t=$SECONDS
   echo "== $name: exit $rc, $((SECONDS - t)) s wall" | tee -a "$OUT/summary.txt"
   grep -E "✓|✗|time:|stopped|failed|warning|pinned" /tmp/lk/$name.log | head -8 | tee -a "$OUT/summary.txt"
   python3 benchmarks/lockstep_summary.py /tmp/lk/$name/results.json 2>&1 | tee -a "$OUT/summary.txt"; }
-[ "${SEED:-1}" = 1 ] && step seed 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
+# SEED=N: N seed comparisons one after another (the first on a fresh machine pays its cold caches)
+for i in $(seq 1 "${SEED:-1}"); do
+  step seed$([ "$i" = 1 ] || echo "$i") 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
+done
 # AA_VERSION: the version of the A/A runs (2.6.3 by default; 2.7.0.post2 asks whether its own
 # processes differ from one another more than 2.6.3's do)
 AAV=${AA_VERSION:-2.6.3}; AAS=$([ "$AAV" = 2.6.3 ] || echo "-$AAV")

@@ -3,8 +3,10 @@
 matrix-run's measurement (runner and stats module docs): process sets; per set and case one log
 ratio (``stats.set_log_ratio``: 20 % trimmed mean of the paired per-cycle log ratios); per
 comparison an anytime-valid t confidence sequence over the sets (``stats.t_cs``, mixing
-``stats.lai_mixing(n_target, alpha/m)``) at level alpha/m (Bonferroni over the m = 12 wall-time
-comparisons, alpha = 0.05); the runner looks after every set and stops when every wall comparison is
+``stats.lai_mixing(n_target, alpha)``), each alone at level alpha/m, the m = 12 wall-time comparisons
+held together by e-BY (``stats.select_family``: k decided alike at alpha k/m; rows "Bonferroni:" and
+results/2 method "/1": alpha/m alone, mixing tuned for it; alpha = 0.05); the runner looks after
+every set and stops when every wall comparison is
 decided (``stats.verdict``, min_effect 0.05), or at max_sets. A decided comparison whose interval
 is within ``Sampling.precision`` (1 %) of its ratio is no longer sampled (runner ``_cycles``). The
 claim: an A/A run of 12 comparisons ends with ANY false faster/slower verdict in <= 5 % of runs.
@@ -192,21 +194,46 @@ class Family:
 
 
 # ----------------------------------------------------------------------------------- the rules
-def prefix_cs(L: np.ndarray, n_target: int):
-    """Per prefix length n (0..S): the t-CS (stats.t_cs) mean and half-width of L[..., :n]."""
+def prefix_cs(L: np.ndarray, n_target: int, selective: bool = True):
+    """Per prefix length n (0..S): the t-CS (stats.t_cs) mean and half-widths of L[..., :n], at the
+    levels e-BY reads (stats.select_family: 1 - ALPHA k/M for k = 1..M, mixing tuned for ALPHA), or,
+    not ``selective`` (results/2 method "/1"), at 1 - ALPHA/M alone with its own mixing: hw has shape
+    (R, J, S + 1, K)."""
     R, J, S = L.shape
-    alpha = ALPHA / M
-    c = stats.lai_mixing(n_target, alpha)
-    f = np.array([stats._t_cs_halfwidth(n, 1.0, alpha, c) if n >= 1 else math.inf for n in range(S + 1)])
+    levels = [ALPHA * k / M for k in range(1, M + 1)] if selective else [ALPHA / M]
+    c = stats.lai_mixing(n_target, ALPHA if selective else ALPHA / M)
+    f = np.array([[stats._t_cs_halfwidth(n, 1.0, a, c) if n >= 1 else math.inf for a in levels]
+                  for n in range(S + 1)])
     mean = np.full((R, J, S + 1), np.nan)
-    hw = np.full((R, J, S + 1), np.inf)
+    hw = np.full((R, J, S + 1, len(levels)), np.inf)
     for n in range(1, S + 1):
         x = L[..., :n]
         m = x.mean(-1)
         q = ((x - m[..., None]) ** 2).sum(-1)
         mean[..., n] = m
-        hw[..., n] = np.sqrt(q) * f[n] if math.isfinite(f[n]) else math.inf
+        with np.errstate(invalid="ignore"):
+            hw[..., n, :] = np.where(np.isfinite(f[n]), np.sqrt(q)[..., None] * f[n], math.inf)
     return mean, hw
+
+
+def select(m: np.ndarray, h: np.ndarray, n: np.ndarray):
+    """stats.select_family, vectorized over runs: ``h`` (R, J, K) half-widths at the K levels; per
+    kind of decision (faster/slower, same) the largest k with >= k comparisons so decided at level
+    k, those reported there; the rest at level 1 (ambiguous). Returns (codes, reported half-width)."""
+    K = h.shape[-1]
+    codes = np.stack([verdicts(m, h[..., k], n) for k in range(K)], -1)  # (R, J, K)
+    code = verdicts(m, h[..., 0], n)
+    hr = h[..., 0].copy()
+    for kind in ((2, 3), (1,)):
+        hit = np.isin(codes, kind)
+        count = hit.sum(1)  # (R, K)
+        ok = count >= np.arange(1, K + 1)[None, :]
+        kstar = np.where(ok.any(1), K - 1 - np.argmax(ok[:, ::-1], 1), -1)  # largest k with count >= k
+        for r in np.flatnonzero(kstar >= 0):
+            sel = hit[r, :, kstar[r]]
+            code[r, sel] = codes[r, sel, kstar[r]]
+            hr[r, sel] = h[r, sel, kstar[r]]
+    return code, hr
 
 
 def prefix_t(L: np.ndarray, level: float = stats.CI_LEVEL):
@@ -247,13 +274,16 @@ def run_rule(L: np.ndarray, truth: np.ndarray, method: str, n_target: int = N_TA
     sampled. ``fixed_n``: no looking, one verdict at that many sets. Also records whether an
     interval missed ``truth`` at the stop (``miss``) or at any look up to it (``miss_any``)."""
     R, J, S = L.shape
-    mean, hw = prefix_cs(L, n_target) if method == "cs" else prefix_t(L)
+    mean, hw = prefix_cs(L, n_target, selective=method == "cs") if method in ("cs", "bonferroni") else prefix_t(L)
+    if hw.ndim == 3:
+        hw = hw[..., None]
     rr, jj = np.meshgrid(np.arange(R), np.arange(J), indexing="ij")
     if fixed_n is not None:
         n = np.full((R, J), fixed_n)
         m, h = mean[rr, jj, n], hw[rr, jj, n]
+        code, h = select(m, h, n)
         miss = np.abs(m - truth) > h
-        return {"code": verdicts(m, h, n), "n": n, "hw": np.expm1(h), "sets": np.full(R, fixed_n),
+        return {"code": code, "n": n, "hw": np.expm1(h), "sets": np.full(R, fixed_n),
                 "by_decided": np.zeros(R, bool), "m": m, "miss": miss, "miss_any": miss}
     n = np.zeros((R, J), dtype=np.int64)
     frozen = np.zeros((R, J), bool)
@@ -264,7 +294,7 @@ def run_rule(L: np.ndarray, truth: np.ndarray, method: str, n_target: int = N_TA
     for s in range(1, S + 1):
         n += (alive[:, None] & ~frozen)
         m, h = mean[rr, jj, n], hw[rr, jj, n]
-        code = verdicts(m, h, n)
+        code, h = select(m, h, n)
         decided = code > 0
         miss = np.abs(m - truth) > h  # inf half-width (too few sets): no miss
         out["miss_any"] |= alive[:, None] & miss
@@ -277,7 +307,9 @@ def run_rule(L: np.ndarray, truth: np.ndarray, method: str, n_target: int = N_TA
         alive &= ~stop
         if freeze:
             with np.errstate(over="ignore", invalid="ignore"):
-                frozen |= decided & (np.exp(m + h) / np.exp(m) - 1 <= PRECISION)
+                # recomputed at every look, as the runner does (runner._settled): with e-BY a settled
+                # comparison is sampled again when the selection shrinks and its interval widens
+                frozen = decided & (np.exp(m + h) / np.exp(m) - 1 <= PRECISION)
         if not alive.any():
             break
     return out
@@ -303,10 +335,14 @@ def replay(fam: Family, used, idx, r: int, S: int, method: str, n_target: int = 
             obs[j].append(stats.set_log_ratio(base[j][s], cand[j][s]))
             k[j] += 1
         res = []
-        for j in range(M):
+        if method in ("cs", "bonferroni"):  # as runner.comparisons_now: each alone, then e-BY over them
+            vs = [stats.set_compare(base[j], cand[j], min_effect=E, family_size=M, family_alpha=ALPHA,
+                                    n_target=n_target, cycles=True, selective=method == "cs") for j in range(M)]
             if method == "cs":
-                v = stats.set_compare(base[j], cand[j], min_effect=E, family_size=M, family_alpha=ALPHA,
-                                      n_target=n_target, cycles=True)
+                stats.select_family(vs, family_alpha=ALPHA, family_size=M, min_effect=E)
+        for j in range(M):
+            if method in ("cs", "bonferroni"):
+                v = vs[j]
                 res.append((v["verdict"], v["n_sets"], v["ci_high"] / v["ratio"] - 1))
             else:
                 if len(obs[j]) < 2:
@@ -424,9 +460,11 @@ def main() -> None:
     print(f"# python benchmarks/sim_lockstep.py --runs {R} --seed {seed} --check {a.check} --data {DATA1.name} "
           f"--aa-runs {','.join(AA_RUNS)}   "
           f"({datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, numpy {np.__version__})")
-    print(f"# rule: t-CS at alpha {ALPHA}/{M} (Bonferroni), n_target {N_TARGET} (lai_mixing c = "
-          f"{stats.lai_mixing(N_TARGET, ALPHA / M):.4f}), min_effect {E}, precision freeze {PRECISION}, "
-          f"look after every set, stop when all {M} wall comparisons are decided or at the set cap")
+    print(f"# rule: t-CS, e-BY over the {M} comparisons (stats.select_family: decided ones at 1 - {ALPHA} k/{M}, "
+          f"the rest at 1 - {ALPHA}/{M}), n_target {N_TARGET} (lai_mixing c = "
+          f"{stats.lai_mixing(N_TARGET, ALPHA):.4f}), min_effect {E}, precision freeze {PRECISION}, "
+          f"look after every set, stop when all {M} wall comparisons are decided or at the set cap; "
+          f"rows 'Bonferroni:' judge every interval at 1 - {ALPHA}/{M} (results/2 method /1)")
 
     def go(fam: Family, S: int, method: str = "cs", label: str | None = None, n_target: int = N_TARGET,
            freeze: bool = True, fixed_n: int | None = None, wrong_direction: bool = False):
@@ -477,6 +515,9 @@ def main() -> None:
     for S in (9, 20):
         for f in fams:
             outs_a[(f.name, S)] = go(f, S)
+    for S in (9, 20):
+        for f in (fams[0], fams[3]):
+            go(f, S, method="bonferroni", label=f"Bonferroni: {f.name}, max {S} sets")
     go(fams[0], 20, label="A/A as measured, max 20 sets, n_target 20", n_target=20)
     go(fams[3], 20, label="A/A re-centred, max 20 sets, n_target 20", n_target=20)
     print("  'cycles resampled' adds the within-set cycle noise a second time (a real set's log ratio already\n"

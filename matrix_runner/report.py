@@ -264,13 +264,28 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
                  "its samples reads the CPU's speed of the moment; the case's slope of call time on it, measured "
                  "within each worker in the earlier bursts, moves every sample there; the µs shown are the plain "
                  "burst medians)" if speed_adjust else "")
-        return (f"each process set (fresh workers of every version, all pinned to one CPU core) timed every case in "
-                f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
-                f"other{speed}; per set, the trimmed mean of those paired ratios; the interval is an anytime-valid "
-                f"confidence sequence over the sets (Lai's t-mixture) at {1 - c.get('alpha', 0.05):.2%} per "
-                f"comparison, so all {c.get('family_size') or len(wall) or 'the'} wall-time verdicts of the run hold together "
-                f"with {1 - c.get('family_alpha', 0.05):.0%} confidence however early sampling stopped "
-                f"(the same interval decided when to stop)")
+        how = (f"each process set (fresh workers of every version, all pinned to one CPU core) timed every case in "
+               f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
+               f"other{speed}; per set, the trimmed mean of those paired ratios; the interval is an anytime-valid "
+               f"confidence sequence over the sets (Lai's t-mixture)")
+        m, fa = c.get("family_size") or len(wall), c.get("family_alpha", 0.05)
+        if method in results.BONFERRONI_METHODS or (wall and "selection" not in c):
+            return (how + f" at {1 - c.get('alpha', 0.05):.2%} per comparison, so all {m or 'the'} wall-time verdicts "
+                    f"of the run hold together with {1 - fa:.0%} confidence however early sampling stopped "
+                    f"(the same interval decided when to stop)")
+        groups = []
+        for kind, word in (("faster/slower", "faster or slower"), ("same", "the same")):
+            k = sum(1 for x in wall if x.get("selection") == kind)
+            if k:
+                groups.append(f"the {k} called {word} at {1 - fa * k / max(m, 1):.2%}")
+        rest = sum(1 for x in wall if not x.get("selection"))
+        if rest or not groups:
+            groups.append(f"{'the other ' + str(rest) if groups else 'each'} at {1 - fa / max(m, 1):.2%}")
+        return (how + f"; the {m or 'the'} wall-time comparisons are held together by e-BY (Xu, Wang & Ramdas): "
+                f"k comparisons decided alike are shown at 1 - {fa:.0%}·k/{m} -- here " + ", ".join(groups)
+                + f" -- which keeps the expected share of shown intervals missing their true ratio at <= {fa:.0%}, "
+                f"and, were no version different at all, the chance of any false faster/slower verdict at <= {fa:.0%}, "
+                f"however early sampling stopped (the same intervals decided when to stop)")
     if wall and all(c.get("ci_method") == "paired trimmed t" for c in wall):
         return ("trimmed mean over rounds of the per-round ratio (each round's two processes ran back to back; "
                 "20% trimmed, none with fewer than 7 rounds); 95% CI: Tukey-McLaughlin trimmed t interval over rounds")

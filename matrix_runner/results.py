@@ -46,8 +46,11 @@ SCHEMA = "matrix-runner/results/2"
 #: Schemas :func:`load` reads: results/1 (one worker process per round, comparisons paired by round
 #: position) is read as it was written; its comparisons are recomputed with the method it used.
 READABLE = ("matrix-runner/results/1", SCHEMA)
-#: How a results/2 run's comparisons are made (stats.set_compare); named in the data.
-METHOD = "lockstep-sets/anytime-t-cs/1"
+#: How a results/2 run's comparisons are made (stats.set_compare, stats.select_family); named in the
+#: data. "/1": each interval at 1 - alpha/m (Bonferroni); "/2": e-BY over the decided ones.
+METHOD = "lockstep-sets/anytime-t-cs/2"
+#: The methods whose comparisons are recomputed without e-BY, as they were judged.
+BONFERRONI_METHODS = ("lockstep-sets/anytime-t-cs/1",)
 CORRECTNESS_TOL = {"fp16": 1e-2, "bf16": 3e-2}  # relative (Frobenius) error vs the fp32 reference
 
 
@@ -166,8 +169,9 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
     (baseline, candidate) labels (:func:`env_pairs`), default every label against the first.
 
     results/2 data (``by_set``) measured in one run: :func:`stats.set_compare` — process sets paired by
-    set id, cycles by cycle id, an anytime-valid interval at the family-wise level of ``settings``
-    (``alpha``, Bonferroni over the comparisons of each metric). ``paired=False`` (envs from separate
+    set id, cycles by cycle id, an anytime-valid interval; the comparisons of each metric are one
+    family at ``settings``' ``alpha``: :func:`stats.select_family` (e-BY) over them, or, for a run
+    of a method in :data:`BONFERRONI_METHODS`, Bonferroni alone as it was judged. ``paired=False`` (envs from separate
     runs: ``merge``, ``compare``) or results/1 data: :func:`stats.compare` on the per-set (per-round)
     values as independent groups, or paired by round for a results/1 run as it was written."""
     settings = settings or {}
@@ -184,10 +188,20 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
     family = {}
     for m in METRICS:
         family[m] = sum(1 for base, cand, cid in todo if m in by[(base, cid)]["metrics"] and m in by[(cand, cid)]["metrics"])
+    selective = settings.get("method") not in BONFERRONI_METHODS
+    rows = []
     for base, cand, cid in todo:
         b, k = by[(base, cid)], by[(cand, cid)]
-        per, attr, why = compare_case(b, k, min_effect, paired=paired, seed_key=cid, family=family, alpha=alpha,
-                                      n_target=n_target, quick=quick)
+        per, _, _ = compare_case(b, k, min_effect, paired=paired, seed_key=cid, family=family, alpha=alpha,
+                                 n_target=n_target, quick=quick, selective=selective)
+        rows.append((base, cand, cid, per))
+    if selective:
+        for m in METRICS:
+            stats.select_family([per.get(m) for *_, per in rows if (per.get(m) or {}).get("ci_method") == stats.SET_METHOD],
+                                family_alpha=alpha, family_size=family[m], min_effect=min_effect)
+    for base, cand, cid, per in rows:
+        b, k = by[(base, cid)], by[(cand, cid)]
+        attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
         for m, cmp in per.items():
             if cmp is None:
                 continue
@@ -201,7 +215,7 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
 
 def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key: str,
                  metrics: tuple = METRICS, family: dict | None = None, alpha: float = 0.05, n_target: int = 8,
-                 quick: bool = False) -> tuple[dict, str | None, str | None]:
+                 quick: bool = False, selective: bool = True) -> tuple[dict, str | None, str | None]:
     """One case's comparison, candidate record ``k`` against baseline record ``b`` (results.json case
     records of one case id): per metric of ``metrics`` that both hold, the comparison dict (ratio
     k/b, interval, verdict), and the attribution of the wall-time difference (host, device, mixed)
@@ -210,7 +224,9 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
 
     ``paired`` and results/2 data (``by_set``): :func:`stats.set_compare` -- process sets paired by
     set id, an anytime-valid interval at level ``alpha`` over ``family[metric]`` comparisons,
-    tuned for ``n_target`` sets, provisional when ``quick``. Else :func:`stats.compare` on the
+    tuned for ``n_target`` sets (``selective``: for e-BY, stats.set_compare), provisional when
+    ``quick``; this is each comparison alone (Bonferroni): :func:`comparisons` narrows the decided
+    ones of a run together (stats.select_family). Else :func:`stats.compare` on the
     per-set (per-round) values as independent groups (``paired=False``: separate runs), or paired by
     round for results/1 data (``paired=True``), bootstrap seeded by ``seed_key`` and the metric."""
     per: dict = {}
@@ -224,7 +240,8 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
                       for mk in (mb, mk_))
             per[m] = stats.set_compare(bs, ks, min_effect=min_effect, family_size=(family or {}).get(m, 1),
                                        family_alpha=alpha, n_target=n_target, cycles=m in CYCLED,
-                                       provisional=quick, plain=(rb, rk) if rb and rk else None)
+                                       provisional=quick, plain=(rb, rk) if rb and rk else None,
+                                       selective=selective)
         else:
             sb, sk = mb.get("samples"), mk_.get("samples")
             if not (sb and sk):

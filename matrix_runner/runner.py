@@ -189,7 +189,8 @@ def comparisons_now(data: dict, labels: list[str], cases: list[Case], sampling: 
     """``{(baseline, candidate, case id): stats.set_compare result}`` for ``metric`` over the data so
     far, for the run's ``pairs`` (stats.comparison_pairs; default: every env against the first), with
     the run's family (every ok pair x case of this metric, plus ``family_extra``: the comparisons of
-    the run timed elsewhere -- other shards -- so that the Bonferroni level is the whole run's)."""
+    the run timed elsewhere -- other shards -- so that the levels are the whole run's), the decided
+    ones narrowed together (stats.select_family, e-BY: what the run reports at the end)."""
     todo = [(base, cand, c) for base, cand in stats.pairs_among(labels, pairs) for c in cases
             if data[(base, c.id)].status == "ok" and data[(cand, c.id)].status == "ok"]
     out = {}
@@ -200,6 +201,8 @@ def comparisons_now(data: dict, labels: list[str], cases: list[Case], sampling: 
                                               family_alpha=sampling.alpha, n_target=sampling.planned_sets,
                                               cycles=metric in CYCLED, provisional=quick,
                                               plain=(rb, rk) if rb and rk else None)
+    stats.select_family(list(out.values()), family_alpha=sampling.alpha, family_size=len(todo) + family_extra,
+                        min_effect=sampling.min_effect)
     return out
 
 
@@ -304,7 +307,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     pass the earlier run's ``data`` and ``sets`` and its timing seconds as ``elapsed_s``.
 
     One shard of a run (shard module; several may run at once in threads of one driver):
-    ``family_extra`` comparisons of the other shards join the Bonferroni family, ``gpu_index`` is the
+    ``family_extra`` comparisons of the other shards join the family (stats.select_family), ``gpu_index`` is the
     nvidia-smi index of the GPU whose clocks are sampled, ``worker_env`` is added to every worker's
     environment (``CUDA_VISIBLE_DEVICES``). The driver's CPU pinning applies to the calling thread."""
     if not envs:

@@ -20,9 +20,11 @@ Rules:
   results.json), then the driver merges the shards' results (:func:`results.merge_shards`) into
   RUN/results.json and the report. Envs are prepared by each job under the env's file lock, so a
   shared ``--envs-dir`` is built once and reused; the compile cache serves per-node builds.
-- Statistics: the Bonferroni family is the whole run's comparisons in every shard (``family_extra``
-  of :func:`runner.run_all`: the other shards' comparisons); a case's process sets come from its one
-  shard, so the merged comparisons are :func:`results.comparisons` on the union of the cases.
+- Statistics: the family (m of stats.select_family) is the whole run's comparisons in every shard
+  (``family_extra`` of :func:`runner.run_all`: the other shards' comparisons); while it runs, a
+  shard's e-BY selection is among its own comparisons, a subset of the run's, so its stopping rule is
+  never laxer than the run's; a case's process sets come from its one shard, so the merged
+  comparisons are :func:`results.comparisons` on the union of the cases.
 - Faults: a shard whose thread or job is lost, or whose GPU fails, fails only its own cases (status
   error, ``error_kind`` "shard lost", naming the shard, GPU and job); the other shards are reported.
   ``--resume RUN`` reruns only the shards that did not finish (a job with no results, or an

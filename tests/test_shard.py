@@ -106,14 +106,25 @@ def test_merged_shards_give_the_comparisons_of_one_run_on_the_same_data():
     assert {c["verdict"] for c in whole["comparisons"]} >= {"slower"}  # not a vacuous comparison
     assert len(merged["sets"]) == 18 and {s["shard"] for s in merged["sets"]} == {0, 1, 2}
     assert [s["index"] for s in merged["shards"]] == [2, 1, 0]
-    # the running stopping rule of a shard (runner.comparisons_now with family_extra) = the whole run's
+    # the running stopping rule of a shard (runner.comparisons_now with family_extra): the whole run's
+    # Bonferroni level, and e-BY over the shard's own decided comparisons -- a subset of the run's
+    # selection, so never narrower than the whole run's interval, and a decided verdict is the run's
     samp = Sampling()
     full = runner.comparisons_now(data, ["a", "b"], CFG.cases, samp, "wall_us")
+    for v in full.values():  # e-BY: a decided one at alpha k/m (k decided alike), the rest at alpha/m
+        k = sum(w["selection"] == v["selection"] for w in full.values()) if v["selection"] else 1
+        assert v["alpha"] == samp.alpha * k / len(full)
+    assert sum(v["selection"] == "faster/slower" for v in full.values()) >= 6
     for i in range(n):
         mine = shard.share(CFG.cases, i, n)
         part = runner.comparisons_now(data, ["a", "b"], mine, samp, "wall_us",
                                       family_extra=len(CFG.cases) - len(mine))
-        assert part == {k: v for k, v in full.items() if k[2] in {c.id for c in mine}}  # (baseline, candidate, case)
+        assert set(part) == {k for k in full if k[2] in {c.id for c in mine}}  # (baseline, candidate, case)
+        for k, v in part.items():
+            assert v["alpha"] == samp.alpha * (v["selected"] or 1) / len(CFG.cases) <= full[k]["alpha"]
+            assert v["ci_high"] >= full[k]["ci_high"] and v["ci_low"] <= full[k]["ci_low"]
+            assert v["verdict"] in (full[k]["verdict"], "ambiguous")
+            assert v["ratio"] == full[k]["ratio"] and v["set_log_ratios"] == full[k]["set_log_ratios"]
         narrower = runner.comparisons_now(data, ["a", "b"], mine, samp, "wall_us")
         assert any(narrower[k]["ci_high"] < part[k]["ci_high"] for k in part)
     # a case in two shards is refused: shards time disjoint shares

@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -230,6 +232,94 @@ def test_family_size_widens_and_quick_runs_are_provisional():
     assert d["verdict"] == "same" and d["ci_high"] < 1.01
 
 
+
+
+def _family(effects, sd, n_sets, seed):
+    """set_compare results of one comparison per effect: ``n_sets`` sets of 12 cycles, the candidate
+    ``effect`` x the baseline with a per-set offset of SD ``sd`` (log) and 1 % cycle noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for eff in effects:
+        base, cand = {}, {}
+        for s in range(n_sets):
+            off = math.exp(sd * rng.standard_normal())
+            base[s] = {cy: 40.0 * (1 + 0.01 * rng.standard_normal()) for cy in range(12)}
+            cand[s] = {cy: v * eff * off * (1 + 0.01 * rng.standard_normal()) for cy, v in base[s].items()}
+        out.append(stats.set_compare(base, cand, family_size=len(effects), n_target=n_sets))
+    return out
+
+
+def _eby_by_hand(cmps, alpha, min_effect):
+    """e-BY's step-up from its definition (Xu, Wang & Ramdas 2024), apart from stats: per kind, the
+    largest k with >= k comparisons so decided by their own t-CS at alpha k/m."""
+    m = len(cmps)
+    want = {}
+    for kinds in (("faster", "slower"), ("same",)):
+        for k in range(m, 0, -1):
+            a = alpha * k / m
+            hits = []
+            for i, c in enumerate(cmps):
+                mu, lo, hi = stats.t_cs(c["set_log_ratios"], a, c["cs_mixing"])
+                if stats.verdict(math.exp(mu), math.exp(lo), math.exp(hi), min_effect) in kinds:
+                    hits.append(i)
+            if len(hits) >= k:
+                want.update({i: (a, "/".join(kinds)) for i in hits})
+                break
+    return {i: want.get(i, (alpha / m, None)) for i in range(m)}
+
+
+def test_select_family_reports_k_comparisons_decided_alike_at_alpha_k_over_m():
+    effects = [2.0] * 5 + [1.3] * 2 + [1.0] * 4 + [1.06]  # slower, slower, same, borderline
+    cmps = _family(effects, 0.02, 10, seed=11)
+    alone = [dict(c) for c in cmps]
+    stats.select_family(cmps, family_alpha=0.05, family_size=12, min_effect=0.05)
+    want = _eby_by_hand(alone, 0.05, 0.05)
+    for i, (c, a) in enumerate(zip(cmps, alone)):
+        level, kind = want[i]
+        assert c["alpha"] == pytest.approx(level) and c["selection"] == kind, (i, c["alpha"], c["selection"])
+        assert c["ratio"] == a["ratio"]  # the estimate never moves, only the interval's level
+        if kind:  # narrower than Bonferroni alone, and the same verdict
+            assert c["ci_low"] > a["ci_low"] and c["ci_high"] < a["ci_high"] and c["verdict"] == a["verdict"] or \
+                a["verdict"] == "ambiguous"
+            assert c["selected"] == sum(1 for w in want.values() if w[1] == kind)
+        else:
+            assert c["ci_low"] == a["ci_low"] and c["verdict"] == "ambiguous"
+    kinds = [c["selection"] for c in cmps]
+    assert kinds[:7] == ["faster/slower"] * 7 and kinds[7:11] == ["same"] * 4  # not a vacuous family
+    n_fs, n_same = kinds.count("faster/slower"), kinds.count("same")
+    assert cmps[0]["alpha"] == pytest.approx(0.05 * n_fs / 12) and cmps[7]["alpha"] == pytest.approx(0.05 * n_same / 12)
+    # all 12 decided alike: each at 1 - alpha, about a third narrower than Bonferroni (t-CS, 10 sets)
+    cmps = _family([2.0] * 12, 0.03, 10, seed=12)
+    bonf = [c["ci_high"] / c["ratio"] - 1 for c in cmps]
+    stats.select_family(cmps, family_alpha=0.05, family_size=12, min_effect=0.05)
+    assert all(c["alpha"] == pytest.approx(0.05) and c["verdict"] == "slower" for c in cmps)
+    shrink = [(c["ci_high"] / c["ratio"] - 1) / b for c, b in zip(cmps, bonf)]
+    assert 0.6 < min(shrink) <= max(shrink) < 0.72, shrink
+    # the run's other comparisons, timed elsewhere (a shard), count in m: a smaller k/m
+    cmps = _family([2.0] * 6, 0.03, 10, seed=12)
+    stats.select_family(cmps, family_alpha=0.05, family_size=12, min_effect=0.05)
+    assert all(c["alpha"] == pytest.approx(0.05 * 6 / 12) for c in cmps)
+    # provisional ones (one set) are neither selected nor counted
+    one = _family([2.0] * 3, 0.03, 1, seed=13)
+    stats.select_family(one, family_alpha=0.05, min_effect=0.05)
+    assert [c["verdict"] for c in one] == ["provisional"] * 3 and all(c["selection"] is None for c in one)
+
+
+def test_select_family_keeps_a_null_familys_false_verdicts_rare():
+    """Twelve A/A comparisons (true ratio 1), 6 sets of per-set SD 3 %, min_effect 0 (so any
+    interval excluding 1 is a false faster/slower): the share of families with any false verdict
+    stays <= alpha = 0.05 (e-BY under the global null), while judging each interval at 1 - alpha
+    alone (no family control, the same e-process) calls false verdicts far more often."""
+    rng_seeds = range(300)
+    eby = alone = 0
+    for seed in rng_seeds:
+        cmps = _family([1.0] * 12, 0.03, 6, seed=1000 + seed)
+        each = [stats._at_level(c, 0.05, 0.0)["verdict"] for c in cmps]
+        alone += any(v in ("faster", "slower") for v in each)
+        stats.select_family(cmps, family_alpha=0.05, family_size=12, min_effect=0.0)
+        eby += any(c["verdict"] in ("faster", "slower") for c in cmps)
+    assert eby / len(rng_seeds) <= 0.05
+    assert alone > 2 * eby + 3, (alone, eby)
 
 
 def test_a_provisional_ratio_is_not_attributed_and_says_why():
