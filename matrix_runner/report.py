@@ -273,6 +273,12 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
             return (how + f" at {1 - c.get('alpha', 0.05):.2%} per comparison, so all {m or 'the'} wall-time verdicts "
                     f"of the run hold together with {1 - fa:.0%} confidence however early sampling stopped "
                     f"(the same interval decided when to stop)")
+        guarantee = (f"which keeps the expected share of shown intervals missing their true ratio at <= {fa:.0%}, "
+                     f"and, were no version different at all, the chance of any false faster/slower verdict at <= {fa:.0%}, "
+                     f"however early sampling stopped (the same intervals decided when to stop)")
+        if not wall:  # e.g. a run interrupted in its first set
+            return (how + f"; the m wall-time comparisons are held together by e-BY (Xu, Wang & Ramdas): k comparisons "
+                    f"decided alike are shown at 1 - {fa:.0%}·k/m, the rest at 1 - {fa:.0%}/m, " + guarantee)
         groups = []
         for kind, word in (("faster/slower", "faster or slower"), ("same", "the same")):
             k = sum(1 for x in wall if x.get("selection") == kind)
@@ -281,11 +287,9 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
         rest = sum(1 for x in wall if not x.get("selection"))
         if rest or not groups:
             groups.append(f"{'the other ' + str(rest) if groups else 'each'} at {1 - fa / max(m, 1):.2%}")
-        return (how + f"; the {m or 'the'} wall-time comparisons are held together by e-BY (Xu, Wang & Ramdas): "
+        return (how + f"; the {m} wall-time comparisons are held together by e-BY (Xu, Wang & Ramdas): "
                 f"k comparisons decided alike are shown at 1 - {fa:.0%}·k/{m} -- here " + ", ".join(groups)
-                + f" -- which keeps the expected share of shown intervals missing their true ratio at <= {fa:.0%}, "
-                f"and, were no version different at all, the chance of any false faster/slower verdict at <= {fa:.0%}, "
-                f"however early sampling stopped (the same intervals decided when to stop)")
+                + " -- " + guarantee)
     if wall and all(c.get("ci_method") == "paired trimmed t" for c in wall):
         return ("trimmed mean over rounds of the per-round ratio (each round's two processes ran back to back; "
                 "20% trimmed, none with fewer than 7 rounds); 95% CI: Tukey-McLaughlin trimmed t interval over rounds")

@@ -709,6 +709,22 @@ def test_ratio_definition_names_the_results_method_even_before_anything_was_comp
     assert "anytime-valid confidence sequence" in text and "bootstrap" not in text
     assert "all the wall-time verdicts" in text
     assert "bootstrap" in ratio_definition([], None)  # results/1 without a method: as before
+    text = ratio_definition([], "lockstep-sets/anytime-t-cs/2")
+    assert "anytime-valid confidence sequence" in text and "e-BY" in text and "1 - 5%·k/m" in text
+
+
+def test_ratio_definition_states_the_levels_each_kind_of_verdict_was_shown_at():
+    """results/2 method "/2": the report names the e-BY levels the run's wall comparisons carry (9
+    slower at 1 - 0.05·9/12, 1 same and 2 ambiguous at 1 - 0.05/12); a "/1" run keeps Bonferroni's text."""
+    from matrix_runner.report import ratio_definition
+    base = {"metric": "wall_us", "ci_method": stats.SET_METHOD, "family_size": 12, "family_alpha": 0.05}
+    wall = ([dict(base, selection="faster/slower", alpha=0.05 * 9 / 12)] * 9 + [dict(base, selection=None, alpha=0.05 / 12)] * 3)
+    wall[9] = dict(base, selection="same", alpha=0.05 / 12)
+    text = ratio_definition(wall, "lockstep-sets/anytime-t-cs/2")
+    assert "the 9 called faster or slower at 96.25%" in text and "the 1 called the same at 99.58%" in text
+    assert "the other 2 at 99.58%" in text and "12 wall-time comparisons" in text
+    old = ratio_definition([dict(base, alpha=0.05 / 12)] * 12, "lockstep-sets/anytime-t-cs/1")
+    assert "at 99.58% per comparison" in old and "e-BY" not in old
 
 
 def test_short_labels_keep_a_parenthesized_group_whole():
