@@ -173,7 +173,7 @@ def ratio_chart(rows: list[dict], candidates: list[str], base: str, min_effect: 
     ax.set_yticklabels([plain(f"{r['short']}  {r['op']}") for r in rows])
     ax.grid(axis="y", visible=False)
     _ratio_ticks(ax, lo_all, hi_all)
-    ax.set_xlabel("wall time ratio, " + plain(what or f"candidate / baseline {base}") + "  (← faster · slower →), 95% CI")
+    ax.set_xlabel("wall time ratio, " + plain(what or f"candidate / baseline {base}") + "  (← faster · slower →), with its interval")
     if k > 1:
         from matplotlib.lines import Line2D
 

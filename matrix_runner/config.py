@@ -784,7 +784,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
     if not 0 < sampling.min_effect < 1:
         raise _err("sampling.min_effect", sampling.min_effect, "must be between 0 and 1 (0.05 = 5 %)")
     if not 0 < sampling.alpha < 0.5:
-        raise _err("sampling.alpha", sampling.alpha, "must be between 0 and 0.5 (0.05: 95 % family-wise)")
+        raise _err("sampling.alpha", sampling.alpha, "must be between 0 and 0.5 (0.05: a run's verdicts on a clock wrong at most 5 % of the time, e-BY)")
     ex = merged.get("explain")
     ex = {} if ex is None else ex
     if not isinstance(ex, dict):

@@ -250,6 +250,54 @@ def ci_bands(cases: list[dict], metric: str = "wall_us", n_boot: int = 1000) -> 
     return out
 
 
+def alpha_pct(alpha: float) -> str:
+    """An error rate as a percentage, as many digits as it has: 0.05 -> "5%", 0.025 -> "2.5%"."""
+    return f"{100 * alpha:.4g}%"
+
+
+def level_pct(alpha: float) -> str:
+    """An interval's level 1 - ``alpha`` as a percentage, to 0.01 %: 0.05 -> "95%", 0.0375 -> "96.25%",
+    0.05/12 -> "99.58%"."""
+    return f"{100 * (1 - alpha):.2f}".rstrip("0").rstrip(".") + "%"
+
+
+def level_groups(wall: list[dict]) -> str:
+    """Which level each kind of wall-time verdict was shown at (stats.select_family: the k decided alike
+    at 1 - alpha k/m, the rest at 1 - alpha/m), e.g. "the 9 called faster or slower at 96.25%, the
+    one called the same at 99.58%, the other 2 at 99.58%"; provisional ones are left out."""
+    groups = []
+    for kind, word in (("faster/slower", "faster or slower"), ("same", "the same")):
+        sel = [x for x in wall if x.get("selection") == kind]
+        if sel:
+            groups.append(f"{'the one' if len(sel) == 1 else f'the {len(sel)}'} called {word} at {level_pct(sel[0]['alpha'])}")
+    rest = [x for x in wall if not x.get("selection") and x.get("verdict") != "provisional"]
+    if rest:
+        n = "the other one" if len(rest) == 1 else f"the other {len(rest)}"
+        groups.append(f"{n if groups else 'each'} at {level_pct(rest[0]['alpha'])}")
+    return ", ".join(groups)
+
+
+def ci_head(comparisons: list[dict], quick: bool = False) -> str:
+    """The label of a wall-ratio column: "[95% CI]" where every wall interval has that level (results/1:
+    95 %; Bonferroni: 1 - alpha/m), "[CI, levels below]" where e-BY gave the verdicts different levels
+    (:func:`level_note` says which), "(provisional)" for a --quick run."""
+    if quick:
+        return "(provisional)"
+    levels = {round(1 - c["alpha"], 6) for c in comparisons
+              if c.get("metric") == "wall_us" and c.get("alpha") is not None and c.get("verdict") != "provisional"}
+    if len(levels) == 1:
+        return f"[{level_pct(1 - levels.pop())} CI]"
+    return "[CI, levels below]" if levels else "[95% CI]"
+
+
+def level_note(comparisons: list[dict]) -> str:
+    """One line on the wall intervals' levels where e-BY gave them different ones ("" otherwise)."""
+    wall = [c for c in comparisons if c.get("metric") == "wall_us"]
+    if len({round(c.get("alpha") or 0, 9) for c in wall if c.get("verdict") != "provisional"}) < 2:
+        return ""
+    return "interval levels (e-BY over the wall-time comparisons of the run): " + level_groups(wall)
+
+
 def ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None) -> str:
     """How the run's ratios were computed: lockstep process sets with an anytime-valid interval (current
     method; ``method`` = the results' ``settings.method``, which names it even when nothing was compared
@@ -269,27 +317,22 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
                f"other{speed}; per set, the trimmed mean of those paired ratios; the interval is an anytime-valid "
                f"confidence sequence over the sets (Lai's t-mixture)")
         m, fa = c.get("family_size") or len(wall), c.get("family_alpha", 0.05)
+        if wall and all(x.get("verdict") == "provisional" for x in wall):  # --quick, or one set so far
+            return how + "; with one process set there is no interval yet: the ratios are provisional, no verdict"
         if method in results.BONFERRONI_METHODS or (wall and "selection" not in c):
-            return (how + f" at {1 - c.get('alpha', 0.05):.2%} per comparison, so all {m or 'the'} wall-time verdicts "
-                    f"of the run hold together with {1 - fa:.0%} confidence however early sampling stopped "
+            return (how + f" at {level_pct(c.get('alpha', 0.05))} per comparison, so all {m or 'the'} wall-time verdicts "
+                    f"of the run hold together with {level_pct(fa)} confidence however early sampling stopped "
                     f"(the same interval decided when to stop)")
-        guarantee = (f"which keeps the expected share of shown intervals missing their true ratio at <= {fa:.0%}, "
-                     f"and, were no version different at all, the chance of any false faster/slower verdict at <= {fa:.0%}, "
-                     f"however early sampling stopped (the same intervals decided when to stop)")
+        guarantee = (f"which keeps the expected share of shown intervals missing their true ratio at <= {alpha_pct(fa)}, "
+                     f"and, were no version different at all, the chance of any false faster/slower verdict at "
+                     f"<= {alpha_pct(fa)}, however early sampling stopped (the same intervals decided when to stop); "
+                     f"host, device and graph comparisons are held together the same way, each clock on its own")
         if not wall:  # e.g. a run interrupted in its first set
             return (how + f"; the m wall-time comparisons are held together by e-BY (Xu, Wang & Ramdas): k comparisons "
-                    f"decided alike are shown at 1 - {fa:.0%}·k/m, the rest at 1 - {fa:.0%}/m, " + guarantee)
-        groups = []
-        for kind, word in (("faster/slower", "faster or slower"), ("same", "the same")):
-            k = sum(1 for x in wall if x.get("selection") == kind)
-            if k:
-                groups.append(f"the {k} called {word} at {1 - fa * k / max(m, 1):.2%}")
-        rest = sum(1 for x in wall if not x.get("selection"))
-        if rest or not groups:
-            groups.append(f"{'the other ' + str(rest) if groups else 'each'} at {1 - fa / max(m, 1):.2%}")
+                    f"decided alike are shown at 1 - {alpha_pct(fa)}·k/m, the rest at 1 - {alpha_pct(fa)}/m, " + guarantee)
         return (how + f"; the {m} wall-time comparisons are held together by e-BY (Xu, Wang & Ramdas): "
-                f"k comparisons decided alike are shown at 1 - {fa:.0%}·k/{m} -- here " + ", ".join(groups)
-                + " -- " + guarantee)
+                f"k comparisons decided alike are shown at 1 - {alpha_pct(fa)}·k/{m} -- here {level_groups(wall)} -- "
+                + guarantee)
     if wall and all(c.get("ci_method") == "paired trimmed t" for c in wall):
         return ("trimmed mean over rounds of the per-round ratio (each round's two processes ran back to back; "
                 "20% trimmed, none with fewer than 7 rounds); 95% CI: Tukey-McLaughlin trimmed t interval over rounds")
@@ -362,6 +405,8 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     # columns of the verdict table: envs with at least one case (a failed env is named above the table)
     table_labels = [lab for lab in labels if any(lab in r["by_env"] for r in rows)]
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
+          "ci_head": ci_head(res.get("comparisons") or [], bool(settings.get("quick"))),
+          "level_note": level_note(res.get("comparisons") or []),
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
                                          (res.get("settings") or {}).get("speed_adjust")),
           "candidates": names, "pairs": pairs, "one_base": one_base, "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
@@ -471,6 +516,10 @@ def _env() -> Environment:
     env.filters["us"] = fmt_us
     env.filters["ratio"] = fmt_ratio
     env.filters["ci"] = fmt_ci
+    # a comparison's interval level: lockstep ones carry alpha (stats.set_compare / select_family);
+    # results/1 and compare's intervals are 95 %; a provisional ratio has none
+    env.filters["level"] = lambda x: ("–" if x.get("verdict") == "provisional"
+                                      else level_pct(x["alpha"]) if x.get("alpha") is not None else "95%")
     env.filters["p"] = lambda v: "–" if v is None else f"{v:.3g}"
     env.filters["xr"] = fmt_x
     env.filters["headline"] = headline
@@ -538,7 +587,8 @@ def markdown(res: dict) -> str:
     if vm["summaries"]:
         lines.append("")
     hdr = "| case | op | " + " | ".join(f"{esc(lab)} wall µs" for lab in vm["labels"]) + " | " + \
-          " | ".join(f"{esc(c)} vs {esc(vm['base'])}" if vm["one_base"] else esc(c) for c in vm["candidates"]) + " |"
+          " | ".join((f"{esc(c)} vs {esc(vm['base'])}" if vm["one_base"] else esc(c)) + " " + esc(vm["ci_head"])
+                     for c in vm["candidates"]) + " |"
     lines += [hdr, "|" + "---|" * (2 + len(vm["labels"]) + len(vm["candidates"]))]
     for r in vm["rows"]:
         cells = [r["label"], r["op"]]
@@ -557,6 +607,8 @@ def markdown(res: dict) -> str:
     lines.append("")
     lines.append(f"ratio = candidate / baseline wall time: {ratio_definition(res.get('comparisons', []), (res.get('settings') or {}).get('method'), (res.get('settings') or {}).get('speed_adjust'))}; "
                  "(host) / (device): the difference is host overhead / kernel time.")
+    if vm["level_note"]:
+        lines.append(esc(vm["level_note"]) + ".")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         lines.append("GB/s: KV cache read per second at the kernel (device) time (kvcache cases: the bytes of "
                      "k_cache/v_cache a call must read given cache_seqlens).")
@@ -631,7 +683,7 @@ def terminal_table(res: dict, console=None) -> None:
         quick = bool((res.get("settings") or {}).get("quick"))
         for j in js:
             b, k = vm["pairs"][j]
-            t.add_column(f"{head(k)} vs {head(b)}\n" + ("wall ratio (provisional)" if quick else "wall ratio [95% CI]"),
+            t.add_column(f"{head(k)} vs {head(b)}\nwall ratio " + ci_head(res.get("comparisons") or [], quick),
                          overflow="fold")
         for r in vm["rows"]:
             comps = [r["comps"][j] for j in js]
@@ -653,6 +705,9 @@ def terminal_table(res: dict, console=None) -> None:
     if vm["candidates"] and str((res.get("settings") or {}).get("method") or "").startswith("lockstep"):
         console.print("[dim]µs: the bursts' plain medians; ratio: paired cycle by cycle and taken at one CPU speed, "
                       "so it can differ by a few % from the ratio of the µs shown[/]")
+    note = level_note(res.get("comparisons") or [])
+    if note:
+        console.print(f"[dim]{escape(note)}[/]")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         console.print("[dim]GB/s: KV cache read per second at the kernel (device) time (kvcache cases)[/]")
     for w in vm["wrong"]:

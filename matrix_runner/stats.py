@@ -534,8 +534,9 @@ def select_family(cmps: list, *, family_alpha: float = FAMILY_ALPHA, family_size
     the true ratio is <= alpha; when no version differs at all (A/A) every such verdict misses, so
     the chance of ANY false faster/slower verdict in the run stays <= alpha (family-wise, as with
     Bonferroni); likewise for the intervals of "same" verdicts. What it buys: a run whose m
-    comparisons are all decided reports each at 1 - alpha instead of 1 - alpha/m (the t-CS at 10
-    sets: 3.85 instead of 5.79 standard errors for m = 12, alpha 0.05).
+    comparisons are all decided alike (all faster/slower, or all same) reports each at 1 - alpha
+    instead of 1 - alpha/m (the t-CS at 10 sets: 3.85 instead of 5.79 standard errors for m = 12,
+    alpha 0.05); k of them decided alike, at 1 - alpha k/m.
 
     ``cmps``: :func:`set_compare` results of one clock (None entries are skipped), changed in place
     (``ratio``, interval, delta interval, ``verdict``, ``alpha``, ``selection`` = "faster/slower" or

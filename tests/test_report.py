@@ -721,10 +721,25 @@ def test_ratio_definition_states_the_levels_each_kind_of_verdict_was_shown_at():
     wall = ([dict(base, selection="faster/slower", alpha=0.05 * 9 / 12)] * 9 + [dict(base, selection=None, alpha=0.05 / 12)] * 3)
     wall[9] = dict(base, selection="same", alpha=0.05 / 12)
     text = ratio_definition(wall, "lockstep-sets/anytime-t-cs/2")
-    assert "the 9 called faster or slower at 96.25%" in text and "the 1 called the same at 99.58%" in text
+    assert "the 9 called faster or slower at 96.25%" in text and "the one called the same at 99.58%" in text
     assert "the other 2 at 99.58%" in text and "12 wall-time comparisons" in text
     old = ratio_definition([dict(base, alpha=0.05 / 12)] * 12, "lockstep-sets/anytime-t-cs/1")
     assert "at 99.58% per comparison" in old and "e-BY" not in old
+    # the column label and the note under the table (new-user trial: every interval was labelled 95% CI)
+    assert report.ci_head(wall) == "[CI, levels below]" and report.ci_head(wall, quick=True) == "(provisional)"
+    assert report.level_note(wall).endswith("the 9 called faster or slower at 96.25%, the one called the same "
+                                            "at 99.58%, the other 2 at 99.58%")
+    alike = [dict(base, selection="faster/slower", alpha=0.05)] * 12
+    assert report.ci_head(alike) == "[95% CI]" and report.level_note(alike) == ""
+    assert report.ci_head([dict(base, alpha=0.05 / 12)] * 12) == "[99.58% CI]"
+    # an alpha of 2.5 % is written as such (it was rounded to "2%"), levels to 0.01 %
+    quarter = [dict(c, family_alpha=0.025, alpha=c["alpha"] / 2) for c in wall]
+    text = ratio_definition(quarter, "lockstep-sets/anytime-t-cs/2")
+    assert "1 - 2.5%·k/12" in text and "at <= 2.5%" in text and "at 98.12%" in text
+    # a --quick run (one set): no level is described, the ratios are provisional
+    prov = [dict(base, verdict="provisional", selection=None, alpha=0.05 / 12)] * 12
+    text = ratio_definition(prov, "lockstep-sets/anytime-t-cs/2")
+    assert "provisional" in text and "e-BY" not in text and "%" not in text
 
 
 def test_short_labels_keep_a_parenthesized_group_whole():
