@@ -4,7 +4,8 @@
 # (hdim32 fp16, sm_90) with their key sidecars (../shared/wheels/).
 #   1. the seed comparison, default config and budget: 2.6.3 vs 2.7.0.post2 (envs created here;
 #      SEED=N: N of them, SEED=0: none)
-#   2. three A/A runs: 2.6.3 under two labels, default config and budget
+#   1b. ABAB=N: N alternated pairs of seed comparisons, default vs B_OPTS (e.g. a variant --config)
+#   2. three A/A runs: 2.6.3 under two labels, default config and budget (AA=N: N)
 #   3. a --quick A/A (no faster/slower verdict may come out of one process set)
 #   4. EXTRA="--burst-ms 5" etc.: one more A/A with those options, if time is left (started before
 #      EXTRA_BY s, default 400; EXTRA_SEED=1: and first one more seed comparison with them)
@@ -31,6 +32,12 @@ step() { local name=$1; shift; local t=$SECONDS
 # SEED=N: N seed comparisons one after another (the first on a fresh machine pays its cold caches)
 for i in $(seq 1 "${SEED:-1}"); do
   step seed$([ "$i" = 1 ] || echo "$i") 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
+done
+# ABAB=N: N pairs of seed comparisons, the default (seed-a*) and with B_OPTS (seed-b*), alternated
+# so that the two see the same machine over the call (a side-by-side variant measurement)
+for i in $(seq 1 "${ABAB:-0}"); do
+  step seed-a$i 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
+  step seed-b$i 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}" ${B_OPTS:-}
 done
 # AA_VERSION: the version of the A/A runs (2.6.3 by default; 2.7.0.post2 asks whether its own
 # processes differ from one another more than 2.6.3's do)

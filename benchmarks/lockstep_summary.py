@@ -23,6 +23,24 @@ def main(path: str) -> None:
                 ph[k] = ph.get(k, 0) + v
         print("  set phases (s, all sets): " + ", ".join(f"{k} {v:.1f}" for k, v in ph.items())
               + f"; cycles {sum(s.get('cycles', 0) for s in sets)}")
+        print("  set seconds: " + " ".join(f"{s.get('seconds', 0):.1f}" for s in sets))
+        pre = {}
+        for s in sets:
+            for key, w in (s.get("workers") or {}).items():
+                if isinstance(w.get("preimport"), dict):
+                    pre.setdefault(key, []).append(w["preimport"])
+        for key, ps in pre.items():  # runner: the pre-import of earlier sets' set-up modules
+            print(f"  pre-import {key}: {len(ps)} sets, modules loaded {min(p['imported'] for p in ps)}-"
+                  f"{max(p['imported'] for p in ps)}, failed {max(p['failed'] for p in ps)}, "
+                  f"{min(p['seconds'] for p in ps):.2f}-{max(p['seconds'] for p in ps):.2f} s")
+    fc = {}
+    for c in d.get("cases") or []:
+        f = c.get("first_call_ms") or {}
+        if f.get("first_set_median") is not None:
+            fc.setdefault(c["env"], []).append((f["first_set_median"], f.get("later_median")))
+    for env, v in fc.items():  # the first case of a process pays its lazy imports
+        print(f"  first call, ms, {env}: first set max {max(a for a, _ in v):.1f}, later sets max "
+              f"{max((b for _, b in v if b is not None), default=float('nan')):.1f}")
     verdicts = {}
     for c in d.get("comparisons") or []:
         if c["metric"] not in ("wall_us", "host_us"):

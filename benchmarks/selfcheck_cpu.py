@@ -41,6 +41,12 @@ def in_context_us(src: Path, us: float, case: dict) -> float:
     return standin.in_context_us(src, us, case["batch"], case["seqlen_q"], case["nheads"], case["head_dim"])
 
 
+def steal(res: dict) -> str:
+    """The run's CPU steal on its set cores (runner: per set, over its cycles), median and max."""
+    v = sorted(r["steal"] for r in res.get("sets") or [] if isinstance(r.get("steal"), (int, float)))
+    return f"CPU steal median {v[len(v) // 2]:.0%}, max {v[-1]:.0%}" if v else "CPU steal unknown"
+
+
 def run(tmp: Path, versions: str, wheels: Path, name: str, *extra: str) -> dict:
     out = tmp / name
     cp = subprocess.run([sys.executable, "-m", "matrix_runner", "--versions", versions, "--device", "cpu",
@@ -70,7 +76,7 @@ def main() -> int:
             print(f"  run {i}: " + ", ".join(f"{c['op']} {c['label']}: {c['verdict']} {c['ratio']:.3f} "
                                              f"[{c['ci_low']:.3f}, {c['ci_high'] or float('inf'):.3f}]" for c in w)
                   + f"  ({len(res['sets'])} sets (planned {res['settings'].get('planned_sets')}), "
-                  f"{res['timing']['timing_phase_s']:.0f} s, {res['timing']['stop_reason']})")
+                  f"{res['timing']['timing_phase_s']:.0f} s, {res['timing']['stop_reason']}; {steal(res)})")
         print(f"A/A: {aa_not_same}/{aa_total} comparisons not 'same' = {aa_not_same / max(aa_total, 1):.1%} "
               f"(target <= 5%); false faster/slower: {aa_false}")
         q_total = q_false = 0
@@ -92,6 +98,7 @@ def main() -> int:
             for f in (tmp / "w0").glob("*.whl"):
                 (w / f.name).write_bytes(f.read_bytes())
             res = run(tmp, "2.6.3,2.7.0.post2", w, f"planted{us:g}", "--min-effect", "0.02")
+            print(f"  planted {us:g} µs run: {len(res['sets'])} sets, {steal(res)}")
             spec = {c["id"]: c for c in res["cases"]}
             for c in res["comparisons"]:
                 if c["metric"] != "wall_us" or c["op"] != "fwd":

@@ -37,6 +37,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       max_repeats: 1        # > 1: a noisier case's wall clock up to N times per sweep (runner.cycle_weights)
       speed_adjust: true    # compare bursts at one reference CPU speed (stats.SpeedSlope); false: plain medians
       prefetch_spawn: cycles  # when the next set's workers start: during this set's cycles, or after them
+      preimport: true       # later sets' workers import, while they start, the modules earlier sets' set-ups loaded
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
 (batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
@@ -284,6 +285,11 @@ class Sampling:
     #: once this set's cycles are over (the import load on other vCPUs can slow the set's own vCPU
     #: under a hypervisor: benchmarks/cpu_contention.py).
     prefetch_spawn: str = "cycles"
+    #: A set's workers import, before their hello, the modules the set-ups of earlier sets' workers
+    #: of their env loaded (runner: the *pre-import*; worker.preimport), so a subject's lazy imports
+    #: run while the previous set is timed instead of in this set's set-up: flash-attn 2.7.0.post2's
+    #: first call imports torch._dynamo (~1 s of its 1.1-1.5 s set-up per set on the H200).
+    preimport: bool = True
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
     #: (H200, 2026-12-02, default config, 60 s; benchmarks/results/h200-lockstep-runs-12-02.txt):
@@ -385,7 +391,7 @@ _EXPLAIN_MAX = {"rate": (10000, "py-spy samples per second; beyond ~1000 it miss
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
-                  "host_every", "max_repeats", "speed_adjust", "prefetch_spawn"}
+                  "host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -778,6 +784,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         max_repeats=_pos_int("sampling.max_repeats", sd.get("max_repeats", Sampling.max_repeats)),
         speed_adjust=_bool("sampling.speed_adjust", sd.get("speed_adjust", Sampling.speed_adjust)),
         prefetch_spawn=sd.get("prefetch_spawn", Sampling.prefetch_spawn),
+        preimport=_bool("sampling.preimport", sd.get("preimport", Sampling.preimport)),
     )
     if sampling.prefetch_spawn not in ("cycles", "after"):
         raise _err("sampling.prefetch_spawn", sampling.prefetch_spawn, "must be cycles or after")

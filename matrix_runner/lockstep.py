@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from . import machine, proc
+from .worker import PREIMPORT_ENV
 
 WORKER = Path(__file__).with_name("worker.py")
 
@@ -70,10 +71,14 @@ class Worker:
     """One live worker process of one env. ``request`` sends a command and waits for its reply."""
 
     def __init__(self, label: str, python: str, log: Path, cpus: set[int] | None = None,
-                 env_extra: dict | None = None):
+                 env_extra: dict | None = None, preimport: Path | None = None):
+        """``preimport``: a JSON list of modules the worker imports before its hello
+        (:func:`worker.preimport`; the runner learns them from an earlier set's workers of the env)."""
         self.label, self.log = label, log
-        self.p = proc.spawn([python, str(WORKER), "serve"], log=log, piped=True,
-                             env_extra={**(env_extra or {}), "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"})
+        extra = {**(env_extra or {}), "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1"}
+        if preimport is not None:
+            extra[PREIMPORT_ENV] = str(preimport)
+        self.p = proc.spawn([python, str(WORKER), "serve"], log=log, piped=True, env_extra=extra)
         self._buf = b""
         #: replies read ahead by :meth:`read_ahead`, handed out first by the next reads
         self._ready: list[dict] = []

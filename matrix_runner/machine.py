@@ -50,6 +50,44 @@ def _cpu_list(txt: str) -> list[int]:
     return out
 
 
+#: ``/proc/stat`` (a module attribute, so tests can point it at a file of their own).
+PROC_STAT = "/proc/stat"
+
+
+def cpu_jiffies(cpus) -> tuple[int, int] | None:
+    """(steal, total) clock ticks since boot summed over the CPU ids ``cpus`` (``None``: the whole
+    machine), from ``/proc/stat``'s ``cpuN user nice system idle iowait irq softirq steal ...``
+    lines; ``steal`` is the time a hypervisor ran something else while the CPU had work (a cloud
+    VM's noisy neighbours or an exhausted CPU credit). None where unknown (not Linux, or no steal
+    column)."""
+    want = None if cpus is None else {f"cpu{c}" for c in cpus}
+    steal = total = 0
+    seen = False
+    try:
+        with open(PROC_STAT) as f:
+            for line in f:
+                if not line.startswith("cpu"):
+                    break
+                name, *vals = line.split()
+                if (want is None and name != "cpu") or (want is not None and name not in want):
+                    continue
+                if len(vals) < 8:
+                    return None
+                v = [int(x) for x in vals[:8]]  # guest time is already counted in user/nice
+                steal, total, seen = steal + v[7], total + sum(v), True
+    except (OSError, ValueError):
+        return None
+    return (steal, total) if seen else None
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time taken by the hypervisor (steal) between two :func:`cpu_jiffies`
+    readings, 0..1; None where either is unknown or no tick passed."""
+    if not before or not after or after[1] <= before[1]:
+        return None
+    return max(0.0, min(1.0, (after[0] - before[0]) / (after[1] - before[1])))
+
+
 def mem_available_gb() -> float:
     """``MemAvailable`` of ``/proc/meminfo`` in GiB; 16.0 where unknown."""
     try:

@@ -468,7 +468,7 @@ class Run:
                     "burst_ms": samp.burst_ms, "workers_per_env": samp.workers_per_env,
                     "host_every": samp.host_every, "max_repeats": samp.max_repeats,
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn,
-                    "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
+                    "preimport": samp.preimport, "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                     "fail_on_regression": args.fail_on_regression,
                     "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,
                     "find_links": [str(p) for p in opts.find_links], "no_gpu_message": no_gpu_msg,

@@ -342,6 +342,25 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
     return "ratio of the medians of per-process medians; 95% CI from a two-level bootstrap (processes, then samples)"
 
 
+#: A set's CPU steal (runner: the hypervisor's share of the set core's time over its cycles) from
+#: which the report says the intervals were widened by the machine.
+STEAL_WARN = 0.05
+
+
+def steal_note(sets: list[dict]) -> str:
+    """One sentence when CPU steal reached :data:`STEAL_WARN` in some process set ("" otherwise):
+    a cloud VM's hypervisor ran something else on the set's core while its bursts were timed,
+    which cuts into bursts at random and widens the intervals (a 2-core CPU VM: 20-50 % steal in
+    the minutes its A/A intervals went from +-1-3 % to +-10-20 %, benchmarks/results/cpu-selfcheck-*.txt)."""
+    st = [r.get("steal") for r in sets if isinstance(r.get("steal"), (int, float))]
+    high = [v for v in st if v >= STEAL_WARN]
+    if not high:
+        return ""
+    return (f"CPU steal: the hypervisor took up to {max(high):.0%} of the time on a set core (≥ {STEAL_WARN:.0%} "
+            f"in {len(high)} of {len(st)} sets, /proc/stat): it interrupts bursts at random, so the intervals "
+            "are wider than this machine gives when it is quiet; a dedicated machine or a quieter hour narrows them")
+
+
 def view_model(res: dict, with_charts: bool = False) -> dict:
     """Reshape results for templates: per case rows with each env's clocks and each comparison."""
     envs = res.get("envs", [])
@@ -407,6 +426,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
           "ci_head": ci_head(res.get("comparisons") or [], bool(settings.get("quick"))),
           "level_note": level_note(res.get("comparisons") or []),
+          "steal_note": steal_note(res.get("sets") or []),
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
                                          (res.get("settings") or {}).get("speed_adjust")),
           "candidates": names, "pairs": pairs, "one_base": one_base, "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
@@ -609,6 +629,8 @@ def markdown(res: dict) -> str:
                  "(host) / (device): the difference is host overhead / kernel time.")
     if vm["level_note"]:
         lines.append(esc(vm["level_note"]) + ".")
+    if vm["steal_note"]:
+        lines.append(f"**Warning:** {esc(vm['steal_note'])}.")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         lines.append("GB/s: KV cache read per second at the kernel (device) time (kvcache cases: the bytes of "
                      "k_cache/v_cache a call must read given cache_seqlens).")
@@ -708,6 +730,8 @@ def terminal_table(res: dict, console=None) -> None:
     note = level_note(res.get("comparisons") or [])
     if note:
         console.print(f"[dim]{escape(note)}[/]")
+    if vm["steal_note"]:
+        console.print(f"[yellow]warning:[/] {escape(vm['steal_note'])}")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         console.print("[dim]GB/s: KV cache read per second at the kernel (device) time (kvcache cases)[/]")
     for w in vm["wrong"]:

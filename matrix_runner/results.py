@@ -58,8 +58,10 @@ def first_call_record(by_set: dict | None) -> dict | None:
     """``first_call_ms`` of a case record: the ms of the case's first synchronized call in each fresh
     worker process (its set-up; runner.CaseData.first_call), ``{by_set: {set id: [ms per worker]},
     first_set_median, later_median, n}``: the first set's processes are the run's first calls
-    (a JIT subject compiles there unless its on-disk cache already holds the kernels), later sets'
-    show the warm cost (e.g. loading compiled kernels from that cache). None without any."""
+    (a JIT subject compiles there unless its on-disk cache already holds the kernels, and lazy
+    imports run there), later sets' show the warm cost (e.g. loading compiled kernels from that
+    cache; without the modules the first set's set-ups imported, which their workers imported as
+    they started: runner, pre-import). None without any."""
     def med(v):
         return round(statistics.median(v), 3) if v else None
 

@@ -2,7 +2,9 @@
 
 A *process set* is one fresh worker per env, all pinned to one CPU core (lockstep module doc). Per
 set: the workers start while the previous set is still timed, on spare cores (the *prefetch*: they
-import torch and the subject during its cycles; their config and every case's set-up -- CUDA
+import torch and the subject during its cycles, and the modules that earlier sets' set-ups of
+their env loaded -- the *pre-import*, ``Sampling.preimport``: flash-attn 2.7+'s custom op imports
+torch._dynamo on its first call; their config and every case's set-up -- CUDA
 context, inputs, first calls, calibration -- are queued to them after its cycles, so no CUDA work of
 theirs overlaps a cycle or a profiled kernel, and a set's start mostly collects replies), then *cycles*: each cycle gives
 every worker of the set a burst (~``burst_ms`` of calls) of one (case, clock) in turn, in a
@@ -35,8 +37,10 @@ so far is kept, and ``--resume`` continues with new sets.
 """
 from __future__ import annotations
 
+import json
 import math
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -216,12 +220,39 @@ def _settled(cmp: dict, sampling: Sampling) -> set:
     return {k for k in set(cmp) - _undecided(cmp) if cmp[k]["ci_high"] / cmp[k]["ratio"] - 1 <= sampling.precision}
 
 
+def _learn(learned: dict, label: str, rep: dict) -> None:
+    """Add the modules a worker of env ``label`` reported loading (``imported``, worker.LEARNED_FROM)
+    to ``learned[label]``, in load order, once each."""
+    names = rep.get("imported") if isinstance(rep, dict) else None
+    if not names:
+        return
+    have = learned.setdefault(label, {})  # an ordered set
+    for n in names:
+        if isinstance(n, str) and n not in have and n != "__main__":
+            have[n] = None
+
+
+def _preimport_files(work: Path, learned: dict) -> dict:
+    """Env label -> a JSON file listing the modules its workers loaded after their start so far
+    (:func:`_learn`), for the next set's workers to import while they start (worker.preimport)."""
+    out = {}
+    for label, names in learned.items():
+        if not names:
+            continue
+        f = work / ("preimport-" + re.sub(r"[^A-Za-z0-9._+-]", "_", label) + ".json")
+        tmp = f.with_suffix(".tmp")
+        tmp.write_text(json.dumps(list(names)))
+        tmp.replace(f)
+        out[label] = f
+    return out
+
+
 class _Set:
     """One process set: ``per_env`` workers per env (see module doc). Worker keys are the env label,
     or ``label#j`` with several per env."""
 
     def __init__(self, sid: int, envs: list[EnvResult], work: Path, other_cpus: set | None, per_env: int,
-                 env_extra: dict | None, closing: list):
+                 env_extra: dict | None, closing: list, preimport: dict | None = None):
         self.sid, self.envs, self.work = sid, envs, work
         #: lockstep cycles completed so far (an interrupted set reports the ones it keeps)
         self.cycles_done = 0
@@ -242,7 +273,8 @@ class _Set:
                 key = e.label if per_env == 1 else f"{e.label}#{j}"
                 try:
                     self.workers[key] = lockstep.Worker(key, e.python, work / f"s{sid}-{key}.log", other_cpus,
-                                                        env_extra=env_extra)
+                                                        env_extra=env_extra,
+                                                        preimport=(preimport or {}).get(e.label))
                 except proc.Stopped:
                     raise Interrupted() from None
                 self.label_of[key] = e.label
@@ -336,9 +368,18 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     slopes: dict = {}  # (case id, metric) -> stats.SpeedSlope, over every set of this run
     pending: _Set | None = None
     reason = None
+    learned: dict = {}  # env label -> the modules its workers' set-ups loaded (_learn), an ordered set
+
+    def preimports() -> dict | None:
+        return _preimport_files(work, learned) if sampling.preimport and not quick else None
+
+    t_turn = time.monotonic()
     try:
         while True:
             sid = len(sets)
+            if durations:  # a set's share of the run: its own seconds and the driver's work around it
+                durations[-1] = max(durations[-1], time.monotonic() - t_turn)
+            t_turn = time.monotonic()
             labels = [e.label for e in envs]
             pairs = stats.comparison_pairs([(e.label, e.axis) for e in envs])
             wall_cmp = comparisons_now(data, labels, cases, sampling, "wall_us", quick, family_extra, pairs)
@@ -356,14 +397,17 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 reason = "quick: one process set" if quick else f"max_sets {max_sets} reached"
                 break
             elapsed = time.monotonic() - t0
-            typical = durations[1:] or durations  # the first set starts cold (no prefetch)
+            # the first set starts cold (no prefetch); a set's duration counts from one turn of this
+            # loop to the next (the comparisons and the partial results written between sets: a
+            # 60 s H200 run of 11 sets spent 1.9 s there, and ended at 60.25 s counting set times only)
+            typical = durations[1:] or durations
             if durations and elapsed + sum(typical) / len(typical) > sampling.time_budget_s:
                 reason = f"time budget {sampling.time_budget_s:g} s: another process set would overrun it"
                 break
             if stop.is_set():
                 raise Interrupted()
             cur = pending if pending is not None else _Set(sid, envs, work, others, sampling.workers_per_env,
-                                                                worker_env, closing)
+                                                                worker_env, closing, preimports())
             pending = None
             cpu = cpus["set_cpus"][sid % len(cpus["set_cpus"])] if cpus.get("pinned") else None
 
@@ -382,7 +426,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                     if pending is not None:
                         pending.await_setups(case_timeout)
                 elif stage == "spawn":
-                    pending = _Set(_sid + 1, envs, work, others, sampling.workers_per_env, worker_env, closing)
+                    pending = _Set(_sid + 1, envs, work, others, sampling.workers_per_env, worker_env, closing,
+                                   preimports())
                 elif pending is not None:
                     # not the cases under retry after a fault: their set-up waits for this set's outcome
                     labs = [e.label for e in envs]
@@ -393,6 +438,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
                                case_timeout=case_timeout, stop=stop, rng=rng, on_progress=on_progress,
                                prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes, pairs=pairs,
+                               learned=learned,
                                # set-ups: within the budget from this call's start (a --resume of a
                                # run near its budget still gets its set set up and timed)
                                deadline=t_call + sampling.time_budget_s)
@@ -439,7 +485,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
 def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, device: str, quick: bool,
              cpu: int | None, case_timeout: float, stop: threading.Event, rng: random.Random,
              on_progress, prefetch, seed: int, labels: list[str], park: set | None = None,
-             slopes: dict | None = None, pairs: list | None = None, deadline: float | None = None) -> dict:
+             slopes: dict | None = None, pairs: list | None = None, deadline: float | None = None,
+             learned: dict | None = None) -> dict:
     """Run one process set to its end; returns its record. Faults are handled as the module doc says.
     ``deadline`` (monotonic s: this run_all call's start + the time budget) bounds the set-up of the set's
     cases too: a set-up still running then ends the set and the run (status ``budget``; a GPU-sized
@@ -519,6 +566,11 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                 continue
             live[key] = w
             rec["workers"][key] = {"pid": w.pid}
+            pre = (w.hello or {}).get("preimport")
+            if isinstance(pre, dict):  # modules imported at its start, learned from earlier sets (_learn)
+                rec["workers"][key]["preimport"] = {k: pre.get(k) for k in ("n", "imported", "failed", "seconds")}
+                if pre.get("first_failures"):
+                    rec["workers"][key]["preimport"]["first_failures"] = pre["first_failures"]
         phase("start")
         failed = [e for e in envs.values() if e.status == "failed"]
         if failed:  # the set goes on with the envs that started (run_all drops the failed ones after it)
@@ -541,6 +593,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                 bad.add(cid)
                 return
             cd.seconds += float(rep.get("seconds") or 0)
+            if learned is not None:
+                _learn(learned, lab_of[key], rep)
             ms = rep.get("first_call_ms")
             if isinstance(ms, (int, float)) and math.isfinite(ms):
                 cd.first_call.setdefault(sid, []).append(round(float(ms), 3))
@@ -617,12 +671,17 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     rec["pinned"] = False
                     rec["error"] = f"pinning failed: {rep.get('error')}"
         t_cyc = time.monotonic()
+        # CPU steal on the set's core over its cycles (the hypervisor running something else: a
+        # 2-core CPU VM had 20-50 % in the minutes its A/A intervals widened to +-10-20 %)
+        j0 = machine.cpu_jiffies([cpu] if cpu is not None else None)
         rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
                                 rng=rng, on_progress=on_progress, fault=fault, labels=labels, pairs=pairs,
                                 slopes=slopes if slopes is not None else {},
                                 more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, time.monotonic() - t_cyc - budget), 3)
+        steal = machine.steal_share(j0, machine.cpu_jiffies([cpu] if cpu is not None else None))
+        rec["steal"] = round(steal, 4) if steal is not None else None
         phase("cycles")
         if sampling.prefetch_spawn == "after":
             prefetch("spawn")

@@ -1075,6 +1075,16 @@ class Server:
         op = cmd.get("cmd")
         cid = cmd.get("case")
         rec: dict = {"type": op, "case": cid, "status": "ok"}
+        before = set(sys.modules) if op in LEARNED_FROM else None
+        out = self._handle(op, cid, cmd, rec)
+        if before is not None and len(sys.modules) != len(before):
+            # in load order (sys.modules keeps insertion order): what a later set's workers of this
+            # env import before they are needed (:func:`preimport`)
+            out["imported"] = [m for m in list(sys.modules) if m not in before]
+        return out
+
+    def _handle(self, op: str, cid: str | None, cmd: dict, rec: dict) -> dict:
+        """One command (``handle``); returns ``rec`` filled in, or a ``fatal`` record."""
         try:
             if op == "config":
                 self.device, self.seed, self.quick = cmd["device"], int(cmd.get("seed", 0)), bool(cmd.get("quick"))
@@ -1213,11 +1223,62 @@ def _pin_threads(cpus: set) -> int:
     return n
 
 
+#: Environment variable naming a JSON file: a list of module names this worker imports after torch
+#: and the subject and before its hello (the driver's pre-import, runner module doc).
+PREIMPORT_ENV = "MATRIX_RUN_PREIMPORT"
+#: Commands whose replies list the modules they imported (``imported``): the one-off work a
+#: later set's workers can do while the previous set is timed. Only the set-up: its modules are
+#: loaded in every worker before its bursts anyway, so importing them earlier leaves the timed
+#: process as it was. Not the profiler's start-up (``device_init``: it imports ``torch._dynamo``
+#: and ~800 more modules, which a 2.6.3 process never loads on its own) nor the correctness check
+#: and graph clock, which come after the bursts.
+LEARNED_FROM = ("setup",)
+
+
+def preimport(path: str | None) -> dict | None:
+    """Import the modules listed in the JSON file ``path`` (module names, in the order a worker of
+    the same env first loaded them), each one best-effort: ``{n, imported, failed, seconds,
+    first_failures}`` (seconds of wall time for the whole list; ``imported``: how many modules
+    were newly loaded, the listed ones and what they imported in turn; ``failed``: names that
+    raised, with the first three as ``"name: error"``). None when ``path`` is unset. Why: flash-attn 2.7+'s custom op imports ``torch._dynamo`` and ~800 other
+    modules on its first call (1.8 s on the 2-core CPU machine, ~1 s on the H200: the bulk of
+    2.7.0.post2's 1.1-1.5 s set-up per process set); imported here, during the previous set's cycles
+    on a spare core, they cost the set's start nothing. Only imports: no call is made, so nothing
+    runs on the GPU."""
+    if not path:
+        return None
+    import importlib
+
+    t0 = time.perf_counter()
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = [str(x) for x in json.load(f)]
+    except (OSError, ValueError) as e:
+        return {"n": 0, "imported": 0, "failed": 0, "seconds": 0.0,
+                "first_failures": [f"{path}: {type(e).__name__}: {e}"]}
+    failed, before = 0, len(sys.modules)
+    errors: list = []
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - a module that only loads as a side effect of another
+            failed += 1
+            if len(errors) < 3:
+                errors.append(f"{name}: {type(e).__name__}: {str(e)[:120]}")
+    return {"n": len(names), "imported": len(sys.modules) - before, "failed": failed,
+            "seconds": round(time.perf_counter() - t0, 3), "first_failures": errors}
+
+
 def serve() -> int:
     """Lockstep worker (``worker.py serve``). Commands arrive on stdin, one JSON object per line;
     each gets exactly one reply on the original stdout, one JSON object per line (everything else
     the process prints to stdout goes to stderr, the log). First reply, unasked: ``hello`` with the
-    probe (or ``fatal``). Commands (``case`` is a case id):
+    probe (or ``fatal``) and ``preimport`` (:func:`preimport`'s record where :data:`PREIMPORT_ENV`
+    names a list of modules, imported before the hello; else null). The replies to the commands in
+    :data:`LEARNED_FROM` list, as ``imported``, the modules the command loaded (absent when none).
+    Commands (``case`` is a case id):
 
     - ``config {device, seed, quick}``; ``pin {cpu}`` (every thread of the process to one CPU);
     - ``setup {case, spec, warmup_s?}``: inputs, warm-up (``warmup_s``, default
@@ -1252,7 +1313,8 @@ def serve() -> int:
 
     _die_with_parent()
     info = probe()
-    send({"type": "hello", "schema": SERVE_SCHEMA, "pid": os.getpid(), "probe": info})
+    pre = preimport(os.environ.get(PREIMPORT_ENV)) if not info["error"] else None
+    send({"type": "hello", "schema": SERVE_SCHEMA, "pid": os.getpid(), "probe": info, "preimport": pre})
     if info["error"]:
         send({"type": "fatal", "error": info["error"]})
         return 3

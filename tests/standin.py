@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 SETUP = '''
 import os
@@ -477,3 +478,17 @@ def make_fa3_tree(root: Path, version: str = "3.0.0", cutlass: bool = True, mark
         (d / "csrc/cutlass/include/cutlass").mkdir(parents=True, exist_ok=True)
         (d / "csrc/cutlass/include/cutlass/cutlass.h").write_text("// stand-in\n")
     return d
+
+
+def venv_env(root: Path, label: str, src: Path) -> SimpleNamespace:
+    """An env without uv for driver-side tests: a venv over the stand-in's sources ``src``, then
+    this interpreter's site dirs (torch), as ``--torch inherit`` does (a venv's
+    --system-site-packages sees the base interpreter's, which lacks torch under tox or a venv).
+    Returns an object with the ``label`` and ``python`` the runner uses."""
+    from matrix_runner import envs
+
+    v = root / f"venv-{label}"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(v)], check=True)
+    sp = next(v.glob("lib/python*/site-packages"))
+    (sp / "standin.pth").write_text("\n".join([str(src), *envs.driver_site_dirs()]) + "\n")
+    return SimpleNamespace(label=label, python=str(v / "bin" / "python"))

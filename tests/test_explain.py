@@ -113,22 +113,10 @@ def test_layers_are_discovered_from_the_installed_version(tmp_path, custom_op):
 
 
 # -- driver side without uv: two venvs over the stand-in's sources ---------------------------------
-def _venv_env(root: Path, label: str, src: Path) -> SimpleNamespace:
-    from matrix_runner import envs
-
-    v = root / f"venv-{label}"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(v)], check=True)
-    sp = next(v.glob("lib/python*/site-packages"))
-    # the stand-in's sources, then this interpreter's site dirs (torch), as --torch inherit does: a
-    # venv's --system-site-packages sees the base interpreter's, which lacks torch under tox or a venv
-    (sp / "standin.pth").write_text("\n".join([str(src), *envs.driver_site_dirs()]) + "\n")
-    return SimpleNamespace(label=label, python=str(v / "bin" / "python"))
-
-
 def test_missing_sampler_is_reported_and_the_rest_goes_on(tmp_path, monkeypatch):
     from matrix_runner.config import parse_config
 
-    envs = [_venv_env(tmp_path, lab, standin.make_source(tmp_path / "src", lab, over))
+    envs = [standin.venv_env(tmp_path, lab, standin.make_source(tmp_path / "src", lab, over))
             for lab, over in (("2.6.3", 0.0), ("2.7.0.post2", PLANT_US))]
     monkeypatch.setenv("MATRIX_RUN_PYSPY", str(tmp_path / "no-such-py-spy"))
     cases = parse_config({"ops": ["fwd"], "shapes": [{"batch": 1, "seqlen": 16, "nheads": 2, "head_dim": 16}]},

@@ -1,6 +1,7 @@
-"""The lockstep measurement's own pieces: the worker's imports, CPU planning, thread pinning, and the
-worker's burst loops (no torch needed for these)."""
+"""The lockstep measurement's own pieces: the worker's imports, CPU planning, thread pinning, the
+worker's burst loops, and the pre-import of a set's lazy imports (with real workers over stand-ins)."""
 import ast
+import importlib.util
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import standin
 
 from matrix_runner import lockstep, machine, worker
 
@@ -386,7 +388,7 @@ def test_a_sets_workers_start_in_an_order_rotated_by_set(monkeypatch, tmp_path):
     started = []
 
     class FakeWorker:
-        def __init__(self, key, python, log, cpus, env_extra=None):
+        def __init__(self, key, python, log, cpus, env_extra=None, preimport=None):
             started.append(key)
 
     monkeypatch.setattr(runner.lockstep, "Worker", FakeWorker)
@@ -401,3 +403,72 @@ def test_a_sets_workers_start_in_an_order_rotated_by_set(monkeypatch, tmp_path):
     started.clear()
     runner._Set(1, envs[:2], tmp_path, None, 2, None, [])
     assert started == ["b#0", "b#1", "a#0", "a#1"]
+
+
+def test_preimport_imports_the_listed_modules_and_reports_what_failed(tmp_path):
+    assert worker.preimport(None) is None
+    f = tmp_path / "mods.json"
+    # a module not loaded yet in this interpreter, one that is, and one that does not exist
+    fresh = next(m for m in ("colorsys", "tabnanny", "wave", "mailbox") if m not in sys.modules
+                 and importlib.util.find_spec(m) is not None)
+    f.write_text(json.dumps([fresh, "json", "no_such_module_mr"]))
+    rec = worker.preimport(str(f))
+    assert fresh in sys.modules
+    assert (rec["n"], rec["failed"]) == (3, 1) and rec["imported"] >= 1
+    assert rec["first_failures"][0].startswith("no_such_module_mr: ModuleNotFoundError")
+    rec = worker.preimport(str(tmp_path / "missing.json"))
+    assert rec["n"] == 0 and "missing.json" in rec["first_failures"][0]
+
+
+@pytest.mark.parametrize("preimport", [True, False])
+def test_later_sets_import_what_earlier_set_ups_loaded_and_their_first_call_is_warm(tmp_path, preimport):
+    """A custom-op stand-in (flash-attn 2.7+'s wrapping) loads torch._dynamo and ~800 more modules on
+    its first call (1.8 s on the 2-core CPU machine); with the pre-import, later sets' workers load
+    them while they start, and their set-up's first call is a plain call."""
+    import threading
+
+    from matrix_runner import runner
+    from matrix_runner.config import Case, Sampling
+
+    envs = [standin.venv_env(tmp_path, "2.6.3", standin.make_source(tmp_path / "src", "2.6.3")),
+            standin.venv_env(tmp_path, "2.7.0.post2",
+                             standin.make_source(tmp_path / "src", "2.7.0.post2", custom_op=True))]
+    for e in envs:
+        e.status, e.error, e.import_checked, e.axis = "ok", None, True, None
+    case = Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
+    data, sets = {}, []
+    runner.run_all(envs, [case], Sampling(set_seconds=0.3, time_budget_s=300, max_sets=3, burst_ms=2.0,
+                                          preimport=preimport),
+                   device="cpu", quick=False, work=tmp_path / "work", case_timeout=120.0,
+                   stop=threading.Event(), data=data, sets=sets)
+    assert [s["status"] for s in sets] == ["ok"] * 3
+    first = data[("2.7.0.post2", case.id)].first_call
+    plain = data[("2.6.3", case.id)].first_call
+    assert first[0][0] > 200 and plain[0][0] < 100  # ms: the custom op's lazy imports, in set 0 only
+    learned = tmp_path / "work" / "preimport-2.7.0.post2.json"
+    if preimport:
+        assert "torch._dynamo" in json.loads(learned.read_text())
+        assert "preimport" not in sets[0]["workers"]["2.7.0.post2"]
+        for s in sets[1:]:
+            pre = s["workers"]["2.7.0.post2"]["preimport"]
+            assert pre["imported"] > 100 and pre["failed"] <= pre["n"] // 20, pre
+        assert max(first[1][0], first[2][0]) < first[0][0] / 10
+    else:
+        assert not learned.exists() and all("preimport" not in w for s in sets for w in s["workers"].values())
+        assert min(first[1][0], first[2][0]) > 200
+
+
+def test_cpu_steal_is_read_per_cpu_from_proc_stat(tmp_path, monkeypatch):
+    stat = tmp_path / "stat"
+    line = "cpu{}  {u} 0 {s} {i} 0 0 0 {st} 0 0\n"
+    stat.write_text(line.format("", u=300, s=30, i=600, st=70) + line.format("0", u=200, s=20, i=250, st=30)
+                    + line.format("1", u=100, s=10, i=350, st=40) + "intr 1 2 3\n")
+    monkeypatch.setattr(machine, "PROC_STAT", str(stat))
+    assert machine.cpu_jiffies(None) == (70, 1000)
+    assert machine.cpu_jiffies([1]) == (40, 500)
+    assert machine.cpu_jiffies([0, 1]) == (70, 1000)
+    assert machine.cpu_jiffies([7]) is None  # no such CPU
+    assert machine.steal_share((40, 500), (90, 600)) == 0.5
+    assert machine.steal_share(None, (90, 600)) is None and machine.steal_share((1, 5), (1, 5)) is None
+    stat.write_text("cpu  1 2 3 4\n")  # a kernel without the steal column
+    assert machine.cpu_jiffies(None) is None

@@ -1009,3 +1009,18 @@ def test_kvcache_gbps_is_in_the_terminal_and_markdown_tables(tmp_path):
     md = report.markdown(res)
     assert f"{report.fmt_us(paged['metrics']['wall_us']['median'])} ({g:,.0f} GB/s)" in md
     assert "GB/s" not in report.markdown(results.load(H200_DIR))  # not for the other entry points
+
+
+def test_cpu_steal_is_shown_per_set_and_warned_about_from_five_percent():
+    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-02-eby-5" / "results.json")
+    assert report.steal_note(res["sets"]) == ""  # recorded before steal was: no column values, no warning
+    html = report.render_html(res)
+    assert "CPU steal:" not in html and html.count('<td class="">–</td>') == len(res["sets"])
+    for r, v in zip(res["sets"], [0.0, 0.012, 0.31, 0.07] + [0.0] * 20):
+        r["steal"] = v
+    note = report.steal_note(res["sets"])
+    assert note.startswith("CPU steal: the hypervisor took up to 31% of the time on a set core (≥ 5% in 2 of 11 sets")
+    html = report.render_html(res)
+    assert f'<p class="small err">{note}.</p>' in html
+    assert '<td class="err">31%</td>' in html and '<td class="">1%</td>' in html
+    assert f"**Warning:** {note}." in report.markdown(res)
