@@ -302,9 +302,11 @@ class Sampling:
     #: Seconds of cycles in a ``--quick`` run's single set.
     quick_set_seconds: float = 2.0
     #: Seconds a set costs beyond its cycles (correctness, graph, profiler while undecided; start
-    #: and set-up overlap the previous set), for planning (H200, seed config, 2 workers per env:
-    #: 4.8-5.1 s per set of 3 s of cycles in the A/A and variant runs of 2026-12-01).
-    SET_OVERHEAD_S = 1.9
+    #: and set-up overlap the previous set), for planning (H200, seed config, one worker per env,
+    #: pre-import: 4.0-4.4 s per set of 3 s of cycles after the first, 13 sets in 60 s, in the
+    #: runs of 2026-12-03, reports/h200-2.6.3-vs-2.7.0.post2-12-03-pre-2..4 and h200-aa-29..35;
+    #: 1.9 before the pre-import, when sets lasted 4.5-5.3 s).
+    SET_OVERHEAD_S = 1.3
     #: A set's cycles may run up to this many times ``set_seconds`` while the next set's workers are
     #: still importing (runner._cycles: on the 2-core CPU machine the import took ~3.6 s beside 1-2 s
     #: of cycles, and the next set's start waited for it idle).

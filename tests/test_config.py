@@ -199,16 +199,16 @@ def test_too_large_a_product_is_refused_unless_allowed():
 def test_planned_sets_follow_the_machines_pace_not_just_the_settings():
     from matrix_runner.config import Sampling
 
-    s = Sampling()  # 60 s, 3 s sets, nothing known of the machine: 1 + (60 - 4.9) / 4.9
-    assert s.planned_sets == 12
-    # H200-like: workers start in 2 s on spare cores, 2 s of probe before timing: sets of 4.9 s
+    s = Sampling()  # 60 s, 3 s sets, nothing known of the machine: 1 + (60 - 4.3) / 4.3
+    assert s.planned_sets == 14
+    # H200-like: workers start in 2 s on spare cores, 2 s of probe before timing: sets of 4.3 s
     s = Sampling(start_s=2.0, before_s=2.0)
-    assert s.planned_sets == 11  # 1 + (60 - 2 - 4.9 - 2) / 4.9 = 11.4
+    assert s.planned_sets == 13  # 1 + (60 - 2 - 4.3 - 2) / 4.3 = 13.0 (the H200 runs had 12-13)
     # 2-core CPU machine: two workers import 3 s each on the one spare core, set_seconds 2: a set lasts
     # as long as that import (the cycles go on meanwhile), the first one waits for it too
     s = Sampling(set_seconds=2.0, start_s=6.0, before_s=3.0)
-    assert s.planned_sets == 6  # 1 + (60 - 3 - 7.9 - 6) / 7.9 = 6.5 -> 6 (round half to even)
-    # no spare core: the next set starts after this one: 1 + (60 - 3 - 9.9) / 9.9
+    assert s.planned_sets == 7  # 1 + (60 - 3 - 7.3 - 6) / 7.3 = 7.0
+    # no spare core: the next set starts after this one: 1 + (60 - 3 - 9.3) / 9.3
     assert Sampling(set_seconds=2.0, start_s=6.0, before_s=3.0, prefetch=False).planned_sets == 6
     # at most EXTEND_FACTOR x set_seconds of waiting counts; never fewer than 4, never over max_sets
     assert Sampling(set_seconds=1.0, start_s=100.0).planned_sets == 4

@@ -1012,7 +1012,7 @@ def test_kvcache_gbps_is_in_the_terminal_and_markdown_tables(tmp_path):
 
 
 def test_cpu_steal_is_shown_per_set_and_warned_about_from_five_percent():
-    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-02-eby-5" / "results.json")
+    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-02-eby-5")  # archived: .gz
     assert report.steal_note(res["sets"]) == ""  # recorded before steal was: no column values, no warning
     html = report.render_html(res)
     assert "CPU steal:" not in html and html.count('<td class="">–</td>') == len(res["sets"])
