@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time flash_attn_func across flash-attn versions, each in its own env; say per shape which "
                     "version is faster, by how much, how sure, and whether it is host overhead or kernel time.",
         epilog="Subcommands: run (default), plan, report, compare, publish, envs, wheelhouse, explain; `matrix-run SUBCOMMAND -h` "
-               "for each. " + EXIT_HELP)
+               "for each (the run's options -- --versions, --config, --time-budget, --quick, --explain, ... -- "
+               "are under `matrix-run run -h`). " + EXIT_HELP)
     ap.add_argument("--version", action="version", version=f"matrix-run {__version__}")
     sub = ap.add_subparsers(dest="cmd")
 

@@ -265,16 +265,23 @@ def level_groups(wall: list[dict]) -> str:
     """Which level each kind of wall-time verdict was shown at (stats.select_family: the k decided alike
     at 1 - alpha k/m, the rest at 1 - alpha/m), e.g. "the 9 called faster or slower at 96.25%, the
     one called the same at 99.58%, the other 2 at 99.58%"; provisional ones are left out."""
-    groups = []
+    groups: list = []  # [who, level]; a group at the level of the one before joins it
     for kind, word in (("faster/slower", "faster or slower"), ("same", "the same")):
         sel = [x for x in wall if x.get("selection") == kind]
         if sel:
-            groups.append(f"{'the one' if len(sel) == 1 else f'the {len(sel)}'} called {word} at {level_pct(sel[0]['alpha'])}")
+            groups.append([f"{'the one' if len(sel) == 1 else f'the {len(sel)}'} called {word}",
+                           level_pct(sel[0]["alpha"])])
     rest = [x for x in wall if not x.get("selection") and x.get("verdict") != "provisional"]
     if rest:
         n = "the other one" if len(rest) == 1 else f"the other {len(rest)}"
-        groups.append(f"{n if groups else 'each'} at {level_pct(rest[0]['alpha'])}")
-    return ", ".join(groups)
+        groups.append([n if groups else "each", level_pct(rest[0]["alpha"])])
+    merged: list = []
+    for who, lev in groups:  # k = 1 is Bonferroni's level: "the one called the same and the other 2 at 98.75%"
+        if merged and merged[-1][1] == lev:
+            merged[-1][0] += f" and {who}"
+        else:
+            merged.append([who, lev])
+    return ", ".join(f"{who} at {lev}" for who, lev in merged)
 
 
 def ci_head(comparisons: list[dict], quick: bool = False) -> str:
@@ -726,7 +733,8 @@ def terminal_table(res: dict, console=None) -> None:
             console.print(table(labels, [i], ("wall_us",), title if i == 0 else ""))
     if vm["candidates"] and str((res.get("settings") or {}).get("method") or "").startswith("lockstep"):
         console.print("[dim]µs: the bursts' plain medians; ratio: paired cycle by cycle and taken at one CPU speed, "
-                      "so it can differ by a few % from the ratio of the µs shown[/]")
+                      "so it can differ from the ratio of the µs shown (by ~10 % where a version's set "
+                      "medians fall into two groups)[/]")
     note = level_note(res.get("comparisons") or [])
     if note:
         console.print(f"[dim]{escape(note)}[/]")

@@ -232,6 +232,12 @@ def _learn(learned: dict, label: str, rep: dict) -> None:
             have[n] = None
 
 
+def _preimport_path(work: Path, label: str) -> Path:
+    """Where env ``label``'s list of modules to pre-import is kept (in the run's work dir, so a
+    ``--resume`` starts from it)."""
+    return work / ("preimport-" + re.sub(r"[^A-Za-z0-9._+-]", "_", label) + ".json")
+
+
 def _preimport_files(work: Path, learned: dict) -> dict:
     """Env label -> a JSON file listing the modules its workers loaded after their start so far
     (:func:`_learn`), for the next set's workers to import while they start (worker.preimport)."""
@@ -239,7 +245,7 @@ def _preimport_files(work: Path, learned: dict) -> dict:
     for label, names in learned.items():
         if not names:
             continue
-        f = work / ("preimport-" + re.sub(r"[^A-Za-z0-9._+-]", "_", label) + ".json")
+        f = _preimport_path(work, label)
         tmp = f.with_suffix(".tmp")
         tmp.write_text(json.dumps(list(names)))
         tmp.replace(f)
@@ -368,7 +374,14 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     slopes: dict = {}  # (case id, metric) -> stats.SpeedSlope, over every set of this run
     pending: _Set | None = None
     reason = None
-    learned: dict = {}  # env label -> the modules its workers' set-ups loaded (_learn), an ordered set
+    # env label -> the modules its workers' set-ups loaded (_learn), an ordered set; a --resume
+    # starts from what the earlier part learned (its preimport files in the same work dir)
+    learned: dict = {}
+    for e in envs:
+        try:
+            learned[e.label] = dict.fromkeys(str(x) for x in json.loads(_preimport_path(work, e.label).read_text()))
+        except (OSError, ValueError, TypeError):
+            pass
 
     def preimports() -> dict | None:
         return _preimport_files(work, learned) if sampling.preimport and not quick else None
@@ -495,7 +508,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
     sid = st.sid
     st.t0 = time.monotonic()  # the set's own time: its workers may have started during the previous set
     rec = {"set": sid, "cpu": cpu, "pinned": cpu is not None, "status": "ok", "error": None,
-           "workers": {}, "cycles": 0, "seconds": 0.0, "phase_s": {}}
+           "workers": {}, "cycles": 0, "seconds": 0.0, "phase_s": {}, "steal": None}
+    j0 = None  # /proc/stat at the start of the cycles (machine.cpu_jiffies)
     lap = [time.monotonic()]
 
     def phase(name: str) -> None:
@@ -682,6 +696,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         rec["extended_s"] = round(max(0.0, time.monotonic() - t_cyc - budget), 3)
         steal = machine.steal_share(j0, machine.cpu_jiffies([cpu] if cpu is not None else None))
         rec["steal"] = round(steal, 4) if steal is not None else None
+        j0 = None
         phase("cycles")
         if sampling.prefetch_spawn == "after":
             prefetch("spawn")
@@ -776,6 +791,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         rec["status"], rec["error"] = "budget", str(ex)
     except Interrupted:
         rec["cycles"] = max(rec["cycles"], st.cycles_done)  # the cycles kept (the report compares them)
+        if j0 is not None:  # stopped during its cycles: the steal over the ones kept
+            steal = machine.steal_share(j0, machine.cpu_jiffies([cpu] if cpu is not None else None))
+            rec["steal"] = round(steal, 4) if steal is not None else None
         rec["status"] = "interrupted"
         rec["error"] = "stopped by a signal; the cycles timed so far are kept"
     finally:

@@ -453,6 +453,12 @@ def test_later_sets_import_what_earlier_set_ups_loaded_and_their_first_call_is_w
             pre = s["workers"]["2.7.0.post2"]["preimport"]
             assert pre["imported"] > 100 and pre["failed"] <= pre["n"] // 20, pre
         assert max(first[1][0], first[2][0]) < first[0][0] / 10
+        # a --resume (the same work dir) starts from the list the earlier part learned
+        runner.run_all(envs, [case], Sampling(set_seconds=0.3, time_budget_s=300, max_sets=4, burst_ms=2.0),
+                       device="cpu", quick=False, work=tmp_path / "work", case_timeout=120.0,
+                       stop=threading.Event(), data=data, sets=sets)
+        assert len(sets) == 4 and sets[3]["workers"]["2.7.0.post2"]["preimport"]["imported"] > 100
+        assert first[3][0] < first[0][0] / 10
     else:
         assert not learned.exists() and all("preimport" not in w for s in sets for w in s["workers"].values())
         assert min(first[1][0], first[2][0]) > 200
