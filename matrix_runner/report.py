@@ -433,7 +433,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
           "ci_head": ci_head(res.get("comparisons") or [], bool(settings.get("quick"))),
           "level_note": level_note(res.get("comparisons") or []),
-          "steal_note": steal_note(res.get("sets") or []),
+          "steal_note": steal_note(res.get("sets") or []), "steal_warn": STEAL_WARN,
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
                                          (res.get("settings") or {}).get("speed_adjust")),
           "candidates": names, "pairs": pairs, "one_base": one_base, "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,

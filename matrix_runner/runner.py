@@ -232,6 +232,13 @@ def _learn(learned: dict, label: str, rep: dict) -> None:
             have[n] = None
 
 
+def _steal_since(j0: tuple | None, cpu: int | None) -> float | None:
+    """CPU steal on ``cpu`` (the whole machine when unpinned) since the :func:`machine.cpu_jiffies`
+    reading ``j0``, as a share rounded to 0.01 %; None where unknown."""
+    steal = machine.steal_share(j0, machine.cpu_jiffies([cpu] if cpu is not None else None))
+    return round(steal, 4) if steal is not None else None
+
+
 def _preimport_path(work: Path, label: str) -> Path:
     """Where env ``label``'s list of modules to pre-import is kept (in the run's work dir, so a
     ``--resume`` starts from it)."""
@@ -582,9 +589,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             rec["workers"][key] = {"pid": w.pid}
             pre = (w.hello or {}).get("preimport")
             if isinstance(pre, dict):  # modules imported at its start, learned from earlier sets (_learn)
-                rec["workers"][key]["preimport"] = {k: pre.get(k) for k in ("n", "imported", "failed", "seconds")}
-                if pre.get("first_failures"):
-                    rec["workers"][key]["preimport"]["first_failures"] = pre["first_failures"]
+                rec["workers"][key]["preimport"] = {k: v for k, v in pre.items() if k != "first_failures" or v}
         phase("start")
         failed = [e for e in envs.values() if e.status == "failed"]
         if failed:  # the set goes on with the envs that started (run_all drops the failed ones after it)
@@ -694,9 +699,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                                 more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, time.monotonic() - t_cyc - budget), 3)
-        steal = machine.steal_share(j0, machine.cpu_jiffies([cpu] if cpu is not None else None))
-        rec["steal"] = round(steal, 4) if steal is not None else None
-        j0 = None
+        rec["steal"], j0 = _steal_since(j0, cpu), None
         phase("cycles")
         if sampling.prefetch_spawn == "after":
             prefetch("spawn")
@@ -792,8 +795,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
     except Interrupted:
         rec["cycles"] = max(rec["cycles"], st.cycles_done)  # the cycles kept (the report compares them)
         if j0 is not None:  # stopped during its cycles: the steal over the ones kept
-            steal = machine.steal_share(j0, machine.cpu_jiffies([cpu] if cpu is not None else None))
-            rec["steal"] = round(steal, 4) if steal is not None else None
+            rec["steal"] = _steal_since(j0, cpu)
         rec["status"] = "interrupted"
         rec["error"] = "stopped by a signal; the cycles timed so far are kept"
     finally:

@@ -1240,8 +1240,8 @@ def preimport(path: str | None) -> dict | None:
     the same env first loaded them), each one best-effort: ``{n, imported, failed, seconds,
     first_failures}`` (seconds of wall time for the whole list; ``imported``: how many modules
     were newly loaded, the listed ones and what they imported in turn; ``failed``: names that
-    raised, with the first three as ``"name: error"``). None when ``path`` is unset. Why: flash-attn 2.7+'s custom op imports ``torch._dynamo`` and ~800 other
-    modules on its first call (1.8 s on the 2-core CPU machine, ~1 s on the H200: the bulk of
+    raised, with the first three as ``"name: error"``). None when ``path`` is unset. Why:
+    flash-attn 2.7+'s custom op imports ``torch._dynamo`` and ~800 other modules on its first call (1.8 s on the 2-core CPU machine, ~1 s on the H200: the bulk of
     2.7.0.post2's 1.1-1.5 s set-up per process set); imported here, during the previous set's cycles
     on a spare core, they cost the set's start nothing. Only imports: no call is made, so nothing
     runs on the GPU."""
