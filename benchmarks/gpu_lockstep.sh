@@ -5,7 +5,8 @@
 #   1. the seed comparison, default config and budget: 2.6.3 vs 2.7.0.post2 (envs created here;
 #      SEED=N: N of them, SEED=0: none)
 #   1b. ABAB=N: N alternated pairs of seed comparisons, default vs B_OPTS (e.g. a variant --config)
-#   2. three A/A runs: 2.6.3 under two labels, default config and budget (AA=N: N)
+#   2. three A/A runs: 2.6.3 under two labels, default config and budget (AA=N: N; AA_OPTS: options
+#      added to them, e.g. a sampling variant)
 #   3. a --quick A/A (no faster/slower verdict may come out of one process set)
 #   4. EXTRA="--burst-ms 5" etc.: one more A/A with those options, if time is left (started before
 #      EXTRA_BY s, default 400; EXTRA_SEED=1: and first one more seed comparison with them)
@@ -43,7 +44,7 @@ done
 # processes differ from one another more than 2.6.3's do)
 AAV=${AA_VERSION:-2.6.3}; AAS=$([ "$AAV" = 2.6.3 ] || echo "-$AAV")
 for i in $(seq 1 "${AA:-3}"); do
-  step aa$AAS$i 150 python3 -m matrix_runner run --versions a=$AAV,b=$AAV "${COMMON[@]}"
+  step aa$AAS$i 150 python3 -m matrix_runner run --versions a=$AAV,b=$AAV "${COMMON[@]}" ${AA_OPTS:-}
 done
 [ "${QUICK:-1}" = 1 ] && step aa-quick 90 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" --quick
 # 5. four versions at the default budget, if their slim wheels (built here earlier) are carried in

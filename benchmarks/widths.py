@@ -1,6 +1,11 @@
 """One line per run: process sets, total seconds, wall verdicts, the batch-2 and batch-512 forward
 half-widths (the larger side of each wall interval, % of its ratio) and how many wall intervals lie
-inside +-3 % -- the figures issue #10 sets. Usage: python benchmarks/widths.py RUN_DIR_OR_RESULTS... """
+inside +-3 % -- the figures issue #10 sets; with ``--misses``, the wall intervals outside +-3 % of 1
+(A/A runs). ``--groups`` then prints the median half-width per group (batch-2/512, fwd/bwd) over
+each named set of runs (``--groups NAME=RUN,RUN ...``). Usage:
+python benchmarks/widths.py [--misses] RUN_DIR_OR_RESULTS...
+python benchmarks/widths.py --groups A=RUN,RUN B=RUN,RUN"""
+import math
 import sys
 from pathlib import Path
 
@@ -9,6 +14,9 @@ from matrix_runner import results  # noqa: E402
 
 
 def hw(c: dict) -> float:
+    """The larger side of a wall interval, % of its ratio; inf without one (--quick: no interval)."""
+    if c.get("ci_high") is None or c.get("ci_low") is None:
+        return float("inf")
     return max(c["ci_high"] - c["ratio"], c["ratio"] - c["ci_low"]) / c["ratio"] * 100
 
 
@@ -20,12 +28,44 @@ def line(path: str) -> str:
     verdicts: dict = {}
     for c in w:
         verdicts[c["verdict"]] = verdicts.get(c["verdict"], 0) + 1
-    inside = sum(1 for c in w if c["ci_low"] >= 0.97 and c["ci_high"] <= 1.03)
+    inside = sum(1 for c in w if math.isfinite(hw(c)) and c["ci_low"] >= 0.97 and c["ci_high"] <= 1.03)
     all_hw = sorted(hw(c) for c in w)
+    if not math.isfinite(all_hw[0]):  # --quick: ratios without intervals
+        r = sorted(c["ratio"] for c in w)
+        return f"{path}: sets {len(d['sets'])}, total {d['timing']['total_s']:.1f} s, {verdicts}; ratios {r[0]:.2f}-{r[-1]:.2f}"
     return (f"{path}: sets {len(d['sets'])}, total {d['timing']['total_s']:.1f} s, {verdicts}; B2 fwd ±{b2} %, "
             f"B512 fwd ±{b512} %; inside ±3 %: {inside}/{len(w)}; half-widths {all_hw[0]:.1f}-{all_hw[-1]:.1f} %")
 
 
+def misses(path: str) -> list[str]:
+    d = results.load(results.find(path))
+    return [f"{c['label']} {c['op']} {c['ratio']:.3f} [{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
+            for c in d["comparisons"] if c["metric"] == "wall_us" and math.isfinite(hw(c))
+            and not (c["ci_low"] >= 0.97 and c["ci_high"] <= 1.03)]
+
+
+def groups(spec: list[str]) -> None:
+    import statistics
+    for arg in spec:
+        name, runs = arg.split("=", 1)
+        by: dict = {}
+        for r in runs.split(","):
+            d = results.load(results.find(r))
+            for c in d["comparisons"]:
+                if c["metric"] == "wall_us":
+                    by.setdefault(f"{c['label'].split()[0]} {c['op']}", []).append(hw(c))
+        print(f"{name:12s} " + "  ".join(f"{k} {statistics.median(v):.2f} % (max {max(v):.2f}, n {len(v)})"
+                                      for k, v in sorted(by.items())))
+
+
 if __name__ == "__main__":
-    for p in sys.argv[1:]:
+    argv = sys.argv[1:]
+    if argv[:1] == ["--groups"]:
+        groups(argv[1:])
+        sys.exit(0)
+    show = argv[:1] == ["--misses"]
+    for p in argv[1:] if show else argv:
         print(line(p))
+        if show:
+            for m in misses(p):
+                print(f"    outside ±3 %: {m}")

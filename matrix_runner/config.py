@@ -28,15 +28,16 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
     sampling:
       time_budget_s: 60     # wall-clock budget for the timing phase (s)
       min_effect: 0.05      # smallest ratio change called faster/slower (0.05 = 5 %)
-      set_seconds: 3        # lockstep cycles per process set (s, at least: on while the next set starts); a set is one fresh worker per env
+      set_seconds: 1.5      # lockstep cycles per process set (s, at least: on while the next set starts); a set is one fresh worker per env
       max_sets: 40          # a cap; the time budget or decided verdicts normally stop first
       burst_ms: 5           # each worker's turn in a cycle (ms of calls)
       alpha: 0.05           # family-wise error rate of a run's verdicts per clock
       workers_per_env: auto # worker processes per env in each set, averaged (auto: 1; more: see Sampling)
       host_every: 2         # the host clock is cycled in one sweep of N (wall, which decides, in every sweep)
-      max_repeats: 1        # > 1: a noisier case's wall clock up to N times per sweep (runner.cycle_weights)
+      max_repeats: 2        # a noisier case's wall clock up to N times per sweep (runner.cycle_weights); 1: each once
       speed_adjust: true    # compare bursts at one reference CPU speed (stats.SpeedSlope); false: plain medians
       prefetch_spawn: cycles  # when the next set's workers start: during this set's cycles, or after them
+      prefetch_depth: auto  # sets whose workers start ahead of their turn (auto: 2 where spare cores hold them, else 1)
       preimport: true       # later sets' workers import, while they start, the modules earlier sets' set-ups loaded
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
@@ -251,7 +252,13 @@ class Sampling:
 
     time_budget_s: float = 60.0
     min_effect: float = 0.05
-    set_seconds: float = 3.0
+    #: Seconds of lockstep cycles per process set. Measured side by side (H200, 2026-12-03, seed and
+    #: A/A runs, benchmarks/results/h200-runs-12-03-sets.txt): with the next sets' workers started
+    #: two sets ahead (``prefetch_depth``), 1.5 s sets last 1.8-2.0 s once kernel time is decided
+    #: and a minute holds 20-21 of them instead of 12-13 of 3 s; a batch-2 set's log ratio spreads
+    #: hardly more with half the cycles (its spread is mostly between processes), so the seed
+    #: run's batch-2 fwd intervals narrowed from a median of +-4.5 % to +-3.2 %.
+    set_seconds: float = 1.5
     max_sets: int = 40
     burst_ms: float = 5.0
     alpha: float = 0.05
@@ -264,12 +271,15 @@ class Sampling:
     #: the glitch was the next set's set-ups running on the GPU beside the profiled calls (fixed
     #: 2026-12-01: runner._Set.await_setups; since then kernel time is decided within 6-7 sets).
     clock_sets: int = 12
-    #: Most times one case's wall clock is timed per sweep of a set's cycles (:func:`runner.cycle_weights`);
-    #: 1 = every case once per sweep. Measured (H200, A/A and seed runs, 2026-12-01): giving the
-    #: batch-2 cases 4x the cycles of the batch-512 ones (~12 vs ~3 per set) left the batch-2 sets'
-    #: spread where it was (set SD 0.02-0.05 either way: their spread is between sets, not within)
-    #: and widened the batch-512 intervals, so the default is 1.
-    max_repeats: int = 1
+    #: Most times one case's wall clock is timed per sweep of a set's cycles (:func:`runner.cycle_weights`:
+    #: in proportion to its per-cycle variance in earlier sets); 1 = every case once per sweep.
+    #: Measured (H200): with 3 s sets (2026-12-01) it did not help -- a batch-2 set's spread was
+    #: between sets, not within, and the batch-512 intervals widened; with 1.5 s sets (2026-12-03,
+    #: benchmarks/results/h200-runs-12-03-sets.txt) a set's own cycles are a larger share of its
+    #: spread, and 2 narrowed the batch-2 wall intervals (A/A median +-1.4 % fwd, +-2.5 % bwd vs
+    #: +-1.9 %, +-2.8 % over 4 and 6 runs; 9-12 of 12 A/A intervals inside +-3 % vs 8-10; seed
+    #: batch-2 fwd +-3.0 % vs +-3.4 %) at some cost to the seed's batch-512 fwd (+-1.7 % vs +-1.5 %).
+    max_repeats: int = 2
     #: The host clock (dispatch overhead; it explains a wall difference, the wall clock decides it)
     #: is cycled in one sweep of ``host_every``, the wall clock in every sweep. Measured (H200,
     #: 2026-12-01, reports/h200-variant-host4-*): 4 gave each wall item ~7.8 cycles per set instead
@@ -316,11 +326,23 @@ class Sampling:
     start_s: float = 0.0
     #: Whether the next set's workers start during a set (spare cores; else after it).
     prefetch: bool = True
+    #: How many sets ahead workers are started (spawned on spare cores; only the next set's are
+    #: set up, after this set's cycles): with 1, a set lasts at least as long as the next set's
+    #: workers take to import torch, the subject and the pre-import (~2.8 s for 2.7.0.post2 on the
+    #: H200, so cycles shorter than that only made sets wait); with 2 they have two sets' time.
+    #: None (auto): :meth:`depth_for`.
+    prefetch_depth: int | None = None
     #: Seconds of the budget spent before the first set (the driver's probe and plan).
     before_s: float = 0.0
     #: The planned number of sets fixed by an earlier part of this run (``--resume``): kept, so
     #: the confidence sequence's mixing stays the one its first sets were judged with.
     planned: int | None = None
+
+    @staticmethod
+    def depth_for(spare: int, n_workers: int) -> int:
+        """The auto prefetch depth: 2 where the spare cores hold two sets' workers (one set importing
+        beside the next one waiting), else 1."""
+        return 2 if spare >= 2 * max(1, n_workers) else 1
 
     @property
     def planned_sets(self) -> int:
@@ -335,7 +357,9 @@ class Sampling:
             return self.planned
         start = max(0.0, self.start_s)
         if self.prefetch:
-            per = max(self.set_seconds, min(start, self.EXTEND_FACTOR * self.set_seconds)) + self.SET_OVERHEAD_S
+            # workers spawned ``depth`` sets ahead have that many sets' cycles to start in
+            ahead = start / max(1, self.prefetch_depth or 1)
+            per = max(self.set_seconds, min(ahead, self.EXTEND_FACTOR * self.set_seconds)) + self.SET_OVERHEAD_S
             first = per + start
         else:
             per = first = self.set_seconds + start + self.SET_OVERHEAD_S
@@ -374,7 +398,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
         {"batch": 2, "seqlen": 150, "nheads": 16, "embed_dim": 256},
         {"batch": 2, "seqlen": 300, "nheads": 16, "embed_dim": 256},
     ],
-    "sampling": {"time_budget_s": 60.0, "min_effect": 0.05, "set_seconds": 3.0, "max_sets": 40, "burst_ms": 5.0,
+    "sampling": {"time_budget_s": 60.0, "min_effect": 0.05, "set_seconds": 1.5, "max_sets": 40, "burst_ms": 5.0,
                  "alpha": 0.05},
 }
 
@@ -393,7 +417,8 @@ _EXPLAIN_MAX = {"rate": (10000, "py-spy samples per second; beyond ~1000 it miss
 _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", "head_dim", "embed_dim",
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
-                  "host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport"}
+                  "host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport",
+                  "prefetch_depth"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -787,7 +812,12 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         speed_adjust=_bool("sampling.speed_adjust", sd.get("speed_adjust", Sampling.speed_adjust)),
         prefetch_spawn=sd.get("prefetch_spawn", Sampling.prefetch_spawn),
         preimport=_bool("sampling.preimport", sd.get("preimport", Sampling.preimport)),
+        prefetch_depth=(None if sd.get("prefetch_depth") in (None, "auto")
+                        else _pos_int("sampling.prefetch_depth", sd["prefetch_depth"], "or auto")),
     )
+    if sampling.prefetch_depth is not None and sampling.prefetch_depth > 4:
+        raise _err("sampling.prefetch_depth", sampling.prefetch_depth,
+                   "must be 1-4 or auto (each set ahead keeps its workers waiting on spare cores)")
     if sampling.prefetch_spawn not in ("cycles", "after"):
         raise _err("sampling.prefetch_spawn", sampling.prefetch_spawn, "must be cycles or after")
     if not 0 < sampling.min_effect < 1:

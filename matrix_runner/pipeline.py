@@ -468,7 +468,7 @@ class Run:
                     "burst_ms": samp.burst_ms, "workers_per_env": samp.workers_per_env,
                     "host_every": samp.host_every, "max_repeats": samp.max_repeats,
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn,
-                    "preimport": samp.preimport, "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
+                    "preimport": samp.preimport, "prefetch_depth": samp.prefetch_depth, "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                     "fail_on_regression": args.fail_on_regression,
                     "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,
                     "find_links": [str(p) for p in opts.find_links], "no_gpu_message": no_gpu_msg,
@@ -590,7 +590,10 @@ class Run:
         n_workers = len(ok_envs) * (samp.workers_per_env or 1)
         if not gpus:  # a sharded run's shards plan their own share of the CPUs
             samp.prefetch = spare > 0
-            samp.start_s = self.base_timing["probe_s"] * math.ceil(n_workers / max(1, spare))
+            if samp.prefetch_depth is None:  # auto (config.Sampling.depth_for); the runner decides alike
+                samp.prefetch_depth = samp.depth_for(spare, n_workers)
+            samp.start_s = self.base_timing["probe_s"] * math.ceil(n_workers * samp.prefetch_depth / max(1, spare))
+        base_doc["settings"]["prefetch_depth"] = samp.prefetch_depth
         samp.before_s = before_s
         prior_planned = ((self.prior or {}).get("settings") or {}).get("planned_sets")
         if prior_planned:  # --resume: the sets already judged keep their sequence

@@ -1,7 +1,9 @@
 """Stage 3 (driver side) — the run's timing phase: lockstep process sets, and when to stop.
 
 A *process set* is one fresh worker per env, all pinned to one CPU core (lockstep module doc). Per
-set: the workers start while the previous set is still timed, on spare cores (the *prefetch*: they
+set: the workers start while an earlier set is still timed, on spare cores (the *prefetch*, up to
+``Sampling.prefetch_depth`` sets ahead: a worker's start outlasted 1.5 s of cycles on the H200, so
+with one set ahead a set could not be shorter than it; they
 import torch and the subject during its cycles, and the modules that earlier sets' set-ups of
 their env loaded -- the *pre-import*, ``Sampling.preimport``: flash-attn 2.7+'s custom op imports
 torch._dynamo on its first call; their config and every case's set-up -- CUDA
@@ -379,7 +381,9 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     labels = [e.label for e in envs]
     durations: list[float] = []
     slopes: dict = {}  # (case id, metric) -> stats.SpeedSlope, over every set of this run
-    pending: _Set | None = None
+    # the sets whose workers are starting or waiting, next first (Sampling.prefetch_depth)
+    pending: list[_Set] = []
+    depth = sampling.prefetch_depth or Sampling.depth_for(len(others or ()), len(envs) * sampling.workers_per_env)
     reason = None
     # env label -> the modules its workers' set-ups loaded (_learn), an ordered set; a --resume
     # starts from what the earlier part learned (its preimport files in the same work dir)
@@ -426,33 +430,32 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 break
             if stop.is_set():
                 raise Interrupted()
-            cur = pending if pending is not None else _Set(sid, envs, work, others, sampling.workers_per_env,
-                                                                worker_env, closing, preimports())
-            pending = None
+            cur = pending.pop(0) if pending else _Set(sid, envs, work, others, sampling.workers_per_env,
+                                                      worker_env, closing, preimports())
             cpu = cpus["set_cpus"][sid % len(cpus["set_cpus"])] if cpus.get("pinned") else None
 
             def prefetch(stage: str, _sid=sid):
-                """``spawn``: start the next set's workers (they import during this set's cycles);
-                ``setup``: queue their config and set-ups (CUDA work: after this set's cycles);
-                ``await``: wait until those set-ups are over (before this set's profiler pass);
-                ``started``: whether the next set's workers have all said hello (True when none is
-                starting), without waiting."""
-                nonlocal pending
+                """``spawn``: start the workers of the next ``depth`` sets that have none yet (they
+                import during this set's cycles, and wait); ``setup``: queue the next set's config
+                and set-ups (CUDA work: after this set's cycles); ``await``: wait until those
+                set-ups are over (before this set's profiler pass); ``started``: whether the next
+                set's workers have all said hello (True when none is starting), without waiting."""
                 if stage == "started":
-                    return pending is None or pending.started()
+                    return not pending or pending[0].started()
                 if quick or stop.is_set() or others is None:  # no spare core: start after this set
                     return None
                 if stage == "await":
-                    if pending is not None:
-                        pending.await_setups(case_timeout)
+                    if pending:
+                        pending[0].await_setups(case_timeout)
                 elif stage == "spawn":
-                    pending = _Set(_sid + 1, envs, work, others, sampling.workers_per_env, worker_env, closing,
-                                   preimports())
-                elif pending is not None:
+                    while len(pending) < depth:
+                        pending.append(_Set(_sid + 1 + len(pending), envs, work, others, sampling.workers_per_env,
+                                            worker_env, closing, preimports()))
+                elif pending:
                     # not the cases under retry after a fault: their set-up waits for this set's outcome
                     labs = [e.label for e in envs]
-                    pending.preload([c for c in cases if all(data[(lab, c.id)].status != "error" for lab in labs)],
-                                    _config_cmd(device, seed, _sid + 1, quick))
+                    pending[0].preload([c for c in cases if all(data[(lab, c.id)].status != "error" for lab in labs)],
+                                       _config_cmd(device, seed, _sid + 1, quick))
 
             with monitor:
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
@@ -471,9 +474,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                     for c in cases:
                         data.pop((e.label, c.id), None)
                 envs = [e for e in envs if e.status != "failed"]
-                if pending is not None:
-                    pending.close()
-                    pending = None
+                while pending:  # started with the failed env's workers
+                    pending.pop().close()
             on_set(rec)
             if rec["status"] == "interrupted":
                 raise Interrupted()
@@ -493,8 +495,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             pass
         reason = f"driver error ({type(e).__name__}: {e}; traceback in {log})"
     finally:
-        if pending is not None:
-            pending.close()
+        while pending:
+            pending.pop().close()
         while closing:
             closing.pop().join(timeout=10)
         if before_aff:
@@ -850,15 +852,16 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
     paired log ratio (pooled within the sets timed so far; the largest over the candidates) and
     v_ref the lower quartile of the cases' v.
 
-    Why it exists, and why it is off by default (``Sampling.max_repeats`` 1): a set's log ratio is a
-    trimmed mean over its cycles, and per cycle a host-bound batch-2 case varies ~10x more than a
-    batch-512 one (H200, seed config: per-cycle SD 0.05-0.13 vs 0.015-0.04), so cycles in
-    proportion to variance (Neyman allocation for equal precision, capped; the lower quartile as
-    reference so one very quiet case does not send everything else to the cap) should have evened
-    out the intervals. Measured (H200, 2026-12-01, reports/h200-variant-weights-lq-aa-1..3 vs h200-aa-4..7): the
-    batch-2 cases got ~12 cycles per set instead of ~6 and their sets' spread did not shrink (set
-    SD 0.02-0.05 either way: it is between sets, not within), while the batch-512 ones, down to ~3,
-    got wider. The weights use only
+    Why: a set's log ratio is a trimmed mean over its cycles, and per cycle a host-bound batch-2
+    case varies ~10x more than a batch-512 one (H200, seed config: per-cycle SD 0.05-0.13 vs
+    0.015-0.04), so cycles in proportion to variance (Neyman allocation for equal precision,
+    capped; the lower quartile as reference so one very quiet case does not send everything else
+    to the cap) even out the intervals where a set's own cycles are a large share of its spread.
+    Measured (H200): with 3 s sets (2026-12-01, reports/h200-variant-weights-lq-aa-1..3 vs
+    h200-aa-4..7) the batch-2 cases got ~12 cycles per set instead of ~6 and their sets' spread
+    did not shrink (it was between sets), while the batch-512 ones, down to ~3, got wider; with
+    1.5 s sets (2026-12-03) the batch-2 intervals narrowed (``Sampling.max_repeats``, default 2
+    since). The weights use only
     earlier sets, so a set's cycles are fixed before it is timed; before any data every case gets 1."""
     var = {}
     for c in cases:

@@ -66,7 +66,7 @@ def test_top_level_rules():
     assert parse_config({"sampling": {"workers_per_env": 3}}).sampling.workers_per_env == 3
     samp = parse_config({"sampling": {"host_every": 2, "max_repeats": 3}}).sampling
     assert (samp.host_every, samp.max_repeats) == (2, 3)
-    assert (parse_config({}).sampling.host_every, parse_config({}).sampling.max_repeats) == (2, 1)
+    assert (parse_config({}).sampling.host_every, parse_config({}).sampling.max_repeats) == (2, 2)
     with pytest.raises(ConfigError, match="sampling.host_every = 0: must be a positive integer"):
         parse_config({"sampling": {"host_every": 0}})
     d = parse_config({}).sampling
@@ -199,11 +199,14 @@ def test_too_large_a_product_is_refused_unless_allowed():
 def test_planned_sets_follow_the_machines_pace_not_just_the_settings():
     from matrix_runner.config import Sampling
 
-    s = Sampling()  # 60 s, 3 s sets, nothing known of the machine: 1 + (60 - 4.3) / 4.3
-    assert s.planned_sets == 14
-    # H200-like: workers start in 2 s on spare cores, 2 s of probe before timing: sets of 4.3 s
-    s = Sampling(start_s=2.0, before_s=2.0)
-    assert s.planned_sets == 13  # 1 + (60 - 2 - 4.3 - 2) / 4.3 = 13.0 (the H200 runs had 12-13)
+    s = Sampling()  # 60 s, 1.5 s sets, nothing known of the machine: 1 + (60 - 2.8) / 2.8
+    assert s.planned_sets == 21
+    # H200-like: workers start in 2 s on spare cores two sets ahead, 2 s of probe before timing:
+    # sets of 2.8 s
+    s = Sampling(start_s=2.0, before_s=2.0, prefetch_depth=2)
+    assert s.planned_sets == 20  # 1 + (60 - 2 - 2.8 - 2) / 2.8 = 20.0 (the H200 runs had 20-21)
+    # one set ahead, the 2 s start outlasts the 1.5 s of cycles: sets of 3.3 s
+    assert Sampling(start_s=2.0, before_s=2.0, prefetch_depth=1).planned_sets == 17  # 1 + (60 - 2 - 5.3) / 3.3
     # 2-core CPU machine: two workers import 3 s each on the one spare core, set_seconds 2: a set lasts
     # as long as that import (the cycles go on meanwhile), the first one waits for it too
     s = Sampling(set_seconds=2.0, start_s=6.0, before_s=3.0)
@@ -215,6 +218,24 @@ def test_planned_sets_follow_the_machines_pace_not_just_the_settings():
     assert Sampling(time_budget_s=600, set_seconds=1.0, max_sets=20).planned_sets == 20
     # --resume keeps the first part's number
     assert Sampling(start_s=6.0, planned=9).planned_sets == 9
+    # workers started two sets ahead have two sets' cycles to import in: 1.5 s sets on a machine
+    # whose workers take 4 s to start last 4 + 1.3 s with depth 1, 2 + 1.3 s with depth 2
+    assert Sampling(set_seconds=1.5, start_s=4.0, prefetch_depth=1).planned_sets == 11  # 1 + (60 - 9.3) / 5.3
+    assert Sampling(set_seconds=1.5, start_s=4.0, prefetch_depth=2).planned_sets == 17  # 1 + (60 - 7.3) / 3.3
+    # auto depth: 2 where the spare cores hold two sets' workers
+    assert [Sampling.depth_for(spare, 2) for spare in (0, 3, 4, 12)] == [1, 1, 2, 2]
+    assert Sampling.depth_for(12, 8) == 1
+
+
+@pytest.mark.parametrize("value, ok", [("auto", None), (2, 2), (0, False), (5, False), ("two", False)])
+def test_prefetch_depth_from_yaml(value, ok):
+    cfg = {"shapes": [{"batch": 2, "seqlen": 50, "nheads": 16, "head_dim": 16}],
+           "sampling": {"prefetch_depth": value}}
+    if ok is False:
+        with pytest.raises(ConfigError, match="sampling.prefetch_depth"):
+            parse_config(cfg)
+    else:
+        assert parse_config(cfg).sampling.prefetch_depth == ok
 
 
 def test_explain_settings_from_the_config():

@@ -478,3 +478,47 @@ def test_cpu_steal_is_read_per_cpu_from_proc_stat(tmp_path, monkeypatch):
     assert machine.steal_share(None, (90, 600)) is None and machine.steal_share((1, 5), (1, 5)) is None
     stat.write_text("cpu  1 2 3 4\n")  # a kernel without the steal column
     assert machine.cpu_jiffies(None) is None
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_workers_start_prefetch_depth_sets_ahead_and_the_unused_ones_are_stopped(tmp_path, monkeypatch, depth):
+    """With ``prefetch_depth`` 2, set 0's spawn stage starts the workers of sets 1 and 2, and each
+    later set those of the set two ahead; only the next set's are set up; the workers of sets
+    started but never run are stopped when the run ends."""
+    import threading
+
+    from matrix_runner import runner
+    from matrix_runner.config import Case, Sampling
+
+    envs = [standin.venv_env(tmp_path, v, standin.make_source(tmp_path / "src", v)) for v in ("2.6.3", "2.7.0.post2")]
+    for e in envs:
+        e.status, e.error, e.import_checked, e.axis = "ok", None, True, None
+    case = Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
+    data, sets, made = {}, [], []
+    real = runner._Set
+
+    class Recorded(real):
+        def __init__(self, sid, *a, **k):
+            super().__init__(sid, *a, **k)
+            made.append((sid, len(sets), self))
+
+    monkeypatch.setattr(runner, "_Set", Recorded)
+    cpus = {"pinned": False, "set_cpus": [], "driver_cpu": None, "spare_cpus": sorted(os.sched_getaffinity(0))}
+    runner.run_all(envs, [case], Sampling(set_seconds=0.3, time_budget_s=300, max_sets=3, burst_ms=2.0,
+                                          prefetch_depth=depth),
+                   device="cpu", quick=False, work=tmp_path / "work", case_timeout=120.0,
+                   stop=threading.Event(), data=data, sets=sets, cpus=cpus)
+    assert [s["status"] for s in sets] == ["ok"] * 3
+    # (sid, sets finished when its workers were started)
+    want = [(0, 0), (1, 0), (2, 1), (3, 2)] if depth == 1 else [(0, 0), (1, 0), (2, 0), (3, 1), (4, 2)]
+    assert [(sid, n) for sid, n, _ in made] == want
+    ran = {s["set"]: {w["pid"] for w in s["workers"].values()} for s in sets}
+    for sid, _, st in made:
+        pids = {w.pid for w in st.workers.values()}
+        assert (pids == ran[sid]) if sid in ran else not any(
+            pids & p for p in ran.values()), (sid, pids, ran)
+        for w in st.workers.values():  # every worker is stopped by the end of the run
+            w.p.wait(timeout=30)
+            assert w.p.poll() is not None
+    wall = data[("2.7.0.post2", case.id)].sets["wall_us"]
+    assert sorted(wall) == [0, 1, 2] and all(len(v) >= 1 for v in wall.values())
