@@ -581,7 +581,8 @@ def main() -> None:
               "  what the other rows model.")
 
     # ---------------------------------------------------------------------------------- (c)
-    print("\n(c) power: the seed run (2.7.0.post2 vs 2.6.3), its 7 process sets per case resampled; here 'false'\n"
+    n_seed = len(next(iter(cyc.values()))["seed"])
+    print(f"\n(c) power: the seed run (2.7.0.post2 vs 2.6.3), its {n_seed} process sets per case resampled; here 'false'\n"
           "is a verdict against the truth's direction (faster: every truth is > 1); slower is the right verdict\n"
           "where the truth is > +5 %; below +5 % (the three b512 sq150 bwd / sq300 cases) 'same' or undecided is")
     print("what the rule allows (see the per-case tables)")
