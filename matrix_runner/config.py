@@ -255,9 +255,9 @@ class Sampling:
     #: Seconds of lockstep cycles per process set. Measured side by side (H200, 2026-12-03, seed and
     #: A/A runs, benchmarks/results/h200-runs-12-03-sets.txt): with the next sets' workers started
     #: two sets ahead (``prefetch_depth``), 1.5 s sets last 1.8-2.0 s once kernel time is decided
-    #: and a minute holds 20-21 of them instead of 12-13 of 3 s; a batch-2 set's log ratio spreads
+    #: and a minute holds 19-24 of them instead of 12-13 of 3 s; a batch-2 set's log ratio spreads
     #: hardly more with half the cycles (its spread is mostly between processes), so the seed
-    #: run's batch-2 fwd intervals narrowed from a median of +-4.5 % to +-3.2 %.
+    #: run's batch-2 fwd intervals narrowed from a median of +-4.5-4.8 % to +-3.4 % (six runs).
     set_seconds: float = 1.5
     max_sets: int = 40
     burst_ms: float = 5.0
@@ -431,6 +431,15 @@ def _err(where: str, value: Any, rule: str) -> ConfigError:
 def _pos_int(where: str, v: Any, alt: str = "") -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise _err(where, v, "must be a positive integer" + (f" {alt}" if alt else ""))
+    return v
+
+
+def _prefetch_depth(v: Any) -> int | None:
+    if v in (None, "auto"):
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 4:
+        raise _err("sampling.prefetch_depth", v,
+                   "must be 1-4 or auto (each set ahead keeps its workers waiting on spare cores)")
     return v
 
 
@@ -812,12 +821,8 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         speed_adjust=_bool("sampling.speed_adjust", sd.get("speed_adjust", Sampling.speed_adjust)),
         prefetch_spawn=sd.get("prefetch_spawn", Sampling.prefetch_spawn),
         preimport=_bool("sampling.preimport", sd.get("preimport", Sampling.preimport)),
-        prefetch_depth=(None if sd.get("prefetch_depth") in (None, "auto")
-                        else _pos_int("sampling.prefetch_depth", sd["prefetch_depth"], "or auto")),
+        prefetch_depth=_prefetch_depth(sd.get("prefetch_depth")),
     )
-    if sampling.prefetch_depth is not None and sampling.prefetch_depth > 4:
-        raise _err("sampling.prefetch_depth", sampling.prefetch_depth,
-                   "must be 1-4 or auto (each set ahead keeps its workers waiting on spare cores)")
     if sampling.prefetch_spawn not in ("cycles", "after"):
         raise _err("sampling.prefetch_spawn", sampling.prefetch_spawn, "must be cycles or after")
     if not 0 < sampling.min_effect < 1:

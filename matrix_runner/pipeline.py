@@ -317,6 +317,11 @@ class Run:
             cfg = parse_config(prior.get("config"), prior.get("config_source") or "results.json", max_cases=None)
             self.t_start -= float(((prior.get("timing") or {}).get("total_s")) or 0.0)
         samp = cfg.sampling
+        if prior is not None:  # the sampling rules the run was started with, where today's defaults differ
+            st = prior.get("settings") or {}
+            for key in ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth"):
+                if st.get(key) is not None:
+                    setattr(samp, key, st[key])
         for name, attr in (("min_effect", "min_effect"), ("max_sets", "max_sets"), ("set_seconds", "set_seconds"),
                            ("burst_ms", "burst_ms"), ("time_budget", "time_budget_s"),
                            ("workers_per_env", "workers_per_env")):
@@ -326,8 +331,8 @@ class Run:
         for name, v in (("--max-sets", samp.max_sets), ("--set-seconds", samp.set_seconds), ("--burst-ms", samp.burst_ms),
                         ("--workers-per-env", 1 if samp.workers_per_env is None else samp.workers_per_env),
                         ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
-            if not v > 0:
-                raise UsageError(f"{name} {v:g}: give a positive number")
+            if not (v > 0 and math.isfinite(v)):
+                raise UsageError(f"{name} {v:g}: give a positive number" + (", a finite one" if v > 0 else ""))
         if not 0 < samp.min_effect < 1:
             raise UsageError(f"--min-effect {samp.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
         if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
@@ -592,6 +597,11 @@ class Run:
             samp.prefetch = spare > 0
             if samp.prefetch_depth is None:  # auto (config.Sampling.depth_for); the runner decides alike
                 samp.prefetch_depth = samp.depth_for(spare, n_workers)
+            elif samp.prefetch_depth > 1 and spare < samp.prefetch_depth * n_workers:
+                console.print(f"[yellow]warning:[/] sampling.prefetch_depth {samp.prefetch_depth}: "
+                              f"{samp.prefetch_depth * n_workers} workers would start at once on {spare} spare "
+                              "CPU(s); their imports then slow one another and the sets wait for them (a 2-core "
+                              "machine got 2 sets instead of 4): use auto")
             samp.start_s = self.base_timing["probe_s"] * math.ceil(n_workers * samp.prefetch_depth / max(1, spare))
         base_doc["settings"]["prefetch_depth"] = samp.prefetch_depth
         samp.before_s = before_s

@@ -75,13 +75,24 @@ def live() -> list[subprocess.Popen]:
 
 def terminate_all() -> int:
     """Mark matrix-run as stopping and SIGTERM every running command's process group. Does not
-    wait (safe in a signal handler). Returns how many groups were signalled."""
+    wait (safe in a signal handler): :func:`signal_all`. Returns how many groups were signalled."""
+    return signal_all(signal.SIGTERM)
+
+
+def signal_all(sig: int) -> int:
+    """Mark matrix-run as stopping and send ``sig`` to every registered command's process group,
+    without polling, waiting or taking a lock: safe in a signal handler, also one that interrupts
+    itself or code holding :data:`_lock` or a ``Popen``'s wait lock (a second SIGINT -- GNU
+    ``timeout`` signals the child and then its group -- arrived while the first handler's
+    ``Popen.poll`` held that lock, and ``Popen.wait`` in the second blocked on it for good). A
+    command whose ``returncode`` is still None has not been reaped, so its id is not reused yet.
+    Returns how many groups were signalled."""
     _stopping.set()
     n = 0
-    for p in live():
-        if p.poll() is None:
+    for p in list(_live):  # a copy, no lock: a handler runs between bytecodes; _live changes by single ops
+        if p.returncode is None:
             try:
-                os.killpg(p.pid, signal.SIGTERM)
+                os.killpg(p.pid, sig)
                 n += 1
             except (ProcessLookupError, PermissionError):
                 pass

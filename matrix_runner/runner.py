@@ -1077,8 +1077,10 @@ def data_from_results(doc: dict, cases: list[Case]) -> dict:
 def install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
     """SIGINT (Ctrl-C) and SIGTERM stop the run cleanly: the first sets ``stop`` and SIGTERMs every
     running worker, build and install (``proc.terminate_all``; no new command starts), so the
-    caller can write what was measured; a second one SIGKILLs them. Returns a function that
-    restores the previous handlers. Does nothing outside the main thread."""
+    caller can write what was measured; a second one SIGKILLs them. Neither waits for anything
+    (``proc.signal_all``: a second signal can arrive inside the first handler -- GNU ``timeout``
+    signals the driver and then its process group -- and a wait there deadlocked the driver).
+    Returns a function that restores the previous handlers. Does nothing outside the main thread."""
     import signal
 
     count = [0]
@@ -1086,10 +1088,7 @@ def install_signal_handlers(stop: threading.Event) -> Callable[[], None]:
     def handler(signum, frame):
         count[0] += 1
         stop.set()
-        if count[0] == 1:
-            proc.terminate_all()
-        else:
-            proc.kill_all(grace=0.0)
+        proc.signal_all(signal.SIGTERM if count[0] == 1 else signal.SIGKILL)
 
     prev = {}
     for sig in (signal.SIGINT, signal.SIGTERM):

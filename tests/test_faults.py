@@ -436,6 +436,39 @@ def test_signal_handlers_stop_commands_and_restore(tmp_path):
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
+def test_a_second_signal_inside_the_first_handler_never_waits(tmp_path):
+    """GNU timeout sends SIGINT to the driver and then to its process group: the second handler ran
+    while the first one's Popen.poll held the command's wait lock, and Popen.wait there blocked
+    forever (new-user trial, 2026-12-03). The handlers now only signal: with that lock held by
+    someone else, both return at once, the first SIGTERMs and the second SIGKILLs the group."""
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    stop = threading.Event()
+    restore = runner.install_signal_handlers(stop)
+    handler = signal.getsignal(signal.SIGINT)
+    p = proc.spawn([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                    "print('ready', flush=True); time.sleep(60)"], log=tmp_path / "s.log")
+    try:
+        t0 = time.monotonic()
+        while "ready" not in (tmp_path / "s.log").read_text() and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        assert p._waitpid_lock.acquire(timeout=5)  # as the interrupted poll of the first handler held it
+        try:
+            th = threading.Thread(target=lambda: (handler(signal.SIGINT, None), handler(signal.SIGINT, None)),
+                                  daemon=True)
+            th.start()
+            th.join(timeout=10)
+            assert not th.is_alive(), "a signal handler blocked"
+        finally:
+            p._waitpid_lock.release()
+        assert stop.is_set()
+        assert p.wait(timeout=10) == -signal.SIGKILL  # it ignored the SIGTERM; the second signal killed it
+    finally:
+        proc.kill_group(p, grace=0.0)
+        restore()
+        proc.reset()
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
 def _through_results(data: dict, sets: list, cs: list[Case]) -> tuple[dict, list]:
     """``data`` and ``sets`` as a resumed run gets them: written to results.json and read back."""
     doc = json.loads(json.dumps({"cases": [results.case_record(cd, cd.case) for cd in data.values()],
@@ -833,10 +866,16 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     kept = {(c["env"], c["id"]): c["metrics"]["wall_us"]["by_set"] for c in first["cases"]}
     assert len(kept) == 4 and all("0" in v for v in kept.values())
 
+    # a run started under other sampling defaults (max_repeats was 1 until 2026-12-03) resumes with its own
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["settings"]["max_repeats"] == 2
+    doc["settings"]["max_repeats"] = 1
+    (out / "results.json").write_text(json.dumps(doc))
     cp = run_cli("--resume", str(out))
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert "resuming" in cp.stderr
     res = load_results(out)
+    assert res["settings"]["max_repeats"] == 1
     assert res["run_id"] == first["run_id"] and res["command"] == first["command"] and len(res["resumed"]) == 1
     assert res["timing"]["stop_reason"] != "interrupted"
     # the sets measured before the interrupt are kept as they were; new sets get new ids; an

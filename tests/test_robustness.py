@@ -68,6 +68,8 @@ def test_bad_versions_exit_2(capsys, tmp_path, versions, needle):
     (["--max-sets", "0"], "--max-sets 0: give a positive number"),
     (["--time-budget", "-1"], "--time-budget -1: give a positive number"),
     (["--burst-ms", "0"], "--burst-ms 0: give a positive number"),
+    (["--burst-ms", "inf"], "--burst-ms inf: give a positive number, a finite one"),
+    (["--set-seconds", "inf"], "--set-seconds inf: give a positive number, a finite one"),
     (["--workers-per-env", "0"], "--workers-per-env 0: give a positive number"),
     (["--cpus", "fast"], "--cpus 'fast': give auto, unpinned or a comma list of CPU ids"),
     (["--cpus", "99999"], "--cpus '99999': CPU(s) [99999] not allowed to this process"),
