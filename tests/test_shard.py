@@ -109,7 +109,7 @@ def test_merged_shards_give_the_comparisons_of_one_run_on_the_same_data():
     # the running stopping rule of a shard (runner.comparisons_now with family_extra): the whole run's
     # Bonferroni level, and e-BY over the shard's own decided comparisons -- a subset of the run's
     # selection, so never narrower than the whole run's interval, and a decided verdict is the run's
-    samp = Sampling()
+    samp = Sampling(planned=8)  # tuned as the run's settings say (planned_sets 8)
     full = runner.comparisons_now(data, ["a", "b"], CFG.cases, samp, "wall_us")
     for v in full.values():  # e-BY: a decided one at alpha k/m (k decided alike), the rest at alpha/m
         k = sum(w["selection"] == v["selection"] for w in full.values()) if v["selection"] else 1
