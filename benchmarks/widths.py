@@ -20,28 +20,32 @@ def hw(c: dict) -> float:
     return max(c["ci_high"] - c["ratio"], c["ratio"] - c["ci_low"]) / c["ratio"] * 100
 
 
-def line(path: str) -> str:
-    d = results.load(results.find(path))
+def inside(c: dict) -> bool:
+    """Whether a wall interval lies inside +-3 % of 1 (False without an interval)."""
+    return math.isfinite(hw(c)) and c["ci_low"] >= 0.97 and c["ci_high"] <= 1.03
+
+
+def line(path: str, d: dict) -> str:
+    """One run's line; ``d``: its results (results.load)."""
     w = [c for c in d["comparisons"] if c["metric"] == "wall_us"]
     b2 = "/".join(f"{hw(c):.2f}" for c in w if c["label"].startswith("B2 ") and c["op"] == "fwd")
     b512 = "/".join(f"{hw(c):.2f}" for c in w if c["label"].startswith("B512 ") and c["op"] == "fwd")
     verdicts: dict = {}
     for c in w:
         verdicts[c["verdict"]] = verdicts.get(c["verdict"], 0) + 1
-    inside = sum(1 for c in w if math.isfinite(hw(c)) and c["ci_low"] >= 0.97 and c["ci_high"] <= 1.03)
+    n_inside = sum(1 for c in w if inside(c))
     all_hw = sorted(hw(c) for c in w)
     if not math.isfinite(all_hw[0]):  # --quick: ratios without intervals
         r = sorted(c["ratio"] for c in w)
         return f"{path}: sets {len(d['sets'])}, total {d['timing']['total_s']:.1f} s, {verdicts}; ratios {r[0]:.2f}-{r[-1]:.2f}"
     return (f"{path}: sets {len(d['sets'])}, total {d['timing']['total_s']:.1f} s, {verdicts}; B2 fwd ±{b2} %, "
-            f"B512 fwd ±{b512} %; inside ±3 %: {inside}/{len(w)}; half-widths {all_hw[0]:.1f}-{all_hw[-1]:.1f} %")
+            f"B512 fwd ±{b512} %; inside ±3 %: {n_inside}/{len(w)}; half-widths {all_hw[0]:.1f}-{all_hw[-1]:.1f} %")
 
 
-def misses(path: str) -> list[str]:
-    d = results.load(results.find(path))
+def misses(d: dict) -> list[str]:
+    """The wall intervals of results ``d`` outside +-3 % of 1 (runs without intervals: none)."""
     return [f"{c['label']} {c['op']} {c['ratio']:.3f} [{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
-            for c in d["comparisons"] if c["metric"] == "wall_us" and math.isfinite(hw(c))
-            and not (c["ci_low"] >= 0.97 and c["ci_high"] <= 1.03)]
+            for c in d["comparisons"] if c["metric"] == "wall_us" and math.isfinite(hw(c)) and not inside(c)]
 
 
 def groups(spec: list[str]) -> None:
@@ -65,7 +69,8 @@ if __name__ == "__main__":
         sys.exit(0)
     show = argv[:1] == ["--misses"]
     for p in argv[1:] if show else argv:
-        print(line(p))
+        doc = results.load(results.find(p))
+        print(line(p, doc))
         if show:
-            for m in misses(p):
+            for m in misses(doc):
                 print(f"    outside ±3 %: {m}")
