@@ -484,11 +484,13 @@ def venv_env(root: Path, label: str, src: Path) -> SimpleNamespace:
     """An env without uv for driver-side tests: a venv over the stand-in's sources ``src``, then
     this interpreter's site dirs (torch), as ``--torch inherit`` does (a venv's
     --system-site-packages sees the base interpreter's, which lacks torch under tox or a venv).
-    Returns an object with the ``label`` and ``python`` the runner uses."""
+    Returns an object with what the runner reads of an env: ``label``, ``python``, and an ok
+    status whose import was checked (no torch axis)."""
     from matrix_runner import envs
 
     v = root / f"venv-{label}"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(v)], check=True)
     sp = next(v.glob("lib/python*/site-packages"))
     (sp / "standin.pth").write_text("\n".join([str(src), *envs.driver_site_dirs()]) + "\n")
-    return SimpleNamespace(label=label, python=str(v / "bin" / "python"))
+    return SimpleNamespace(label=label, python=str(v / "bin" / "python"), status="ok", error=None,
+                           import_checked=True, axis=None)

@@ -433,8 +433,6 @@ def test_later_sets_import_what_earlier_set_ups_loaded_and_their_first_call_is_w
     envs = [standin.venv_env(tmp_path, "2.6.3", standin.make_source(tmp_path / "src", "2.6.3")),
             standin.venv_env(tmp_path, "2.7.0.post2",
                              standin.make_source(tmp_path / "src", "2.7.0.post2", custom_op=True))]
-    for e in envs:
-        e.status, e.error, e.import_checked, e.axis = "ok", None, True, None
     case = Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
     data, sets = {}, []
     runner.run_all(envs, [case], Sampling(set_seconds=0.3, time_budget_s=300, max_sets=3, burst_ms=2.0,
@@ -491,8 +489,6 @@ def test_workers_start_prefetch_depth_sets_ahead_and_the_unused_ones_are_stopped
     from matrix_runner.config import Case, Sampling
 
     envs = [standin.venv_env(tmp_path, v, standin.make_source(tmp_path / "src", v)) for v in ("2.6.3", "2.7.0.post2")]
-    for e in envs:
-        e.status, e.error, e.import_checked, e.axis = "ok", None, True, None
     case = Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
     data, sets, made = {}, [], []
     real = runner._Set
