@@ -332,10 +332,6 @@ class Sampling:
     #: H200, so cycles shorter than that only made sets wait); with 2 they have two sets' time.
     #: None (auto): :meth:`depth_for`.
     prefetch_depth: int | None = None
-    #: The reference CPU speed every burst is taken at (µs of worker.speed_probe; stats.SpeedSlope),
-    #: read before anything is timed (runner.reference_speed); None: not read yet. ``--resume``
-    #: keeps the first part's, so every set of a run is at one speed.
-    speed_reference_us: float | None = None
     #: Seconds of the budget spent before the first set (the driver's probe and plan).
     before_s: float = 0.0
     #: The planned number of sets fixed by an earlier part of this run (``--resume``): kept, so

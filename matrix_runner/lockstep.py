@@ -280,42 +280,6 @@ def _noise(cpu: int, seconds: float = 0.03) -> float:
     return (ts[int(0.9 * (n - 1))] - ts[int(0.1 * (n - 1))]) / med if med else float("inf")
 
 
-#: The quantile of the calibration's probe readings taken as the reference CPU speed (the fast
-#: state: on the H200 machine a vCPU reads ~3.4 or ~7.5 µs and sits in either for 0.1-1 s, about
-#: half the time in each, so the lower decile is the fast state whenever some core is in it).
-REFERENCE_QUANTILE = 0.1
-
-
-def reference_probe(cpus, seconds: float = 0.025, max_cpus: int = 16) -> float | None:
-    """The reference CPU speed the speed adjustment moves every burst to (stats.SpeedSlope), as the
-    speed probe's µs (worker.speed_probe, the code every worker times between its samples): the
-    ``REFERENCE_QUANTILE`` of readings taken for ``seconds`` on each of ``cpus`` (at most
-    ``max_cpus``; this thread pinned to each in turn, its affinity restored after), or on whatever
-    CPU this thread runs on where ``cpus`` is empty or pinning is refused. Fixed before anything is
-    timed, so every set's ratio is at one speed. Returns µs, or None if nothing could be read."""
-    from .worker import speed_probe
-    before = machine.allowed_cpus()
-    vals: list[float] = []
-    def read() -> None:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            vals.append(speed_probe())
-
-    try:
-        for c in list(cpus or [])[:max_cpus]:
-            if set_affinity(0, {c}):
-                read()
-        if not vals:  # no CPUs given, or pinning refused: where this thread runs
-            set_affinity(0, before)
-            read()
-    finally:
-        set_affinity(0, before)
-    vals = sorted(v for v in vals if v > 0)
-    if not vals:
-        return None
-    return vals[int(REFERENCE_QUANTILE * (len(vals) - 1))]
-
-
 def parse_cpus(request: str | None) -> list[int] | None:
     """The CPU ids of a ``--cpus`` list (None for auto/unpinned); ValueError naming what is wrong:
     not a list of integers, or CPUs this process may not run on."""

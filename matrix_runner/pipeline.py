@@ -319,8 +319,7 @@ class Run:
         samp = cfg.sampling
         if prior is not None:  # the sampling rules the run was started with, where today's defaults differ
             st = prior.get("settings") or {}
-            for key in ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth",
-                        "speed_reference_us"):
+            for key in ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth"):
                 if st.get(key) is not None:
                     setattr(samp, key, st[key])
         for name, attr in (("min_effect", "min_effect"), ("max_sets", "max_sets"), ("set_seconds", "set_seconds"),
@@ -586,9 +585,6 @@ class Run:
         except ValueError as ex:
             raise UsageError(str(ex)) from None
         base_doc["settings"]["cpus"] = cpus
-        if samp.speed_adjust and samp.speed_reference_us is None and not gpus:  # shards read their own
-            samp.speed_reference_us = runner.reference_speed(cpus)
-        base_doc["settings"]["speed_reference_us"] = samp.speed_reference_us
         if samp.workers_per_env is None and not gpus:  # auto: 1 (config.Sampling.workers_per_env)
             samp.workers_per_env = 1
         base_doc["settings"]["workers_per_env"] = samp.workers_per_env

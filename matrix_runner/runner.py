@@ -341,18 +341,6 @@ class _Set:
         self.closing.append(t)
 
 
-def reference_speed(cpus: dict | None) -> float | None:
-    """The reference CPU speed of a run (µs of the speed probe; stats.SpeedSlope), read on the CPUs of
-    a :func:`lockstep.plan_cpus` plan where the process sets and their starting workers run (the
-    set cores, then the spare ones), or where the driver runs when unpinned. Rounded to 0.001 µs
-    (it is recorded in the settings and kept by ``--resume``)."""
-    cpus = cpus or {}
-    where = (list(cpus.get("set_cpus") or []) + [c for c in cpus.get("spare_cpus") or [] if c not in (cpus.get("set_cpus") or [])]
-             if cpus.get("pinned") else [])
-    ref = lockstep.reference_probe(where)
-    return None if ref is None else round(ref, 3)
-
-
 def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, device: str, quick: bool,
             work: Path, case_timeout: float, stop: threading.Event, data: dict, sets: list,
             cpus: dict | None = None, on_set: Callable[[dict], None] = lambda r: None,
@@ -393,8 +381,6 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     labels = [e.label for e in envs]
     durations: list[float] = []
     slopes: dict = {}  # (case id, metric) -> stats.SpeedSlope, over every set of this run
-    if sampling.speed_adjust and sampling.speed_reference_us is None:  # shards, direct callers
-        sampling.speed_reference_us = reference_speed(cpus)
     # the sets whose workers are starting or waiting, next first (Sampling.prefetch_depth)
     pending: list[_Set] = []
     depth = sampling.prefetch_depth or Sampling.depth_for(len(others or ()), len(envs) * sampling.workers_per_env)
@@ -966,9 +952,8 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
             if any(data[(lab_of[k], c.id)].status == "error" and not _retried(data[(lab_of[k], c.id)]) for k in keys):
                 continue
             item = (c.id, m)
-            slope = slopes.setdefault(item, stats.SpeedSlope(_log_or_none(sampling.speed_reference_us)))
-            # each version's slope, at one reference speed (stats.SpeedSlope), fixed for the cycle
-            bc = {lab: (slope.beta_center(lab) if sampling.speed_adjust else (0.0, 0.0)) for lab in set(lab_of.values())}
+            slope = slopes.setdefault(item, stats.SpeedSlope())
+            beta, center = slope.beta_center() if sampling.speed_adjust else (0.0, 0.0)
             fits = []
             if item in flip:
                 order = list(reversed(flip.pop(item)))
@@ -983,7 +968,6 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 cd = data[(lab_of[key], c.id)]
                 t1 = time.monotonic()
                 try:
-                    beta, center = bc[lab_of[key]]
                     rep = live[key].request({"cmd": "burst", "case": c.id, "clock": m[:-3], "ms": sampling.burst_ms,
                                              "beta": beta, "center": center, "probe": sampling.speed_adjust},
                                             case_timeout)
@@ -1020,23 +1004,18 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     v = _geomean(per.get(lab) or [])
                     if v is not None:
                         store[m].setdefault(sid, {})[n] = v
-                cd.speed[m][sid] = {"beta": round(bc[lab][0], 4), "center": round(bc[lab][1], 4)}
+                cd.speed[m][sid] = {"beta": round(beta, 4), "center": round(center, 4)}
                 if cd.status != "ok":
                     if cd.status == "error":
                         cd.notes.append(f"set {sid}: timed again after the earlier fault")
                     cd.status, cd.error, cd.error_kind = "ok", None, None
             for key, fit, xm in fits:  # after the cycle: its bursts all used the same slope
-                slope.add((sid, key), fit, xm, group=lab_of[key])
+                slope.add((sid, key), fit, xm)
             n += 1
             st.cycles_done = n
             if over():
                 break
     return n
-
-
-def _log_or_none(v) -> float | None:
-    """log of a positive finite number, else None (the speed reference, µs -> log µs)."""
-    return math.log(v) if isinstance(v, (int, float)) and math.isfinite(v) and v > 0 else None
 
 
 def _geomean(vals: list) -> float | None:

@@ -239,7 +239,6 @@ def time_local(envs: list[EnvResult], cases: list[Case], sampling: Sampling, gpu
         except BaseException as ex:  # noqa: BLE001 - a lost shard fails its own cases only
             reason = f"driver error (shard {i}: {type(ex).__name__}: {ex})"
         info[i]["stop_reason"] = reason
-        info[i]["speed_reference_us"] = samp.speed_reference_us  # read on this shard's CPUs (runner)
         info[i]["timing_phase_s"] = round(time.monotonic() - t0, 2)
 
     for i in range(n):

@@ -580,77 +580,46 @@ def within_sums(groups) -> tuple[float, float, float, float]:
 
 
 class SpeedSlope:
-    """How a case's call time follows the CPU's speed, per version, pooled over the bursts timed so far.
+    """How a case's call time follows the CPU's speed, pooled over the bursts timed so far.
 
     Why (H200, 2026-12-01, benchmarks/speed_probe.py on traced runs): the vCPU a process set is
-    pinned to runs at two speeds, the probe (worker.speed_probe) reading ~3.4 or ~7.5 µs, switching
+    pinned to runs at two speeds, the probe (worker.speed_probe) reading ~3.6 or ~7.5 µs, switching
     every 0.1-1 s (hyperthread sharing under the hypervisor: a busy process on another vCPU can
     halve it). A batch-2 call follows it (1.7x slower in the slow state), so two bursts of one
     cycle ms apart can differ by 2x, and that was most of the per-cycle noise (SD 0.08-0.14).
     Each timed sample is bracketed by two probe readings; with x = their mean log and y = the
     sample's log µs, the burst's value is the median of y - beta (x - center)
-    (worker.speed_adjusted), i.e. the burst's time at the reference speed exp(center).
+    (worker.speed_adjusted). This is the least-squares slope of y on x *within* each worker
+    process (each process's own mean removed, so per-process offsets and the versions' difference
+    do not enter it), pooled over workers and both versions, clamped to SLOPE_BOUNDS; ``center``
+    is the median of the bursts' median x (so a burst's adjusted value stays near its plain median
+    in level: the µs shown are what the calls typically took). Both are fixed before a cycle from earlier bursts only and are the
+    same for both versions of a cycle, so: the centre cancels in the cycle's log ratio, and the
+    adjusted ratio estimates the same thing as the raw one wherever the two versions' bursts see
+    the same CPU speeds on average -- which the design gives (one core, turns in random order,
+    reversed on the next cycle). Measured effect on the same cycles: batch-2 per-cycle SD
+    0.08-0.11 -> 0.04-0.07 in an A/A run; batch-512 calls (slope ~0.1) are barely changed."""
 
-    ``beta`` is the least-squares slope of y on x *within* each worker process (each process's own
-    mean removed, so per-process offsets do not enter it), pooled over that version's workers
-    (``group``: the env label) and clamped to SLOPE_BOUNDS. Per version, because a call that is
-    part host, part kernel follows the CPU less the smaller its host part: batch 512, seqlen 50 fwd
-    slopes 0.14-0.15 for 2.6.3 and 0.21-0.23 for 2.7.0.post2 (H200, 2026-12-03 seed runs), and with
-    one slope for both a set on a slow core read a higher ratio (set log ratio vs the set's probe
-    reading: r +0.3..+0.9 over 15 case-runs; benchmarks/set_ratio_vs_speed.py). Taken per version
-    at one reference speed, those sets' ratios spread half as much (benchmarks/results/
-    per-version-slope-offline.txt). A version's slope is used once its workers hold
-    ``MIN_SXX`` of within-worker spread of x, else the slope pooled over all versions (the earlier
-    rule); with one slope for both the centre cancels in the ratio, with two it does not, so the
-    centre is then a *fixed* reference: ``reference`` (log µs of the probe), measured before
-    anything is timed (lockstep.reference_probe: the CPU's fast state), so every set's ratio is
-    the ratio at that one speed and early sets are not judged at another. Without a reference the
-    centre is the median of the bursts' median x (the slope is then pooled, so it cancels).
-    Both are fixed before a cycle from earlier bursts only. A/A: the versions' slopes estimate the
-    same number, so the interval keeps its meaning (benchmarks/sim_lockstep.py)."""
-
-    #: Within-worker sum of squares of x (log probe µs) a version needs before its own slope is
-    #: used: ~40 samples across the CPU's two speeds (log 2 apart) give ~5; 1.0 is a dozen.
-    MIN_SXX = 1.0
-
-    def __init__(self, reference: float | None = None):
+    def __init__(self):
         self.per: dict = {}  # worker process id -> [n, sx, sy, sxx, sxy]
-        self.group_of: dict = {}  # worker process id -> its version (env label)
         self.x_medians: list = []  # the bursts' median log probe readings
-        self.reference = reference if isinstance(reference, (int, float)) and math.isfinite(reference) else None
 
-    def add(self, proc_id, fit, x_median=None, group=None) -> None:
+    def add(self, proc_id, fit, x_median=None) -> None:
         """Add one burst's ``fit`` ([n, sum x, sum y, sum x^2, sum xy], worker.speed_adjusted) and
-        its median x; ``group``: the worker's version."""
+        its median x."""
         if isinstance(x_median, (int, float)) and math.isfinite(x_median):
             self.x_medians.append(float(x_median))
         if not fit or len(fit) != 5 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in fit):
             return
         acc = self.per.setdefault(proc_id, [0.0] * 5)
-        self.group_of[proc_id] = group
         for i, v in enumerate(fit):
             acc[i] += v
 
-    @staticmethod
-    def _slope(groups) -> float | None:
-        sxx, sxy, n_all, _ = within_sums(groups)
+    def beta_center(self) -> tuple[float, float]:
+        """(slope, centre): 0 and 0 (no adjustment) until the workers have >= 8 samples with spread."""
+        sxx, sxy, n_all, sx_all = within_sums(self.per.values())
         if n_all < 8 or sxx <= 1e-9:
-            return None
-        lo, hi = SLOPE_BOUNDS
-        return min(hi, max(lo, sxy / sxx))
-
-    def beta_center(self, group=None) -> tuple[float, float]:
-        """(slope, centre) for a burst of version ``group``: 0 and 0 (no adjustment) until the workers
-        have >= 8 samples with spread. With a ``reference``, ``group``'s own slope where its workers
-        hold ``MIN_SXX``, else the pooled one, and the reference as the centre; without, the pooled
-        slope and the median of the bursts' median x."""
-        pooled = self._slope(self.per.values())
-        if pooled is None:
             return 0.0, 0.0
-        if self.reference is None:
-            n_all = sum(v[0] for v in self.per.values() if v[0] >= 2)
-            sx_all = sum(v[1] for v in self.per.values() if v[0] >= 2)
-            return pooled, (_median(self.x_medians) if self.x_medians else sx_all / n_all)
-        mine = [v for k, v in self.per.items() if self.group_of.get(k) == group]
-        own = self._slope(mine) if group is not None and within_sums(mine)[0] >= self.MIN_SXX else None
-        return (pooled if own is None else own), self.reference
+        lo, hi = SLOPE_BOUNDS
+        center = _median(self.x_medians) if self.x_medians else sx_all / n_all
+        return min(hi, max(lo, sxy / sxx)), center

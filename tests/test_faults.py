@@ -23,7 +23,6 @@ import base64
 import copy
 import hashlib
 import json
-import math
 import os
 import re
 import signal
@@ -871,18 +870,12 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     doc = json.loads((out / "results.json").read_text())
     assert doc["settings"]["max_repeats"] == 2
     doc["settings"]["max_repeats"] = 1
-    # ... and at its own reference CPU speed (stats.SpeedSlope), read once before its first set
-    assert doc["settings"]["speed_reference_us"] > 0
-    doc["settings"]["speed_reference_us"] = 123.0
     (out / "results.json").write_text(json.dumps(doc))
     cp = run_cli("--resume", str(out))
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert "resuming" in cp.stderr
     res = load_results(out)
-    assert res["settings"]["max_repeats"] == 1 and res["settings"]["speed_reference_us"] == 123.0
-    new_sid = str(len(res["sets"]) - 1)
-    centres = {c["metrics"]["wall_us"]["speed_by_set"][new_sid]["center"] for c in res["cases"]}
-    assert centres <= {0.0, round(math.log(123.0), 4)}, centres
+    assert res["settings"]["max_repeats"] == 1
     assert res["run_id"] == first["run_id"] and res["command"] == first["command"] and len(res["resumed"]) == 1
     assert res["timing"]["stop_reason"] != "interrupted"
     # the sets measured before the interrupt are kept as they were; new sets get new ids; an

@@ -323,61 +323,6 @@ def test_speed_slope_is_the_within_worker_slope_pooled_and_ignores_offsets_betwe
     assert sl2.beta_center()[0] == stats.SLOPE_BOUNDS[1]
 
 
-def test_speed_slope_per_version_at_a_fixed_reference():
-    """With a reference speed each version gets its own within-worker slope (a call that is part
-    kernel follows the CPU less the smaller its host part) and the reference as the centre; a
-    version whose workers have not yet seen the CPU's speed move gets the pooled slope."""
-    import math
-    import random
-
-    from matrix_runner import stats
-    rng = random.Random(2)
-
-    def fit(off, b, xs):
-        ys = [off + b * x + rng.gauss(0, 0.01) for x in xs]
-        return [len(xs), sum(xs), sum(ys), sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))]
-
-    ref = math.log(3.4)
-    sl = stats.SpeedSlope(reference=ref)
-    assert sl.beta_center("a") == (0.0, 0.0)
-    for w in range(3):
-        for _ in range(20):
-            sl.add((w, "a"), fit(5.0 + w * 0.1, 0.15, [math.log(rng.choice((3.4, 7.5))) for _ in range(8)]), 1.5, group="a")
-            sl.add((w, "b"), fit(5.2 - w * 0.1, 0.23, [math.log(rng.choice((3.4, 7.5))) for _ in range(8)]), 1.5, group="b")
-    (ba, ca), (bb, cb) = sl.beta_center("a"), sl.beta_center("b")
-    assert abs(ba - 0.15) < 0.01 and abs(bb - 0.23) < 0.01 and ca == cb == ref
-    pooled = sl.beta_center("nobody")[0]  # no workers of its own: the slope of all
-    assert 0.16 < pooled < 0.22
-    # version c's workers saw one speed only (no spread of x): the pooled slope, not a guess
-    for _ in range(20):
-        sl.add(("w", "c"), fit(5.0, 0.9, [math.log(3.4)] * 8), math.log(3.4), group="c")
-    assert sl.beta_center("c") == (sl.beta_center(None)[0], ref)
-    # without a reference: one slope for all versions, centred on the median burst (it cancels)
-    sl0 = stats.SpeedSlope()
-    for k, v in sl.per.items():
-        sl0.add(k, v, 1.5, group=sl.group_of[k])
-    b0, c0 = sl0.beta_center("a")
-    assert b0 == sl0.beta_center("b")[0] and c0 == 1.5
-
-
-def test_reference_probe_is_the_lower_decile_of_the_readings(monkeypatch):
-    """lockstep.reference_probe: the REFERENCE_QUANTILE of speed-probe readings taken on each CPU
-    given, this thread's affinity restored after; where no CPU is given, where it runs."""
-    import itertools
-
-    from matrix_runner import lockstep, machine, worker
-    before = machine.allowed_cpus()
-    # a CPU in its fast state a fifth of the time (3.4-3.5 µs), else slow (7.4-7.6 µs)
-    readings = itertools.cycle([7.5, 3.4, 7.5, 7.6, 7.4, 7.5, 3.5, 7.5, 7.5, 7.4])
-    monkeypatch.setattr(worker, "speed_probe", lambda n=0: next(readings))
-    ref = lockstep.reference_probe([before[-1]], seconds=0.01)
-    assert ref in (3.4, 3.5)
-    assert machine.allowed_cpus() == before
-    monkeypatch.undo()
-    real = lockstep.reference_probe([], seconds=0.01)
-    assert real is not None and 0.05 < real < 1000  # µs of worker.speed_probe on this machine
-
-
 class _BurstWorker:
     """A stand-in for a live lockstep.Worker: every burst takes ``ms`` and reports 100 µs."""
 

@@ -2,7 +2,6 @@
 against the stand-in flash_attn (conftest.standins). The "2.7.0.post2" stand-in plants PLANTED_US
 of host overhead in every forward call; the comparison must find it, by about that much."""
 import json
-import math
 import os
 
 import pytest
@@ -94,8 +93,6 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
             assert all(0 < v < 1e4 for v in w["ref_by_set"][sid].values())
             sp = w["speed_by_set"][sid]
             assert 0.0 <= sp["beta"] <= 1.5
-            # every burst at the run's one reference speed, read before the first set (runner.reference_speed)
-            assert sp["beta"] == 0.0 or sp["center"] == round(math.log(st["speed_reference_us"]), 4), (sp, st)
         if all(sp["beta"] == 0.0 for sp in w["speed_by_set"].values()):
             assert w["by_set"] == w["raw_by_set"]
         assert w["q1"] <= w["median"] <= w["q3"] or w["n_rounds"] > 1
