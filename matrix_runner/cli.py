@@ -71,7 +71,7 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--max-sets", type=int, metavar="N",
                    help="most process sets (fresh workers of every env each; default 40: the budget or decided "
                         "verdicts normally stop first)")
-    r.add_argument("--set-seconds", type=float, metavar="S", help="seconds of lockstep cycles per process set (default 1.5)")
+    r.add_argument("--set-seconds", type=float, metavar="S", help="seconds of lockstep cycles per process set (default 1.0)")
     r.add_argument("--burst-ms", type=float, metavar="MS", help="each worker's turn in a cycle, ms of calls (default 5)")
     r.add_argument("--workers-per-env", type=int, metavar="K",
                    help="worker processes per env in each process set (default 1)")

@@ -28,7 +28,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
     sampling:
       time_budget_s: 60     # wall-clock budget for the timing phase (s)
       min_effect: 0.05      # smallest ratio change called faster/slower (0.05 = 5 %)
-      set_seconds: 1.5      # lockstep cycles per process set (s, at least: on while the next set starts); a set is one fresh worker per env
+      set_seconds: 1.0      # lockstep cycles per process set (s, at least: on while the next set starts); a set is one fresh worker per env
       max_sets: 40          # a cap; the time budget or decided verdicts normally stop first
       burst_ms: 5           # each worker's turn in a cycle (ms of calls)
       alpha: 0.05           # family-wise error rate of a run's verdicts per clock
@@ -258,7 +258,11 @@ class Sampling:
     #: and a minute holds 19-24 of them instead of 12-13 of 3 s; a batch-2 set's log ratio spreads
     #: hardly more with half the cycles (its spread is mostly between processes), so the seed
     #: run's batch-2 fwd intervals narrowed from a median of +-4.5-4.8 % to +-3.4 % (six runs).
-    set_seconds: float = 1.5
+    #: 1.0 s with the workers three sets ahead (H200, 2026-12-03 afternoon, three seed and three
+    #: A/A runs each, alternated with 1.5 s in the same device calls; benchmarks/results/
+    #: h200-runs-12-03-s10.txt): 26-30 sets a minute instead of 21-23; seed batch-2 fwd median
+    #: +-3.8 % vs +-4.5 % (max 5.3 vs 6.5), bwd +-3.5 vs +-3.8 %; A/A and batch 512 alike.
+    set_seconds: float = 1.0
     max_sets: int = 40
     burst_ms: float = 5.0
     alpha: float = 0.05
@@ -316,7 +320,8 @@ class Sampling:
     #: pre-import: 4.0-4.4 s per set of 3 s of cycles after the first, 13 sets in 60 s, in the
     #: runs of 2026-12-03, reports/h200-2.6.3-vs-2.7.0.post2-12-03-pre-2..4 and h200-aa-29..35;
     #: 1.9 before the pre-import, when sets lasted 4.5-5.3 s).
-    SET_OVERHEAD_S = 1.3
+    #: 1.0-1.2 in the 1.0 and 1.5 s runs of 2026-12-03 afternoon (timing seconds / sets - set_seconds).
+    SET_OVERHEAD_S = 1.1
     #: A set's cycles may run up to this many times ``set_seconds`` while the next set's workers are
     #: still importing (runner._cycles: on the 2-core CPU machine the import took ~3.6 s beside 1-2 s
     #: of cycles, and the next set's start waited for it idle).
@@ -329,8 +334,8 @@ class Sampling:
     #: How many sets ahead workers are started (spawned on spare cores; only the next set's are
     #: set up, after this set's cycles): with 1, a set lasts at least as long as the next set's
     #: workers take to import torch, the subject and the pre-import (~2.8 s for 2.7.0.post2 on the
-    #: H200, so cycles shorter than that only made sets wait); with 2 they have two sets' time.
-    #: None (auto): :meth:`depth_for`.
+    #: H200, so cycles shorter than that only made sets wait); with 2 they have two sets' time,
+    #: with 3 (1.0 s sets) three. None (auto): :meth:`depth_for`.
     prefetch_depth: int | None = None
     #: Seconds of the budget spent before the first set (the driver's probe and plan).
     before_s: float = 0.0
@@ -339,10 +344,16 @@ class Sampling:
     planned: int | None = None
 
     @staticmethod
-    def depth_for(spare: int, n_workers: int) -> int:
-        """The auto prefetch depth: 2 where the spare cores hold two sets' workers (one set importing
-        beside the next one waiting), else 1."""
-        return 2 if spare >= 2 * max(1, n_workers) else 1
+    def depth_for(spare: int, n_workers: int, start_s: float = 0.0, set_seconds: float = 0.0) -> int:
+        """The auto prefetch depth: 1 where the ``spare`` cores hold fewer than two sets' workers
+        (``n_workers`` each); else the fewest sets ahead whose cycles (``set_seconds`` each) outlast
+        a worker's start (``start_s``; 0 = unknown), at least 2 (one set importing beside the next
+        one waiting), at most 4 and at most as many sets' workers as the spare cores hold."""
+        room = spare // max(1, n_workers)
+        if room < 2:
+            return 1
+        want = math.ceil(start_s / set_seconds) if start_s > 0 and set_seconds > 0 else 2
+        return max(2, min(4, room, want))
 
     @property
     def planned_sets(self) -> int:
@@ -398,7 +409,7 @@ DEFAULT_CONFIG: dict[str, Any] = {
         {"batch": 2, "seqlen": 150, "nheads": 16, "embed_dim": 256},
         {"batch": 2, "seqlen": 300, "nheads": 16, "embed_dim": 256},
     ],
-    "sampling": {"time_budget_s": 60.0, "min_effect": 0.05, "set_seconds": 1.5, "max_sets": 40, "burst_ms": 5.0,
+    "sampling": {"time_budget_s": 60.0, "min_effect": 0.05, "set_seconds": 1.0, "max_sets": 40, "burst_ms": 5.0,
                  "alpha": 0.05},
 }
 

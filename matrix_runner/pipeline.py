@@ -596,7 +596,7 @@ class Run:
         if not gpus:  # a sharded run's shards plan their own share of the CPUs
             samp.prefetch = spare > 0
             if samp.prefetch_depth is None:  # auto (config.Sampling.depth_for); the runner decides alike
-                samp.prefetch_depth = samp.depth_for(spare, n_workers)
+                samp.prefetch_depth = samp.depth_for(spare, n_workers, self.base_timing["probe_s"], samp.set_seconds)
             elif samp.prefetch_depth > 1 and spare < samp.prefetch_depth * n_workers:
                 console.print(f"[yellow]warning:[/] sampling.prefetch_depth {samp.prefetch_depth}: "
                               f"{samp.prefetch_depth * n_workers} workers would start at once on {spare} spare "

@@ -383,7 +383,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     slopes: dict = {}  # (case id, metric) -> stats.SpeedSlope, over every set of this run
     # the sets whose workers are starting or waiting, next first (Sampling.prefetch_depth)
     pending: list[_Set] = []
-    depth = sampling.prefetch_depth or Sampling.depth_for(len(others or ()), len(envs) * sampling.workers_per_env)
+    depth = sampling.prefetch_depth or Sampling.depth_for(len(others or ()), len(envs) * sampling.workers_per_env,
+                                                          sampling.start_s, sampling.set_seconds)
     reason = None
     # env label -> the modules its workers' set-ups loaded (_learn), an ordered set; a --resume
     # starts from what the earlier part learned (its preimport files in the same work dir)

@@ -199,19 +199,20 @@ def test_too_large_a_product_is_refused_unless_allowed():
 def test_planned_sets_follow_the_machines_pace_not_just_the_settings():
     from matrix_runner.config import Sampling
 
-    s = Sampling()  # 60 s, 1.5 s sets, nothing known of the machine: 1 + (60 - 2.8) / 2.8
-    assert s.planned_sets == 21
-    # H200-like: workers start in 2 s on spare cores two sets ahead, 2 s of probe before timing:
-    # sets of 2.8 s
-    s = Sampling(start_s=2.0, before_s=2.0, prefetch_depth=2)
-    assert s.planned_sets == 20  # 1 + (60 - 2 - 2.8 - 2) / 2.8 = 20.0 (the H200 runs had 20-21)
-    # one set ahead, the 2 s start outlasts the 1.5 s of cycles: sets of 3.3 s
-    assert Sampling(start_s=2.0, before_s=2.0, prefetch_depth=1).planned_sets == 17  # 1 + (60 - 2 - 5.3) / 3.3
+    s = Sampling()  # 60 s, 1.0 s sets, nothing known of the machine: 1 + (60 - 2.1) / 2.1
+    assert s.planned_sets == 29
+    # H200-like: workers start in 2.3 s on spare cores three sets ahead, 2.3 s of probe before
+    # timing: sets of 2.1 s (the H200 runs of 2026-12-03 afternoon had 26-30)
+    s = Sampling(start_s=2.3, before_s=2.3, prefetch_depth=3)
+    assert s.planned_sets == 26  # 1 + (60 - 2.3 - 2.1 - 2.3) / 2.1 = 26.4
+    # two sets ahead, the 2 s start is the 1.0 s cycles' due; one set ahead it outlasts them: sets of 3.1 s
+    assert Sampling(start_s=2.0, before_s=2.0, prefetch_depth=2).planned_sets == 27  # 1 + (60 - 2 - 2.1 - 2) / 2.1
+    assert Sampling(start_s=2.0, before_s=2.0, prefetch_depth=1).planned_sets == 18  # 1 + (60 - 2 - 5.1) / 3.1
     # 2-core CPU machine: two workers import 3 s each on the one spare core, set_seconds 2: a set lasts
     # as long as that import (the cycles go on meanwhile), the first one waits for it too
     s = Sampling(set_seconds=2.0, start_s=6.0, before_s=3.0)
-    assert s.planned_sets == 7  # 1 + (60 - 3 - 7.3 - 6) / 7.3 = 7.0
-    # no spare core: the next set starts after this one: 1 + (60 - 3 - 9.3) / 9.3
+    assert s.planned_sets == 7  # 1 + (60 - 3 - 7.1 - 6) / 7.1 = 7.2
+    # no spare core: the next set starts after this one: 1 + (60 - 3 - 9.1) / 9.1
     assert Sampling(set_seconds=2.0, start_s=6.0, before_s=3.0, prefetch=False).planned_sets == 6
     # at most EXTEND_FACTOR x set_seconds of waiting counts; never fewer than 4, never over max_sets
     assert Sampling(set_seconds=1.0, start_s=100.0).planned_sets == 4
@@ -219,12 +220,17 @@ def test_planned_sets_follow_the_machines_pace_not_just_the_settings():
     # --resume keeps the first part's number
     assert Sampling(start_s=6.0, planned=9).planned_sets == 9
     # workers started two sets ahead have two sets' cycles to import in: 1.5 s sets on a machine
-    # whose workers take 4 s to start last 4 + 1.3 s with depth 1, 2 + 1.3 s with depth 2
-    assert Sampling(set_seconds=1.5, start_s=4.0, prefetch_depth=1).planned_sets == 11  # 1 + (60 - 9.3) / 5.3
-    assert Sampling(set_seconds=1.5, start_s=4.0, prefetch_depth=2).planned_sets == 17  # 1 + (60 - 7.3) / 3.3
-    # auto depth: 2 where the spare cores hold two sets' workers
+    # whose workers take 4 s to start last 4 + 1.1 s with depth 1, 2 + 1.1 s with depth 2
+    assert Sampling(set_seconds=1.5, start_s=4.0, prefetch_depth=1).planned_sets == 11  # 1 + (60 - 9.1) / 5.1
+    assert Sampling(set_seconds=1.5, start_s=4.0, prefetch_depth=2).planned_sets == 18  # 1 + (60 - 7.1) / 3.1
+    # auto depth: 1 where the spare cores hold fewer than two sets' workers; else as many sets ahead
+    # as a worker's start needs (at least 2, at most 4 and what the spare cores hold)
     assert [Sampling.depth_for(spare, 2) for spare in (0, 3, 4, 12)] == [1, 1, 2, 2]
     assert Sampling.depth_for(12, 8) == 1
+    assert Sampling.depth_for(12, 2, start_s=2.3, set_seconds=1.0) == 3  # the H200: 2.3 s start, 1.0 s sets
+    assert Sampling.depth_for(12, 2, start_s=2.3, set_seconds=1.5) == 2
+    assert Sampling.depth_for(12, 2, start_s=7.2, set_seconds=1.0) == 4  # a cold machine's slow first import
+    assert Sampling.depth_for(5, 2, start_s=7.2, set_seconds=1.0) == 2  # no room for more
 
 
 @pytest.mark.parametrize("value, ok", [("auto", None), (2, 2), (0, False), (5, False), ("two", False)])
