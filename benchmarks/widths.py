@@ -1,9 +1,10 @@
 """One line per run: process sets, total seconds, wall verdicts, the batch-2 and batch-512 forward
 half-widths (the larger side of each wall interval, % of its ratio) and how many wall intervals lie
 inside +-3 % -- the figures issue #10 sets; with ``--misses``, the wall intervals outside +-3 % of 1
-(A/A runs). ``--groups`` then prints the median half-width per group (batch-2/512, fwd/bwd) over
+(A/A runs); with ``--cover``, the wall and host intervals that exclude 1 (in an A/A run, each one
+misses the truth). ``--groups`` then prints the median half-width per group (batch-2/512, fwd/bwd) over
 each named set of runs (``--groups NAME=RUN,RUN ...``). Usage:
-python benchmarks/widths.py [--misses] RUN_DIR_OR_RESULTS...
+python benchmarks/widths.py [--misses|--cover] RUN_DIR_OR_RESULTS...
 python benchmarks/widths.py --groups A=RUN,RUN B=RUN,RUN"""
 import math
 import sys
@@ -48,6 +49,13 @@ def misses(d: dict) -> list[str]:
             for c in d["comparisons"] if c["metric"] == "wall_us" and math.isfinite(hw(c)) and not inside(c)]
 
 
+def excluding_one(d: dict) -> tuple[list[str], int]:
+    """The wall and host intervals of results ``d`` that exclude 1, and how many intervals there are."""
+    cs = [c for c in d["comparisons"] if c["metric"] in ("wall_us", "host_us") and math.isfinite(hw(c))]
+    return [f"{c['metric'][:4]} {c['label']} {c['op']} {c['ratio']:.3f} [{c['ci_low']:.3f}, {c['ci_high']:.3f}] "
+            f"{c['verdict']}" for c in cs if not c["ci_low"] <= 1.0 <= c["ci_high"]], len(cs)
+
+
 def groups(spec: list[str]) -> None:
     import statistics
     for arg in spec:
@@ -68,8 +76,13 @@ if __name__ == "__main__":
         groups(argv[1:])
         sys.exit(0)
     show = argv[:1] == ["--misses"]
-    for p in argv[1:] if show else argv:
+    cover = argv[:1] == ["--cover"]
+    for p in argv[1:] if show or cover else argv:
         doc = results.load(results.find(p))
+        if cover:
+            out, n = excluding_one(doc)
+            print(f"{p}: {len(out)} of {n} wall/host intervals exclude 1" + "".join(f"\n    {m}" for m in out))
+            continue
         print(line(p, doc))
         if show:
             for m in misses(doc):

@@ -261,7 +261,9 @@ class Sampling:
     #: 1.0 s with the workers three sets ahead (H200, 2026-12-03 afternoon, three seed and three
     #: A/A runs each, alternated with 1.5 s in the same device calls; benchmarks/results/
     #: h200-runs-12-03-s10.txt): 26-30 sets a minute instead of 21-23; seed batch-2 fwd median
-    #: +-3.8 % vs +-4.5 % (max 5.3 vs 6.5), bwd +-3.5 vs +-3.8 %; A/A and batch 512 alike.
+    #: +-3.8 % vs +-4.5 % (max 5.3 vs 6.5), bwd +-3.5 vs +-3.8 %, batch 512 alike; A/A batch-2 fwd
+    #: wider, +-1.85 vs +-1.52 % (an A/A set's spread is mostly its own cycles', fewer in a shorter
+    #: set; six runs vs seven), bwd +-2.52 vs +-2.44 %: a trade for the comparisons that differ.
     set_seconds: float = 1.0
     max_sets: int = 40
     burst_ms: float = 5.0
