@@ -10,6 +10,11 @@ under each. Where a case is part host, part kernel (batch 512), the slower-host 
 CPU more, and with one slope a set on a slow core reads a higher ratio: (b) should spread less there
 and change nothing in A/A runs. The slopes are fitted on all of the run's bursts here (the runner
 fixes them from earlier bursts only), so this is a check of the idea, not of the runner.
+The runner's version of it (commit eaeca78: per-version slopes, the centre at the CPU's fast state
+read before timing) failed on the H200: its A/A intervals excluded 1 in 14 places over six runs,
+with host "faster"/"slower" verdicts (benchmarks/results/h200-runs-12-03-s10.txt). Every set's
+probe reading lies above a fast-state centre, so an error in one version's slope shifts every set
+the same way, which the interval cannot see; it was reverted (c133488).
 
 Usage: python benchmarks/per_version_slope.py RUN_DIR [RUN_DIR ...]
 """
@@ -64,8 +69,8 @@ def main(runs: list[str]) -> None:
                 if len(ids) < 3:
                     continue
 
-                def at(m, b, _s=s, _ids=ids):
-                    return {i: math.exp(math.log(m["raw_by_set"][_s][i]) - b * (math.log(m["ref_by_set"][_s][i]) - ref))
+                def at(m, b, _s=s, _ids=ids, _ref=ref):
+                    return {i: math.exp(math.log(m["raw_by_set"][_s][i]) - b * (math.log(m["ref_by_set"][_s][i]) - _ref))
                             for i in _ids}
                 pooled_v.append(stats.set_log_ratio(at(ma, (ba + bb) / 2), at(mb, (ba + bb) / 2)))
                 own_v.append(stats.set_log_ratio(at(ma, ba), at(mb, bb)))

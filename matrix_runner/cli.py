@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the timing, explain the overhead in separate worker processes (never in a verdict): "
                         "each layer of the forward call timed (public function, autograd Function, custom op, "
                         "Python body, extension), a py-spy frame profile diffed between versions, cProfile call "
-                        "counts, and each case's first-call cost; ~10-30 s per env more")
+                        "counts, and each case's first-call cost; ~30-50 s per env more (H200, seed config)")
 
     ex = sub.add_parser("explain", help="re-render a run's explanation (--explain) from its saved data",
                         description="Re-render RUN_DIR/index.html, with its 'Explain the overhead' section, from "

@@ -441,6 +441,10 @@ def _err(where: str, value: Any, rule: str) -> ConfigError:
     return ConfigError(f"{where} = {value!r}: {rule}")
 
 
+#: Most times a case's wall clock may come up in one sweep of a set's cycles (sampling.max_repeats).
+MAX_REPEATS = 8
+
+
 def _pos_int(where: str, v: Any, alt: str = "") -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise _err(where, v, "must be a positive integer" + (f" {alt}" if alt else ""))
@@ -836,6 +840,14 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         preimport=_bool("sampling.preimport", sd.get("preimport", Sampling.preimport)),
         prefetch_depth=_prefetch_depth(sd.get("prefetch_depth")),
     )
+    if sampling.max_repeats > MAX_REPEATS:
+        raise _err("sampling.max_repeats", sampling.max_repeats,
+                   f"must be at most {MAX_REPEATS} (times a noisier case's wall clock comes up per sweep; "
+                   "beyond that one case crowds the others out of a set's cycles)")
+    if sampling.set_seconds > sampling.time_budget_s / 2:
+        raise _err("sampling.set_seconds", sampling.set_seconds,
+                   f"must be at most half of sampling.time_budget_s ({sampling.time_budget_s:g} s): an interval "
+                   "needs at least two process sets")
     if sampling.prefetch_spawn not in ("cycles", "after"):
         raise _err("sampling.prefetch_spawn", sampling.prefetch_spawn, "must be cycles or after")
     if not 0 < sampling.min_effect < 1:

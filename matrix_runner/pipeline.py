@@ -333,6 +333,9 @@ class Run:
                         ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
             if not (v > 0 and math.isfinite(v)):
                 raise UsageError(f"{name} {v:g}: give a positive number" + (", a finite one" if v > 0 else ""))
+        if samp.set_seconds > samp.time_budget_s / 2 and not args.quick:
+            raise UsageError(f"--set-seconds {samp.set_seconds:g} with a {samp.time_budget_s:g} s budget: give at most half "
+                             "the budget (an interval needs at least two process sets), or a larger --time-budget")
         if not 0 < samp.min_effect < 1:
             raise UsageError(f"--min-effect {samp.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
         if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
@@ -469,7 +472,9 @@ class Run:
         self.job = shard.parse_shard(args.shard)  # a job's share of the cases (--executor slurm)
         settings = {"device": device, "torch": ",".join(opts.torches), "quick": args.quick,
                     "min_effect": samp.min_effect, "method": results.METHOD, "alpha": samp.alpha,
-                    "planned_sets": samp.planned_sets, "max_sets": samp.max_sets, "set_seconds": samp.set_seconds,
+                    "planned_sets": samp.planned_sets, "max_sets": samp.max_sets,
+                    # what a set's cycles ran for: a --quick run's one set runs quick_set_seconds
+                    "set_seconds": samp.quick_set_seconds if args.quick else samp.set_seconds,
                     "burst_ms": samp.burst_ms, "workers_per_env": samp.workers_per_env,
                     "host_every": samp.host_every, "max_repeats": samp.max_repeats,
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn,

@@ -69,6 +69,12 @@ def test_top_level_rules():
     assert (parse_config({}).sampling.host_every, parse_config({}).sampling.max_repeats) == (2, 2)
     with pytest.raises(ConfigError, match="sampling.host_every = 0: must be a positive integer"):
         parse_config({"sampling": {"host_every": 0}})
+    # upper bounds, with why: a case's wall clock at most 8 times a sweep; two sets in the budget
+    with pytest.raises(ConfigError, match="sampling.max_repeats = 1000: must be at most 8"):
+        parse_config({"sampling": {"max_repeats": 1000}})
+    with pytest.raises(ConfigError, match=r"sampling.set_seconds = 40.0: must be at most half of sampling.time_budget_s \(60 s\)"):
+        parse_config({"sampling": {"set_seconds": 40}})
+    assert parse_config({"sampling": {"set_seconds": 40, "time_budget_s": 120}}).sampling.set_seconds == 40
     d = parse_config({}).sampling
     assert (d.speed_adjust, d.prefetch_spawn) == (True, "cycles")
     d = parse_config({"sampling": {"speed_adjust": False, "prefetch_spawn": "after"}}).sampling

@@ -172,6 +172,8 @@ def test_second_run_reuses_envs(first_run):
     assert len(res["sets"]) == 1 and res["timing"]["stop_reason"] == "quick: one process set"
     wall = [c for c in res["comparisons"] if c["metric"] == "wall_us"]
     assert len(wall) == 4 and all(c["verdict"] == "provisional" for c in wall)
+    # its settings say how long that set's cycles ran (quick_set_seconds, not the config's set_seconds)
+    assert res["settings"]["set_seconds"] == Sampling().quick_set_seconds == 2.0
 
 
 def test_report_subcommand_rerenders(first_run, tmp_path):
