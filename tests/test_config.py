@@ -211,7 +211,7 @@ def test_planned_sets_follow_the_machines_pace_not_just_the_settings():
     # timing: sets of 2.1 s (the H200 runs of 2026-12-03 afternoon had 26-30)
     s = Sampling(start_s=2.3, before_s=2.3, prefetch_depth=3)
     assert s.planned_sets == 26  # 1 + (60 - 2.3 - 2.1 - 2.3) / 2.1 = 26.4
-    # two sets ahead, the 2 s start is the 1.0 s cycles' due; one set ahead it outlasts them: sets of 3.1 s
+    # two sets ahead a 2 s start fits in two sets' 1.0 s of cycles; one set ahead it outlasts them: sets of 3.1 s
     assert Sampling(start_s=2.0, before_s=2.0, prefetch_depth=2).planned_sets == 27  # 1 + (60 - 2 - 2.1 - 2) / 2.1
     assert Sampling(start_s=2.0, before_s=2.0, prefetch_depth=1).planned_sets == 18  # 1 + (60 - 2 - 5.1) / 3.1
     # 2-core CPU machine: two workers import 3 s each on the one spare core, set_seconds 2: a set lasts
