@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "func", None) is not None:
             return args.func(args, argv)
+    except KeyboardInterrupt:  # before the run's own handlers are in place (they report what was kept)
+        print("interrupted: nothing was measured yet", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except MatrixRunError as e:  # errors.py: usage/config/results/tree errors exit 2, the others their own code
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

@@ -16,7 +16,7 @@ from . import envs as envmod
 from . import explain, report, results, wheels
 from .config import FUNCS, MAX_CASES, load_config
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
-from .pipeline import check_writable_dir, options, plan_all
+from .pipeline import check_writable_dir, check_writable_file, options, plan_all
 from .ui import console, print_plan, table_or_blocks
 
 
@@ -124,6 +124,8 @@ def cmd_envs(args) -> int:
 
 
 def cmd_report(args) -> int:
+    if args.markdown:  # before anything is read or written (it was found only at the end)
+        check_writable_file(Path(args.markdown), "--markdown")
     paths: list[Path] = []
     for a in args.results:
         p = Path(a)
@@ -179,6 +181,8 @@ def _results_path(a: str) -> Path:
 
 
 def cmd_compare(args) -> int:
+    if args.markdown:
+        check_writable_file(Path(args.markdown), "--markdown")
     pa, pb = _results_path(args.a), _results_path(args.b)
     a, b = results.load(pa), results.load(pb)
     if args.min_effect is not None and not 0 < args.min_effect < 1:

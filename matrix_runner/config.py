@@ -37,7 +37,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       max_repeats: 2        # a noisier case's wall clock up to N times per sweep (runner.cycle_weights); 1: each once
       speed_adjust: true    # compare bursts at one reference CPU speed (stats.SpeedSlope); false: plain medians
       prefetch_spawn: cycles  # when the next set's workers start: during this set's cycles, or after them
-      prefetch_depth: auto  # sets whose workers start ahead of their turn (auto: 2 where spare cores hold them, else 1)
+      prefetch_depth: auto  # sets whose workers start ahead of their turn (auto: Sampling.depth_for, 2-4 where spare cores hold them, else 1)
       preimport: true       # later sets' workers import, while they start, the modules earlier sets' set-ups loaded
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
@@ -58,6 +58,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -309,11 +310,11 @@ class Sampling:
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
     #: (H200, 2026-12-02, default config, 60 s; benchmarks/results/h200-lockstep-runs-12-02.txt):
-    #: with 2 per env a set's cycles hold ~5.7 cycles of each case, with 1 ~12, and the batch-2 set
-    #: log ratios spread less (set SD 0.022-0.038 vs 0.034-0.055 over three A/A runs each), so
-    #: the batch-2 wall intervals were narrower (median +-5.0 % vs +-7.0 %, 11 vs 10 sets); the
-    #: per-process offsets that 2 average did not show up as a larger between-set part. Until
-    #: then the default was 2 where spare cores let the next set start during a set.
+    #: with 1 per env a set's cycles hold ~12 cycles of each case instead of ~5.7 with 2, and the
+    #: batch-2 set log ratios spread less (set SD 0.022-0.038 vs 0.034-0.055 over three A/A runs
+    #: each), so the batch-2 wall intervals were narrower (median +-5.0 % vs +-7.0 %, 11 vs 10
+    #: sets); the per-process offsets that 2 average did not show up as a larger between-set part.
+    #: Until then the default was 2 where spare cores let the next set start during a set.
     workers_per_env: int | None = None
     #: Seconds of cycles in a ``--quick`` run's single set.
     quick_set_seconds: float = 2.0
@@ -441,6 +442,11 @@ def _err(where: str, value: Any, rule: str) -> ConfigError:
     return ConfigError(f"{where} = {value!r}: {rule}")
 
 
+#: A number in exponent form that YAML 1.1 (PyYAML) leaves a string: no dot or an unsigned exponent.
+_EXP_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+#: Least seconds of cycles per process set (a set is fresh workers set up for every case: below
+#: this it holds hardly a cycle; 1e-9 gave sets of 0 cycles, new-user trial 2026-12-03).
+MIN_SET_SECONDS = 0.1
 #: Most times a case's wall clock may come up in one sweep of a set's cycles (sampling.max_repeats).
 MAX_REPEATS = 8
 
@@ -821,8 +827,8 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
     for k in ("time_budget_s", "set_seconds", "burst_ms", "min_effect", "alpha"):
         v = sd[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            hint = (" (YAML reads 1e9 as a string: write 1.0e9)" if isinstance(v, str) and "e" in v.lower()
-                    and v.replace(".", "", 1).lower().replace("e", "", 1).lstrip("+-").isdigit() else "")
+            hint = (" (YAML reads a number like 1e9 or 1.0e9 as a string: write it with a dot and a signed "
+                    "exponent, 1.0e+9 or 1.0e-9)" if isinstance(v, str) and _EXP_NUMBER.match(v.strip()) else "")
             raise _err(f"sampling.{k}", v, "must be a positive number" + hint)
     sampling = Sampling(
         time_budget_s=float(sd["time_budget_s"]),
@@ -844,6 +850,14 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         raise _err("sampling.max_repeats", sampling.max_repeats,
                    f"must be at most {MAX_REPEATS} (times a noisier case's wall clock comes up per sweep; "
                    "beyond that one case crowds the others out of a set's cycles)")
+    if sampling.set_seconds < MIN_SET_SECONDS:
+        raise _err("sampling.set_seconds", sampling.set_seconds,
+                   f"must be at least {MIN_SET_SECONDS:g} (s of cycles per process set; below that a set of fresh "
+                   "workers holds hardly a cycle)")
+    if sampling.burst_ms > 500 * sampling.set_seconds:
+        raise _err("sampling.burst_ms", sampling.burst_ms,
+                   f"must be at most {500 * sampling.set_seconds:g} (ms; half of sampling.set_seconds: a set's "
+                   "cycles hold at least one cycle of two workers' bursts)")
     if sampling.set_seconds > sampling.time_budget_s / 2:
         raise _err("sampling.set_seconds", sampling.set_seconds,
                    f"must be at most half of sampling.time_budget_s ({sampling.time_budget_s:g} s): an interval "

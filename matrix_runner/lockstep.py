@@ -289,6 +289,10 @@ def parse_cpus(request: str | None) -> list[int] | None:
         want = [int(x) for x in request.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"--cpus {request!r}: give auto, unpinned or a comma list of CPU ids") from None
+    twice = sorted({c for c in want if want.count(c) > 1})
+    if twice:
+        raise ValueError(f"--cpus {request!r}: CPU(s) {twice} listed more than once; give each CPU once "
+                         "(each process set is pinned to one of them)")
     allowed = machine.allowed_cpus()
     bad = [c for c in want if c not in allowed]
     if bad or not want:

@@ -32,6 +32,7 @@ import math
 import os
 import shlex
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -57,7 +58,7 @@ from . import (
     wheels,
 )
 from . import envs as envmod
-from .config import MAX_CASES, load_config, parse_config
+from .config import MAX_CASES, MIN_SET_SECONDS, load_config, parse_config
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, UsageError
 from .ui import console, print_plan, progress
 
@@ -156,10 +157,17 @@ def check_writable_dir(d: Path, opt: str) -> None:
 def check_writable_file(f: Path, opt: str) -> None:
     """Raise UsageError unless file ``f`` can be written (its directory exists and is writable)."""
     f = Path(f).expanduser()
+    if f.is_dir():
+        raise UsageError(f"{opt} {f}: is a directory; give a file path (e.g. {f / 'summary.md'})")
     if not f.parent.is_dir():
         raise UsageError(f"{opt} {f}: the directory {f.parent} does not exist")
     if (f.exists() and not os.access(f, os.W_OK)) or not os.access(f.parent, os.W_OK | os.X_OK):
         raise UsageError(f"{opt} {f}: not writable; give a path you can write")
+    try:  # access() says yes to root on file systems that refuse files (/proc): try one
+        tempfile.TemporaryFile(dir=f.parent).close()
+    except OSError as ex:
+        raise UsageError(f"{opt} {f}: no file can be written in {f.parent} ({ex.strerror or ex}); "
+                         "give a path you can write") from None
 
 
 def unjudged(doc: dict, pct: float) -> list[dict]:
@@ -333,6 +341,12 @@ class Run:
                         ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
             if not (v > 0 and math.isfinite(v)):
                 raise UsageError(f"{name} {v:g}: give a positive number" + (", a finite one" if v > 0 else ""))
+        if samp.set_seconds < MIN_SET_SECONDS:
+            raise UsageError(f"--set-seconds {samp.set_seconds:g}: give at least {MIN_SET_SECONDS:g} (s of cycles per "
+                             "process set; below that a set of fresh workers holds hardly a cycle)")
+        if samp.burst_ms > 500 * samp.set_seconds:
+            raise UsageError(f"--burst-ms {samp.burst_ms:g}: give at most {500 * samp.set_seconds:g} (half of the "
+                             f"{samp.set_seconds:g} s of a set's cycles: a cycle is a burst of each worker)")
         if samp.set_seconds > samp.time_budget_s / 2 and not args.quick:
             raise UsageError(f"--set-seconds {samp.set_seconds:g} with a {samp.time_budget_s:g} s budget: give at most half "
                              "the budget (an interval needs at least two process sets), or a larger --time-budget")

@@ -136,6 +136,18 @@ def test_writability_checks_name_the_unwritable_directory(tmp_path, monkeypatch)
     with pytest.raises(envs.UsageError, match="is not a directory"):
         pipeline.check_writable_dir(tmp_path / "f" / "out", "--output")
     pipeline.check_writable_dir(tmp_path / "new" / "deeper", "--output")  # creatable: fine
+    # a directory given as the Markdown file, and a file system that refuses files though access()
+    # says yes to root (/proc): refused before anything runs (both were found only at the end)
+    with pytest.raises(envs.UsageError, match="--markdown .*: is a directory; give a file path"):
+        pipeline.check_writable_file(tmp_path, "--markdown")
+    import tempfile
+    monkeypatch.setattr(pipeline.os, "access", real)
+
+    def refuse(*a, **k):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+    with pytest.raises(envs.UsageError, match="no file can be written in .*Operation not permitted"):
+        pipeline.check_writable_file(tmp_path / "x.md", "--markdown")
 
 
 def test_resume_of_a_run_that_measured_nothing_says_so(tmp_path):
@@ -370,3 +382,30 @@ def test_the_run_is_one_pipeline_of_the_named_steps_and_cli_only_parses_and_disp
     imported = {a.name for n in ast.walk(ast.parse(Path(cli.__file__).read_text()))
                 if isinstance(n, ast.ImportFrom) and n.level == 1 and not n.module for a in n.names}
     assert imported <= {"__version__", "commands", "pipeline", "shard", "wheels"}, imported
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130(monkeypatch, capsys):
+    """The console script (matrix_runner.entry) imports the CLI inside a KeyboardInterrupt guard: a
+    Ctrl-C in the ~1-2 s of numpy/scipy/rich imports printed an import traceback (new-user trial,
+    ``timeout -s INT 2 matrix-run ...``); the CLI itself turns one before a run's own handlers exist
+    into exit 130 too."""
+    import sys
+    import types
+
+    from matrix_runner import cli, entry
+    fake = types.ModuleType("matrix_runner.cli")
+
+    def interrupted(name):
+        raise KeyboardInterrupt
+    fake.__getattr__ = interrupted
+    monkeypatch.setitem(sys.modules, "matrix_runner.cli", fake)
+    assert entry.main(["--help"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "interrupted while starting: nothing was run"
+    monkeypatch.setitem(sys.modules, "matrix_runner.cli", cli)
+
+    def parse_interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli.commands, "cmd_plan", parse_interrupted)
+    assert cli.main(["plan", "--versions", "2.6.3"]) == 130
+    assert "interrupted: nothing was measured yet" in capsys.readouterr().err

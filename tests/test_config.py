@@ -1,6 +1,7 @@
 import math
 
 import pytest
+import yaml
 
 from matrix_runner.config import ConfigError, load_config, parse_config
 
@@ -87,8 +88,16 @@ def test_top_level_rules():
     for k, v in (("min_effect", "abc"), ("min_effect", "0.05"), ("alpha", None), ("alpha", [0.05])):
         with pytest.raises(ConfigError, match=f"sampling.{k} = .*: must be a positive number"):
             parse_config({"sampling": {k: v}})
-    with pytest.raises(ConfigError, match=r"YAML reads 1e9 as a string: write 1.0e9"):
-        parse_config({"sampling": {"burst_ms": "1e9"}})
+    # the hint names a form PyYAML reads as a number (1.0e9 and 1e-9 stay strings; new-user trial)
+    for v in ("1e9", "1.0e9", "1e-9"):
+        with pytest.raises(ConfigError, match=r"write it with a dot and a signed exponent, 1.0e\+9 or 1.0e-9"):
+            parse_config({"sampling": {"burst_ms": v}})
+    assert isinstance(yaml.safe_load("1.0e+9"), float) and isinstance(yaml.safe_load("1.0e-9"), float)
+    # lower bounds: a set holds at least a cycle; a burst fits twice in a set's cycles
+    with pytest.raises(ConfigError, match="sampling.set_seconds = 1e-09: must be at least 0.1"):
+        parse_config({"sampling": {"set_seconds": 1e-9}})
+    with pytest.raises(ConfigError, match="sampling.burst_ms = 100000.0: must be at most 500"):
+        parse_config({"sampling": {"burst_ms": 100000}})
     with pytest.raises(ConfigError, match="must be a positive integer or auto"):
         parse_config({"sampling": {"workers_per_env": "lots"}})
     with pytest.raises(ConfigError, match="top level must be a mapping"):

@@ -50,6 +50,8 @@ def test_plan_cpus_keeps_the_driver_off_the_set_cores(monkeypatch):
         lockstep.plan_cpus("42")
     with pytest.raises(ValueError, match="give auto, unpinned or a comma list"):
         lockstep.parse_cpus("some")
+    with pytest.raises(ValueError, match=r"CPU\(s\) \[2\] listed more than once"):  # new-user trial: "pinned to CPU(s) 2, 2"
+        lockstep.plan_cpus("2,2")
 
 
 def test_one_cpu_runs_unpinned_and_says_why(monkeypatch):
