@@ -369,16 +369,23 @@ class Sampling:
         tuned for 17: 2.79 vs 2.22 set SDs at alpha 0.05/4); tuned for a few too few it is ~2 % wider."""
         if self.planned is not None:
             return self.planned
+        per = self.set_estimate_s
+        first = per + max(0.0, self.start_s) if self.prefetch else per
+        n = 1 + (self.time_budget_s - self.before_s - first) / per
+        return max(4, min(self.max_sets, round(n)))
+
+    @property
+    def set_estimate_s(self) -> float:
+        """Seconds a process set after the first should last, from the settings and the machine's
+        pace (:attr:`planned_sets`): its cycles, or as long as the next set's workers take to start
+        where that is longer (``EXTEND_FACTOR`` cap), plus ``SET_OVERHEAD_S``; without prefetch the
+        workers' start is added."""
         start = max(0.0, self.start_s)
         if self.prefetch:
             # workers spawned ``depth`` sets ahead have that many sets' cycles to start in
             ahead = start / max(1, self.prefetch_depth or 1)
-            per = max(self.set_seconds, min(ahead, self.EXTEND_FACTOR * self.set_seconds)) + self.SET_OVERHEAD_S
-            first = per + start
-        else:
-            per = first = self.set_seconds + start + self.SET_OVERHEAD_S
-        n = 1 + (self.time_budget_s - self.before_s - first) / per
-        return max(4, min(self.max_sets, round(n)))
+            return max(self.set_seconds, min(ahead, self.EXTEND_FACTOR * self.set_seconds)) + self.SET_OVERHEAD_S
+        return self.set_seconds + start + self.SET_OVERHEAD_S
 
 
 @dataclass

@@ -227,6 +227,9 @@ def test_planned_sets_follow_the_machines_pace_not_just_the_settings():
     # as long as that import (the cycles go on meanwhile), the first one waits for it too
     s = Sampling(set_seconds=2.0, start_s=6.0, before_s=3.0)
     assert s.planned_sets == 7  # 1 + (60 - 3 - 7.1 - 6) / 7.1 = 7.2
+    # the pace a set after the cold first one should keep (the runner's budget projection after
+    # one set takes it where the first set was slower)
+    assert s.set_estimate_s == pytest.approx(7.1) and Sampling().set_estimate_s == pytest.approx(2.1)
     # no spare core: the next set starts after this one: 1 + (60 - 3 - 9.1) / 9.1
     assert Sampling(set_seconds=2.0, start_s=6.0, before_s=3.0, prefetch=False).planned_sets == 6
     # at most EXTEND_FACTOR x set_seconds of waiting counts; never fewer than 4, never over max_sets
