@@ -59,7 +59,7 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_timing_args(r: argparse.ArgumentParser) -> None:
-    r.add_argument("--output", metavar="DIR", help="run directory (default: reports/<run-id>/)")
+    r.add_argument("-o", "--output", metavar="DIR", help="run directory (default: reports/<run-id>/)")
     r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="cuda: time on the GPU; cpu: time the same call on CPU tensors (real flash-attn rejects "
                         "them); auto: cuda when a GPU is visible")

@@ -180,6 +180,19 @@ def _results_path(a: str) -> Path:
     return results.find(a)
 
 
+def machine_differences(a: dict, b: dict) -> list[str]:
+    """How the machines of runs ``a`` and ``b`` differ where it moves every ratio: the device the
+    cases ran on (``settings.device``: cuda / cpu) and the GPU model (``machine.gpu``)."""
+    out = []
+    da, db = ((d.get("settings") or {}).get("device") for d in (a, b))
+    if da and db and da != db:
+        out.append(f"A ran on {da}, B on {db}")
+    ga, gb = ((d.get("machine") or {}).get("gpu") for d in (a, b))
+    if da == db == "cuda" and ga and gb and ga != gb:
+        out.append(f"A ran on {ga}, B on {gb}")
+    return out
+
+
 def cmd_compare(args) -> int:
     if args.markdown:
         check_writable_file(Path(args.markdown), "--markdown")
@@ -190,6 +203,8 @@ def cmd_compare(args) -> int:
     if a.get("run_id") and a.get("run_id") == b.get("run_id"):
         print(f"warning: A and B are the same run ({a['run_id']}: {pa} and {pb}); every ratio below is 1 "
               "by construction, not a measured A/A", file=sys.stderr)
+    for why in machine_differences(a, b):  # new-user trial: an H200 run against a CPU stand-in, no word
+        print(f"warning: {why}: the ratios B/A below compare machines as much as versions", file=sys.stderr)
     cmp = report.compare_runs(a, b, args.min_effect, str(pa), str(pb))
     if not cmp["pairs"]:
         def envs_of(doc: dict) -> str:

@@ -409,3 +409,8 @@ def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130(monkeypatch, capsys
     monkeypatch.setattr(cli.commands, "cmd_plan", parse_interrupted)
     assert cli.main(["plan", "--versions", "2.6.3"]) == 130
     assert "interrupted: nothing was measured yet" in capsys.readouterr().err
+
+
+def test_run_takes_o_for_its_output_like_report_and_compare():
+    from matrix_runner import cli
+    assert cli.build_parser().parse_args(["run", "-o", "X", "--versions", "2.6.3"]).output == "X"

@@ -408,6 +408,17 @@ def test_compare_cli_writes_table_html_and_markdown(h200, tmp_path):
                  str(tmp_path / "cmp.md"))
     assert cp.returncode == 0, cp.stderr
     assert "B / A per env and case" in cp.stdout and "2.7.0.post2 — B vs A: slower in" in " ".join(cp.stdout.split())
+    assert "warning" not in cp.stderr  # the same machine
+    # runs of different machines are compared, with a warning that says so (new-user trial: an H200 run
+    # against a CPU stand-in run, 14.33x, without a word)
+    from matrix_runner import commands
+    cpu = dict(b, settings={**b["settings"], "device": "cpu"})
+    assert commands.machine_differences(h200, cpu) == ["A ran on cuda, B on cpu"]
+    h100 = dict(b, machine={**b["machine"], "gpu": "NVIDIA H100"})
+    assert commands.machine_differences(h200, h100) == [f"A ran on {h200['machine']['gpu']}, B on NVIDIA H100"]
+    results.write_json(tmp_path / "c" / "results.json", cpu)
+    cp = run_cli("compare", str(H200), str(tmp_path / "c"))
+    assert "warning: A ran on cuda, B on cpu: the ratios B/A below compare machines" in cp.stderr
     html = (tmp_path / "cmp" / "index.html").read_text()
     page = assert_self_contained(html)
     assert "<script" not in html and "&lt;script&gt;" in html

@@ -78,6 +78,11 @@ def test_bad_versions_exit_2(capsys, tmp_path, versions, needle):
     (["--torch", "latest"], "--torch 'latest'"),
     (["--archs", "hopper"], "--archs 'hopper'"),
     (["--backend", "here", "--versions", "a=here,b=here"], "give exactly one --versions entry"),
+    # new-user trial: an item lost to a typo was silently left out; a 1e9 s set overran the budget
+    (["--versions", "2.6.3,,2.7.0.post2"], "--versions '2.6.3,,2.7.0.post2': item 2 is empty"),
+    (["--set-seconds", "1e9"], "--set-seconds 1e+09 with a 60 s budget: give at most half the budget"),
+    (["--set-seconds", "0.01"], "--set-seconds 0.01: give at least 0.1"),
+    (["--burst-ms", "1e9"], "--burst-ms 1e+09: give at most 500"),
 ])
 def test_bad_options_exit_2(capsys, tmp_path, args, needle):
     if "--versions" not in args:

@@ -71,7 +71,11 @@ def parse_versions(text: str) -> list[EnvRequest]:
     out: list[EnvRequest] = []
     if text and any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
         raise UsageError(f"--versions {text!r}: control characters are not allowed")
-    items = [x.strip() for x in (text or "").split(",") if x.strip()]
+    items = [x.strip() for x in (text or "").split(",")]
+    if any(items) and not all(items):  # "2.6.3,,2.7.0.post2": an item lost to a typo was ignored
+        raise UsageError(f"--versions {text!r}: item {items.index('') + 1} is empty; remove the extra comma "
+                         "or put the version that belongs there")
+    items = [x for x in items if x]
     if not items:
         raise UsageError("--versions: give at least one flash-attn version, e.g. --versions 2.6.3,2.7.0.post2")
     for it in items:
