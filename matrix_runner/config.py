@@ -375,6 +375,17 @@ class Sampling:
         return max(4, min(self.max_sets, round(n)))
 
     @property
+    def max_set_seconds(self) -> float:
+        """Most ``set_seconds`` the budget takes: half of it (an interval needs two process sets)."""
+        return self.time_budget_s / 2
+
+    @property
+    def max_burst_ms(self) -> float:
+        """Most ``burst_ms`` a set's cycles take: half of ``set_seconds`` (a set holds at least one
+        cycle of two workers' bursts)."""
+        return 500 * self.set_seconds
+
+    @property
     def set_estimate_s(self) -> float:
         """Seconds a process set after the first should last, from the settings and the machine's
         pace (:attr:`planned_sets`): its cycles, or as long as the next set's workers take to start
@@ -861,11 +872,11 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         raise _err("sampling.set_seconds", sampling.set_seconds,
                    f"must be at least {MIN_SET_SECONDS:g} (s of cycles per process set; below that a set of fresh "
                    "workers holds hardly a cycle)")
-    if sampling.burst_ms > 500 * sampling.set_seconds:
+    if sampling.burst_ms > sampling.max_burst_ms:
         raise _err("sampling.burst_ms", sampling.burst_ms,
-                   f"must be at most {500 * sampling.set_seconds:g} (ms; half of sampling.set_seconds: a set's "
+                   f"must be at most {sampling.max_burst_ms:g} (ms; half of sampling.set_seconds: a set's "
                    "cycles hold at least one cycle of two workers' bursts)")
-    if sampling.set_seconds > sampling.time_budget_s / 2:
+    if sampling.set_seconds > sampling.max_set_seconds:
         raise _err("sampling.set_seconds", sampling.set_seconds,
                    f"must be at most half of sampling.time_budget_s ({sampling.time_budget_s:g} s): an interval "
                    "needs at least two process sets")

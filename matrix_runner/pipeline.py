@@ -344,10 +344,10 @@ class Run:
         if samp.set_seconds < MIN_SET_SECONDS:
             raise UsageError(f"--set-seconds {samp.set_seconds:g}: give at least {MIN_SET_SECONDS:g} (s of cycles per "
                              "process set; below that a set of fresh workers holds hardly a cycle)")
-        if samp.burst_ms > 500 * samp.set_seconds:
-            raise UsageError(f"--burst-ms {samp.burst_ms:g}: give at most {500 * samp.set_seconds:g} (half of the "
+        if samp.burst_ms > samp.max_burst_ms:
+            raise UsageError(f"--burst-ms {samp.burst_ms:g}: give at most {samp.max_burst_ms:g} (half of the "
                              f"{samp.set_seconds:g} s of a set's cycles: a cycle is a burst of each worker)")
-        if samp.set_seconds > samp.time_budget_s / 2 and not args.quick:
+        if samp.set_seconds > samp.max_set_seconds and not args.quick:
             raise UsageError(f"--set-seconds {samp.set_seconds:g} with a {samp.time_budget_s:g} s budget: give at most half "
                              "the budget (an interval needs at least two process sets), or a larger --time-budget")
         if not 0 < samp.min_effect < 1:

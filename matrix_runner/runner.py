@@ -427,7 +427,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             # 60 s H200 run of 11 sets spent 1.9 s there, and ended at 60.25 s counting set times only)
             # after the cold first set alone, the planned pace where it is shorter (new-user trial: a
             # 20 s budget on 2 cores stopped after one 9 s set whose successors took ~4.5 s)
-            typical = durations[1:] or [min(durations[0], sampling.set_estimate_s)] if durations else []
+            typical = (durations[1:] or [min(durations[0], sampling.set_estimate_s)]) if durations else []
             if typical and elapsed + sum(typical) / len(typical) > sampling.time_budget_s:
                 reason = f"time budget {sampling.time_budget_s:g} s: another process set would overrun it"
                 break
