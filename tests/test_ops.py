@@ -257,6 +257,9 @@ def test_an_op_or_argument_the_version_lacks_is_not_in_this_version(standin_src)
 
 
 # -- end to end: every op through matrix-run, planted host cost found per op --------------------------
+# timing on the shared 2-core CI machine: a failure is measured once more, from scratch (CI 2026-12-02:
+# the kvpacked delta once fell outside its bounds and passed alone)
+@pytest.mark.flaky(reruns=1)
 def test_every_op_end_to_end_finds_the_planted_host_cost(standins, tmp_path):
     cfg = tmp_path / "ops.yaml"
     cfg.write_text(ALL_OPS)

@@ -59,6 +59,9 @@ def test_torch_list_parses_and_crosses_every_version_with_every_torch():
         envs.cross_torch(envs.parse_versions("x" * 60 + "=2.6.3"), ["inherit", "2.5.1"])
 
 
+# timing on the shared 2-core CI machine: one --quick set per comparison; a failure is measured once more,
+# from scratch (CI 2026-12-03: an A/A bwd ratio of 1.39 once, passed alone)
+@pytest.mark.flaky(reruns=1)
 @pytest.mark.skipif(not LOCAL, reason="no local torch 2.13.0 wheel for this Python in /opt/wheels")
 def test_torch_axis_run_builds_an_env_per_version_and_torch_and_compares_within_each(standins, tiny_config, tmp_path):
     # inherit (the driver's torch) x 2.13.0 installed into the env: the same torch release under two
