@@ -313,6 +313,17 @@ FAMILY_ALPHA = 0.05
 SET_METHOD = "lockstep sets, anytime t-CS"
 #: Share trimmed from each end of a set's per-cycle log ratios (Tukey-McLaughlin / Yuen: 20 %).
 CYCLE_TRIM = 0.2
+#: The sets the mixing of a *pass* clock's confidence sequence (kernel time, CUDA graph: one pass
+#: per worker and set, taken "while undecided", runner._needed) is tuned for, whatever the run plans
+#: for its wall clock. Kernel time hardly moves between processes, so these clocks stop as soon as
+#: their sequence is finite and narrow; tuned for the ~24 planned sets it is unbounded below 6 sets,
+#: tuned for 4 it is finite from 3 (at level 0.05) and at 10 sets as narrow (4.19 SE either way).
+#: Replayed on the 65 committed H200 runs of method /2 (benchmarks/pass_clock_replay.py,
+#: benchmarks/results/pass-clock-replay-12-03.txt): every kernel comparison decided after 4.8 sets
+#: on average instead of 6.2, no false faster/slower (all were A/A: same kernel sources), ~1.5 s of
+#: profiler passes per 60 s run given back to the cycles. Fixed before any data (method /3), so the
+#: sequence stays valid at every n.
+PASS_N_TARGET = 4
 
 
 @functools.lru_cache(maxsize=256)
@@ -430,7 +441,8 @@ def pairs_among(labels: list[str], pairs: list | None = None) -> list[tuple[str,
 
 def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, family_size: int = 1,
                 family_alpha: float = FAMILY_ALPHA, n_target: int = 8, cycles: bool = True,
-                provisional: bool = False, plain: tuple | None = None, selective: bool = True) -> dict | None:
+                provisional: bool = False, plain: tuple | None = None, selective: bool = True,
+                pass_target: int | None = PASS_N_TARGET) -> dict | None:
     """Compare one clock of one case between two envs measured in lockstep process sets.
 
     ``base_sets``/``cand_sets`` map a process-set id to that set's data: with ``cycles`` a dict
@@ -457,7 +469,9 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
     ``plain``: (baseline, candidate) sets of the bursts' plain medians where ``base_sets``/``cand_sets``
     hold them at one reference CPU speed (:class:`SpeedSlope`): the ratio and verdict come from the
     adjusted values, ``delta_us`` and the medians from the plain ones (what a call costs on this
-    machine; a fixed-time cost is not rescaled by the speed)."""
+    machine; a fixed-time cost is not rescaled by the speed). ``pass_target``: the sets the mixing
+    is tuned for when not ``cycles`` (a pass clock: :data:`PASS_N_TARGET`, method /3); None: for
+    ``n_target`` like the wall clock (methods /1 and /2, as their runs were judged)."""
     ids = [s for s in base_sets if s in cand_sets]
     obs, deltas, used = [], [], []
     pb, pk = plain if plain else (base_sets, cand_sets)
@@ -491,7 +505,8 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
     out = {
         "base_median": mb, "cand_median": mc, "n_sets": len(obs), "sets": used,
         "set_log_ratios": obs, "set_deltas": deltas, "family_size": family_size, "family_alpha": family_alpha,
-        "cs_mixing": lai_mixing(n_target, family_alpha if selective else alpha),
+        "cs_mixing": lai_mixing(n_target if cycles or not pass_target else pass_target,
+                                family_alpha if selective else alpha),
         "ci_method": SET_METHOD, "paired": True,
         "n_rounds": [len(obs), len(obs)], "within_process_only": len(obs) < 2, "p_value": None,
         "provisional": bool(provisional or len(obs) < 2), "selection": None, "selected": None,

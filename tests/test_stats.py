@@ -143,7 +143,7 @@ def test_t_cs_covers_uniformly_over_time():
     # the anytime-valid interval may be looked at after every set: the chance that it EVER misses
     # the true mean over 30 looks stays <= alpha (Gaussian data, any mean and scale)
     rng = np.random.default_rng(7)
-    for alpha, nt in ((0.05, 8), (0.05 / 12, 8)):
+    for alpha, nt in ((0.05, 8), (0.05 / 12, 8), (0.05, stats.PASS_N_TARGET), (0.05 / 12, stats.PASS_N_TARGET)):
         c = stats.lai_mixing(nt, alpha)
         miss = 0
         for _ in range(2000):
@@ -174,6 +174,35 @@ def test_t_cs_is_unbounded_with_too_few_sets_and_narrows_with_more():
     # NaN and inf observations are dropped, not propagated
     m, lo, hi = stats.t_cs([0.1, float("nan"), 0.1, 0.12, 0.09, 0.11, 0.1, float("inf"), 0.1], 0.05, 1.0)
     assert abs(m - 0.1029) < 1e-3 and lo < m < hi < 0.2
+
+
+def test_a_pass_clock_is_decided_in_a_few_sets_and_old_runs_are_read_as_judged():
+    # kernel time: one list of profiler samples per set; the versions' kernels equal to ~0.1 %
+    rng = np.random.default_rng(3)
+    base = {str(s): list(150.0 * np.exp(rng.normal(0, 0.001, 8))) for s in range(4)}
+    cand = {str(s): list(150.0 * np.exp(rng.normal(0, 0.001, 8))) for s in range(4)}
+    three = ({s: base[s] for s in "012"}, {s: cand[s] for s in "012"})
+    now = [stats.set_compare(*three, family_size=12, n_target=24, cycles=False) for _ in range(12)]
+    stats.select_family(now, family_size=12)
+    assert {c["verdict"] for c in now} == {"same"} and all(c["ci_high"] < 1.02 for c in now)
+    assert now[0]["cs_mixing"] == stats.lai_mixing(stats.PASS_N_TARGET, 0.05)
+    # method /2 tuned it for the planned sets: unbounded below 6 sets however close the kernels
+    old = [stats.set_compare(*three, family_size=12, n_target=24, cycles=False, pass_target=None) for _ in range(12)]
+    stats.select_family(old, family_size=12)
+    assert {c["verdict"] for c in old} == {"ambiguous"} and old[0]["ci_high"] == float("inf")
+    # the wall clock (cycled) keeps the run's planned sets either way
+    w = stats.set_compare({"0": {0: 1.0, 1: 1.1}}, {"0": {0: 1.0, 1: 1.1}}, n_target=24)
+    assert w["cs_mixing"] == stats.lai_mixing(24, 0.05)
+    # results.comparisons re-reads a run by the method it names
+    from matrix_runner import results
+
+    def rec(env, sets):
+        return {"env": env, "id": "c", "label": "c", "op": "fwd", "status": "ok", "host_bound": None,
+                "metrics": {"device_us": {"by_set": sets}}}
+    for method, verdict in (("lockstep-sets/anytime-t-cs/2", "ambiguous"), (results.METHOD, "same")):
+        (c,) = results.comparisons([rec("a", three[0]), rec("b", three[1])], ["a", "b"], 0.05,
+                                   settings={"method": method, "planned_sets": 24})
+        assert c["verdict"] == verdict, (method, c)
 
 
 def _sets(values: dict) -> dict:
