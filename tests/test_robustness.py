@@ -165,6 +165,10 @@ def index(monkeypatch):
             return json.dumps({"meta": {"api-version": "1.0"}, "name": "torch", "files": [
                 {"filename": f"torch-{v}-cp312-cp312-manylinux_2_28_x86_64.whl", "url": "x", "hashes": {}}
                 for v in ("2.5.1", "2.6.0", "2.7.0")]}).encode(), "application/vnd.pypi.simple.v1+json"
+        if path == "/simple/flash-attn-4/":
+            return json.dumps({"meta": {"api-version": "1.0"}, "name": "flash-attn-4", "files": [
+                {"filename": f"flash_attn_4-{v}-py3-none-any.whl", "url": "x", "hashes": {}}
+                for v in ("4.0.0b35", "4.0.0b36")]}).encode(), "application/vnd.pypi.simple.v1+json"
         if path == "/whl/cu130/torch/":  # PyTorch's own index answers PEP 503 HTML, local labels in the names
             page = (b"<html><body><a href='x'>torch-2.9.1+cu130-cp312-cp312-manylinux_2_28_x86_64.whl</a>"
                     b"<a href='y' data-yanked=''>torch-2.9.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl</a></body></html>")
@@ -204,6 +208,31 @@ def test_known_version_passes_and_an_unusable_index_only_warns(capsys, tmp_path,
     code, err = main(capsys, "plan", "--versions", "2.7.0.post2", "--index-url", index["url"],
                      "--find-links", str(standins["wheels"]), *base)
     assert code == 0 and len(index["seen"]) == n
+
+
+def test_another_subjects_pin_is_checked_on_the_index_before_anything_is_built(capsys, tmp_path, index, standins):
+    """fa4=flash-attn-4==99 (a new-user trial): refused before any env is built, naming the nearest
+    releases; a listed one passes; an index that cannot be asked warns; a wheel in --find-links
+    needs no index."""
+    base = ["--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"),
+            "--find-links", str(standins["wheels"])]
+    code, err = main(capsys, "run", "--versions", "2.6.3,fa4=flash-attn-4==99", "--device", "cpu",
+                     "--index-url", index["url"], "--output", str(tmp_path / "o"), *base)
+    assert code == 2 and f"--versions: flash-attn-4 99 (fa4) is not on {index['url']}; nearest: 4.0.0b36, 4.0.0b35" in err, err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "envs" / "2.6.3").exists()
+    code, err = main(capsys, "plan", "--versions", "2.6.3,fa4=flash-attn-4==4.0.0b36", "--json",
+                     "--index-url", index["url"], *base)
+    assert code == 0 and "warning" not in err, err
+    code, err = main(capsys, "plan", "--versions", "2.6.3,flash-attn-4==4.0.0b1", "--json",
+                     "--index-url", "http://127.0.0.1:1/simple", *base)
+    assert code == 0 and "warning: could not check that flash-attn-4 4.0.0b1 exist(s)" in err, err
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "flash_attn_4-4.0.0b1-py3-none-any.whl").write_bytes(b"")
+    n = len(index["seen"])
+    code, err = main(capsys, "plan", "--versions", "2.6.3,flash-attn-4==4.0.0b1", "--json", "--index-url", index["url"],
+                     "--find-links", str(links), *base)
+    assert code == 0 and not [p for p, _ in index["seen"][n:] if "flash-attn-4" in p], (err, index["seen"][n:])
 
 
 def test_pinned_torch_is_checked_on_its_index_before_anything_is_built(capsys, tmp_path, index, standins):

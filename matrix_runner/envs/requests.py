@@ -255,8 +255,8 @@ def check_versions(reqs: list[EnvRequest], opts: "Options", timeout: float = 15.
                              "use it with --backend here")
     if opts.offline:
         return []
-    warnings = _check_torch_pins(opts, timeout)
-    want = [r for r in reqs if not r.is_path and r.package == subjects.DEFAULT]  # uv checks other subjects
+    warnings = _check_torch_pins(opts, timeout) + _check_subject_pins(reqs, opts, timeout)
+    want = [r for r in reqs if not r.is_path and r.package == subjects.DEFAULT]  # other subjects: above
     missing = [r for r in want if not _version_here(r.version, opts)]
     if not missing:
         return warnings
@@ -272,6 +272,42 @@ def check_versions(reqs: list[EnvRequest], opts: "Options", timeout: float = 15.
             raise UsageError(f"--versions: flash-attn {r.version} is not on {opts.index_url}; nearest: "
                              f"{', '.join(near) if near else '(the index lists no flash-attn sdist)'}")
     return warnings
+
+
+def _check_subject_pins(reqs: list[EnvRequest], opts: "Options", timeout: float) -> list[str]:
+    """Every ``PACKAGE==VERSION`` of another subject installed from the index (FA4:
+    ``flash-attn-4==4.0.0b36``; not FA3, built from a source tree) must exist on ``opts.index_url``,
+    asked once per package before anything is built: UsageError naming the nearest releases (a
+    new-user trial: ``flash-attn-4==99`` failed only at its env's install, after the others were
+    built). A wheel of it in --find-links or an ok env that asked for the same spec needs no index;
+    an index that cannot be asked only warns. Returns the warnings."""
+    todo: dict[str, list[EnvRequest]] = {}
+    for r in reqs:
+        if r.is_path or r.package == subjects.DEFAULT or r.subject.tree:
+            continue
+        dist = r.package.replace("-", "_")
+        if any(wheels.same_version(v, r.version) for v in wheels.wheel_versions(opts.find_links, dist)):
+            continue
+        if opts.envs_dir.is_dir() and any(
+                (rec := load_record(d) if d.is_dir() else None) and rec.get("requested") == r.spec
+                and rec.get("status") == "ok" for d in opts.envs_dir.iterdir()):
+            continue
+        todo.setdefault(r.package, []).append(r)
+    out = []
+    for package, rs in todo.items():
+        try:
+            listed = wheels.project_versions(package, opts.index_url, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - an index we cannot ask must not stop an otherwise good run
+            why = getattr(e, "reason", None) or e
+            out.append(f"could not check that {package} {', '.join(r.version for r in rs)} exist(s) on "
+                       f"{opts.index_url} ({type(e).__name__}: {why}); going on")
+            continue
+        for r in rs:
+            if not any(wheels.same_version(v, r.version) for v in listed):
+                near = wheels.nearest_versions(r.version, sorted(listed))
+                raise UsageError(f"--versions: {package} {r.version} ({r.label}) is not on {opts.index_url}; "
+                                 f"nearest: {', '.join(near)}")
+    return out
 
 
 def _check_torch_pins(opts: Options, timeout: float) -> list[str]:
