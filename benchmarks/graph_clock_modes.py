@@ -9,10 +9,11 @@ that day, 89 of 1,260 batch-2 (set, env) graph medians sat above 1.5x the kernel
 B2 S50: kernel 5.2 µs, graph 5.1-6.5 µs in most processes, 10.9-16.5 µs in some), none of the 774
 batch-512 ones above 1.05x; the slow process of a set is one env's, not both (per process, not
 per set: 87 of 88 outlying (set, case) pairs). worker.Bench.graph times ``inner`` replayed calls
-between two CUDA events recorded around ``g.replay()``, with ``inner`` from the wall time per call (~20 for a 50 µs call): whatever delays
-the GPU's start of the replay after the first event (the launch, a busy GPU) is divided by
-``inner`` only. Not yet measured on the H200: whether a GPU-side wait before the first event
-(so the replay is queued before the clock starts) removes the slow mode.
+between two CUDA events recorded around ``g.replay()``, with ``inner`` from the wall time per
+call (~20 for a 50 µs call): whatever delays the GPU's start of the replay after the first event
+(the launch, a busy GPU) is divided by ``inner`` only. Not yet measured on the H200: whether a
+GPU-side wait before the first event (so the replay is queued before the clock starts) removes the
+slow mode.
 
 Usage: python benchmarks/graph_clock_modes.py RUN_DIR ...   (default: the 1.0 s runs of 2026-12-03)
 """
