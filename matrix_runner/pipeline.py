@@ -348,6 +348,10 @@ class Run:
             raise UsageError(f"--burst-ms {samp.burst_ms:g}: give at most {samp.max_burst_ms:g} (half of the "
                              f"{samp.set_seconds:g} s of a set's cycles: a cycle is a burst of each worker)")
         if samp.set_seconds > samp.max_set_seconds and not args.quick:
+            if getattr(args, "set_seconds", None) is None:  # the budget alone is too small (new-user trial)
+                raise UsageError(f"--time-budget {samp.time_budget_s:g}: give at least {2 * samp.set_seconds:g} s "
+                                 f"(two process sets of {samp.set_seconds:g} s of cycles: an interval needs two; a "
+                                 "run holds ~25 in the default 60 s), or --quick for one set's ratios")
             raise UsageError(f"--set-seconds {samp.set_seconds:g} with a {samp.time_budget_s:g} s budget: give at most half "
                              "the budget (an interval needs at least two process sets), or a larger --time-budget")
         if not 0 < samp.min_effect < 1:
@@ -367,7 +371,7 @@ class Run:
         opts = options(args)
         if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error
             for w in envmod.check_versions(reqs, opts):
-                console.print(f"[yellow]warning:[/] {w}")
+                console.print(f"[yellow]warning:[/] {escape(w)}")
         if args.backend == "here" and len(reqs) != 1:
             raise UsageError("--backend here times this interpreter: give exactly one --versions entry")
         self.cfg, self.samp, self.opts = cfg, samp, opts
@@ -515,12 +519,12 @@ class Run:
         if device == "cpu":
             warn = cpu_size_warning(self.cfg.cases)
             if warn:
-                console.print(f"[yellow]warning:[/] {warn}")
+                console.print(f"[yellow]warning:[/] {escape(warn)}")
         self.dprobe, self.machine, self.device_kind, self.no_gpu_msg = dprobe, mach, device, no_gpu_msg
 
     def no_gpu(self) -> int:
         """No GPU and no ``--device cpu``: every env 'skipped', results and report written, exit 3."""
-        console.print(f"[yellow]{self.no_gpu_msg}[/]")
+        console.print(f"[yellow]{escape(self.no_gpu_msg)}[/]")
         items, opts = self.items, self.opts
         self.env_results = [envmod.EnvResult(r.label, r.version, str(opts.envs_dir / r.label), status="skipped",
                                              error="no NVIDIA GPU visible",
@@ -688,13 +692,13 @@ class Run:
             self.base_doc["explain"] = None
             return
         except Exception as ex:  # noqa: BLE001 - the explanation is extra: never lose the run for it
-            console.print(f"[yellow]explain pass failed: {type(ex).__name__}: {ex}[/]")
+            console.print(f"[yellow]explain pass failed: {escape(f'{type(ex).__name__}: {ex}')}[/]")
             self.base_doc["explain"] = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs],
                                         "notes": [f"explain pass failed: {ex}"]}
             return
         err = (raw.get("profile") or {}).get("error")
         if err:
-            console.print(f"[yellow]explain: {err}[/]")
+            console.print(f"[yellow]explain: {escape(err)}[/]")  # it names 'matrix-run[explain]'
         self.base_doc["explain"] = raw
 
     # ---- write ---------------------------------------------------------------------------------

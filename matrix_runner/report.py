@@ -733,8 +733,8 @@ def terminal_table(res: dict, console=None) -> None:
             console.print(table(labels, [i], ("wall_us",), title if i == 0 else ""))
     if vm["candidates"] and str((res.get("settings") or {}).get("method") or "").startswith("lockstep"):
         console.print("[dim]µs: the bursts' plain medians; ratio: paired cycle by cycle and taken at one CPU speed, "
-                      "so it can differ from the ratio of the µs shown (by ~10 % where a version's set "
-                      "medians fall into two groups)[/]")
+                      "so it can differ from the ratio of the µs shown (on the H200 by up to ~10 % where a version's "
+                      "set medians fall into two groups; far more where few sets met unequal loads)[/]")
     note = level_note(res.get("comparisons") or [])
     if note:
         console.print(f"[dim]{escape(note)}[/]")

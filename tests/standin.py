@@ -345,16 +345,22 @@ print(statistics.median(diffs))
 
 
 def in_context_us(src: Path, us: float, batch: int, seqlen: int, nheads: int, head_dim: int,
-                  blocks: int = 400) -> float:
+                  blocks: int = 400, cpus: set | None = None) -> float:
     """What the planted busy-wait of ``us`` µs costs inside the stand-in's forward call, measured now
-    in one process by switching it off and on in alternating blocks (µs per call). On the 2-core CI
-    machine a nominal 5 µs costs ~7.5 µs in the call and 300 µs 330-390 µs, depending on the speed
-    the machine runs at that hour: tests compare what a run finds with this, not with the nominal."""
+    in one process by switching it off and on in alternating blocks (µs per call); ``cpus``: pinned
+    to those CPUs (a run's set cores). On the 2-core CI machine a nominal 5 µs costs ~5.6-7.5 µs in
+    the call, 20 µs 20.9-28.1 µs and 300 µs 330-390 µs, by the hour: a deadline busy-wait ends late
+    whenever an interrupt, a steal or another task spans its deadline, so its mean cost follows the
+    machine's load at the moment (2026-12-03: 22.9 µs unpinned and 23.8 µs on either core within a
+    minute; benchmarks/results/cpu-selfcheck-s17.txt). Tests compare what a run finds with this,
+    taken just before and after the run, not with the nominal."""
+    import os
     import subprocess
     import sys
 
     cp = subprocess.run([sys.executable, "-c", _TRUTH, str(src), str(us), str(batch), str(seqlen), str(nheads),
-                         str(head_dim), str(blocks)], capture_output=True, text=True, check=True)
+                         str(head_dim), str(blocks)], capture_output=True, text=True, check=True,
+                        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     return float(cp.stdout.strip())
 
 

@@ -1037,3 +1037,25 @@ def test_cpu_steal_is_shown_per_set_and_warned_about_from_five_percent():
     assert f'<p class="small err">{note}.</p>' in html
     assert '<td class="err">31%</td>' in html and '<td class="">1%</td>' in html
     assert f"**Warning:** {note}." in report.markdown(res)
+
+
+def test_the_readme_headline_table_is_what_the_tool_prints_for_the_run_it_names():
+    """README's first table quotes a committed H200 run: its µs (report.fmt_us of each case's wall
+    median, as the terminal table prints them) and its verdicts must be that run's (a new-user
+    trial found four rows' µs from an older way of pooling)."""
+    from matrix_runner import report as rp
+    text = (ROOT / "README.md").read_text()
+    run = re.search(r"the newest run, `(reports/[^`]+)/`", text).group(1)
+    res = results.load(ROOT / run)
+    labels = [e["label"] for e in res["envs"]]
+    by = {(c["label"], c["op"], c["env"]): c for c in res["cases"]}
+    cmp = {(c["case"], c["metric"]): c for c in res["comparisons"]}
+    rows = re.findall(r"^\| (B\d+ S\d+ H\d+ D\d+) \| (fwd|bwd) \| ([\d.,]+) \| ([\d.,]+) \| (\w+) ([\d.]+)x "
+                      r"\[([\d.]+), ([\d.]+)\]", text, re.M)
+    assert len(rows) == 12, rows
+    for label, op, base_us, cand_us, verdict, ratio, lo, hi in rows:
+        b, k = by[(label, op, labels[0])], by[(label, op, labels[1])]
+        assert (rp.fmt_us(b["metrics"]["wall_us"]["median"]), rp.fmt_us(k["metrics"]["wall_us"]["median"])) == \
+            (base_us, cand_us), (label, op)
+        c = cmp[(b["id"], "wall_us")]
+        assert (c["verdict"], f"{c['ratio']:.2f}", f"{c['ci_low']:.2f}", f"{c['ci_high']:.2f}") == (verdict, ratio, lo, hi)

@@ -82,6 +82,9 @@ def test_bad_versions_exit_2(capsys, tmp_path, versions, needle):
     (["--versions", "2.6.3,,2.7.0.post2"], "--versions '2.6.3,,2.7.0.post2': item 2 is empty"),
     (["--set-seconds", "1e9"], "--set-seconds 1e+09 with a 60 s budget: give at most half the budget"),
     (["--set-seconds", "0.01"], "--set-seconds 0.01: give at least 0.1"),
+    (["--versions", "2.6.3,fa4=flash-attn-4"], "for flash-attn-4 write fa4=flash-attn-4==VERSION"),
+    # new-user trial: a tiny budget alone blamed --set-seconds, which was not given
+    (["--time-budget", "1e-9"], "--time-budget 1e-09: give at least 2 s (two process sets of 1 s of cycles"),
     (["--burst-ms", "1e9"], "--burst-ms 1e+09: give at most 500"),
 ])
 def test_bad_options_exit_2(capsys, tmp_path, args, needle):
@@ -233,6 +236,20 @@ def test_another_subjects_pin_is_checked_on_the_index_before_anything_is_built(c
     code, err = main(capsys, "plan", "--versions", "2.6.3,flash-attn-4==4.0.0b1", "--json", "--index-url", index["url"],
                      "--find-links", str(links), *base)
     assert code == 0 and not [p for p, _ in index["seen"][n:] if "flash-attn-4" in p], (err, index["seen"][n:])
+
+
+def test_offline_a_version_with_nothing_to_build_from_says_so_not_archs(capsys, tmp_path, standins):
+    """--offline, no GPU, a version neither in --find-links nor cached: the plan names the missing
+    wheel/sdist (what --archs cannot mend), not the missing GPU's archs (new-user trial; a pinned torch
+    stands in for a CUDA one: either makes the plan refuse a full build without --archs)."""
+    code = cli.main(["plan", "--versions", "2.6.3,2.6.99", "--torch", "2.13.0", "--offline", "--json", "--find-links",
+                     str(standins["wheels"]), "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache")])
+    cap = capsys.readouterr()
+    items = {i["label"]: i for i in json.loads(cap.out)}
+    assert items["2.6.3"]["method"] != "failed", (code, cap.err)
+    assert items["2.6.99"]["method"] == "failed"
+    assert "no flash_attn-2.6.99.tar.gz sdist in --find-links" in items["2.6.99"]["error"]
+    assert "--archs" not in items["2.6.99"]["error"]
 
 
 def test_pinned_torch_is_checked_on_its_index_before_anything_is_built(capsys, tmp_path, index, standins):

@@ -395,16 +395,17 @@ def _plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: d
         elif opts.offline:
             item.notes.append("--offline: release wheels not tried")
     # 4. source build
-    if refuse_full:
-        item.method = "failed"
-        item.error = ("no GPU is visible to choose the CUDA archs of a slim build, and a full build of every "
-                      "kernel takes hours: pass --archs (e.g. --archs 90) for a slim build, or --build full")
-        return item
+    # nothing to build from comes first: --archs cannot mend it (new-user trial)
     if sdist is None and opts.offline:
         item.method = "failed"
         item.error = (f"no wheel for key {kid} and no flash_attn-{version}.tar.gz sdist in --find-links "
                       f"({', '.join(map(str, opts.find_links)) or 'none given'}) while --offline; "
                       "collect one with `matrix-run wheelhouse` on a connected machine")
+        return item
+    if refuse_full:
+        item.method = "failed"
+        item.error = ("no GPU is visible to choose the CUDA archs of a slim build, and a full build of every "
+                      "kernel takes hours: pass --archs (e.g. --archs 90) for a slim build, or --build full")
         return item
     if slim_error:
         item.method, item.error = "failed", slim_error + " (--build full compiles every kernel file unchanged)"

@@ -141,8 +141,13 @@ def parse_versions(text: str) -> list[EnvRequest]:
             try:
                 ver = str(Version(ver))
             except InvalidVersion:
+                sub = subjects.SUBJECTS.get(subjects.normalize(ver))  # a subject named without its version
+                lab = f"{label}=" if "=" in it else ""
+                hint = ("" if sub is None or sub.package == subjects.DEFAULT else
+                        f"; for {sub.package} write {lab}{sub.package}@/path/to/flash-attention" if sub.tree else
+                        f"; for {sub.package} write {lab}{sub.package}==VERSION (e.g. {lab}{sub.package}==4.0.0b36)")
                 raise UsageError(f"--versions: {ver!r} is not a PEP 440 version (like 2.6.3 or 2.7.0.post2) "
-                                 "nor a path to a flash-attn sdist or wheel") from None
+                                 "nor a path to a flash-attn sdist or wheel" + hint) from None
         if not LABEL_RE.match(label) or label in (".", ".."):
             raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + -, must start "
                              "with a letter or digit and have at most 64 characters (it names the env directory)")
