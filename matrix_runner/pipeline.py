@@ -350,8 +350,8 @@ class Run:
         if samp.set_seconds > samp.max_set_seconds and not args.quick:
             if getattr(args, "set_seconds", None) is None:  # the budget alone is too small (new-user trial)
                 raise UsageError(f"--time-budget {samp.time_budget_s:g}: give at least {2 * samp.set_seconds:g} s "
-                                 f"(two process sets of {samp.set_seconds:g} s of cycles: an interval needs two; a "
-                                 "run holds ~25 in the default 60 s), or --quick for one set's ratios")
+                                 f"(two process sets of {samp.set_seconds:g} s of cycles: an interval needs two; "
+                                 "narrow ones need many more), or --quick for one set's ratios")
             raise UsageError(f"--set-seconds {samp.set_seconds:g} with a {samp.time_budget_s:g} s budget: give at most half "
                              "the budget (an interval needs at least two process sets), or a larger --time-budget")
         if not 0 < samp.min_effect < 1:

@@ -351,9 +351,10 @@ def in_context_us(src: Path, us: float, batch: int, seqlen: int, nheads: int, he
     to those CPUs (a run's set cores). On the 2-core CI machine a nominal 5 µs costs ~5.6-7.5 µs in
     the call, 20 µs 20.9-28.1 µs and 300 µs 330-390 µs, by the hour: a deadline busy-wait ends late
     whenever an interrupt, a steal or another task spans its deadline, so its mean cost follows the
-    machine's load at the moment (2026-12-03: 22.9 µs unpinned and 23.8 µs on either core within a
-    minute; benchmarks/results/cpu-selfcheck-s17.txt). Tests compare what a run finds with this,
-    taken just before and after the run, not with the nominal."""
+    machine's load at the moment (2026-12-03: 20.9-21.4 µs in the self-check of 14:34 UTC,
+    benchmarks/results/cpu-selfcheck-s17.txt; 22.9 µs unpinned and 23.8 µs on either core in an
+    ad-hoc check half an hour later). Tests compare what a run finds with this, taken just before
+    and after the run, not with the nominal."""
     import os
     import subprocess
     import sys
