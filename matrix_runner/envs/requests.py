@@ -265,18 +265,28 @@ def check_versions(reqs: list[EnvRequest], opts: "Options", timeout: float = 15.
     missing = [r for r in want if not _version_here(r.version, opts)]
     if not missing:
         return warnings
+    return warnings + _check_listed("flash-attn", [(r.version, f"--versions: flash-attn {r.version}") for r in missing],
+                                    lambda: wheels.index_versions(opts.index_url, timeout=timeout), opts.index_url,
+                                    empty="(the index lists no flash-attn sdist)")
+
+
+def _check_listed(what: str, wanted: list[tuple[str, str]], listing, index: str, hint: str = "",
+                  empty: str = "(none listed)") -> list[str]:
+    """The one index check of :func:`check_versions`: ``wanted`` = (version, how the error names it);
+    ``listing()`` asks ``index`` for the versions of ``what`` it lists. A version it does not list
+    raises UsageError naming the nearest ones (+ ``hint``); an index that cannot be asked gives the
+    warning returned (the run goes on)."""
     try:
-        files = wheels.index_versions(opts.index_url, timeout=timeout)
+        listed = sorted(listing())
     except Exception as e:  # noqa: BLE001 - an index we cannot ask must not stop an otherwise good run
         why = getattr(e, "reason", None) or e
-        return warnings + [f"could not check that flash-attn {', '.join(r.version for r in missing)} exist(s) on "
-                           f"{opts.index_url} ({type(e).__name__}: {why}); going on"]
-    for r in missing:
-        if not any(wheels.same_version(v, r.version) for v in files):
-            near = wheels.nearest_versions(r.version, list(files))
-            raise UsageError(f"--versions: flash-attn {r.version} is not on {opts.index_url}; nearest: "
-                             f"{', '.join(near) if near else '(the index lists no flash-attn sdist)'}")
-    return warnings
+        return [f"could not check that {what} {', '.join(v for v, _ in wanted)} exist(s) on {index} "
+                f"({type(e).__name__}: {why}); going on"]
+    for v, name in wanted:
+        if not any(wheels.same_version(x, v) for x in listed):
+            near = wheels.nearest_versions(v, listed)
+            raise UsageError(f"{name} is not on {index}; nearest: {', '.join(near) if near else empty}{hint}")
+    return []
 
 
 def _check_subject_pins(reqs: list[EnvRequest], opts: "Options", timeout: float) -> list[str]:
@@ -300,18 +310,9 @@ def _check_subject_pins(reqs: list[EnvRequest], opts: "Options", timeout: float)
         todo.setdefault(r.package, []).append(r)
     out = []
     for package, rs in todo.items():
-        try:
-            listed = wheels.project_versions(package, opts.index_url, timeout=timeout)
-        except Exception as e:  # noqa: BLE001 - an index we cannot ask must not stop an otherwise good run
-            why = getattr(e, "reason", None) or e
-            out.append(f"could not check that {package} {', '.join(r.version for r in rs)} exist(s) on "
-                       f"{opts.index_url} ({type(e).__name__}: {why}); going on")
-            continue
-        for r in rs:
-            if not any(wheels.same_version(v, r.version) for v in listed):
-                near = wheels.nearest_versions(r.version, sorted(listed))
-                raise UsageError(f"--versions: {package} {r.version} ({r.label}) is not on {opts.index_url}; "
-                                 f"nearest: {', '.join(near)}")
+        out += _check_listed(package, [(r.version, f"--versions: {package} {r.version} ({r.label})") for r in rs],
+                             lambda p=package: wheels.project_versions(p, opts.index_url, timeout=timeout),
+                             opts.index_url)
     return out
 
 
@@ -328,15 +329,7 @@ def _check_torch_pins(opts: Options, timeout: float) -> list[str]:
     if not pins:
         return []
     index = opts.torch_index or opts.index_url
-    try:
-        listed = wheels.project_versions("torch", index, timeout=timeout)
-    except Exception as e:  # noqa: BLE001 - an index we cannot ask must not stop an otherwise good run
-        why = getattr(e, "reason", None) or e
-        return [f"could not check that torch {', '.join(pins)} exist(s) on {index} ({type(e).__name__}: {why}); going on"]
-    for t in pins:
-        if not any(wheels.same_version(v, t) for v in listed):
-            near = wheels.nearest_versions(t, sorted(listed))
-            raise UsageError(f"--torch {t}: torch {t} is not on {index}; nearest: {', '.join(near)}"
-                             + ("" if opts.torch_index else " (a CUDA build comes from --torch-index, e.g. "
-                                "https://download.pytorch.org/whl/cu130)"))
-    return []
+    return _check_listed("torch", [(t, f"--torch {t}: torch {t}") for t in pins],
+                         lambda: wheels.project_versions("torch", index, timeout=timeout), index,
+                         hint="" if opts.torch_index else " (a CUDA build comes from --torch-index, e.g. "
+                                                          "https://download.pytorch.org/whl/cu130)")
