@@ -17,7 +17,7 @@ from . import explain, report, results, wheels
 from .config import FUNCS, MAX_CASES, load_config
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from .pipeline import check_writable_dir, check_writable_file, options, plan_all
-from .ui import console, print_plan, table_or_blocks
+from .ui import console, print_plan, table_or_blocks, warn
 
 
 def _case_kernels(cases, sdist) -> dict:
@@ -34,7 +34,7 @@ def cmd_plan(args) -> int:
     opts = options(args)
     if args.backend == "uv":
         for w in envmod.check_versions(reqs, opts):
-            console.print(f"[yellow]warning:[/] {escape(w)}")
+            warn(w)
     reqs = envmod.cross_torch(reqs, opts.torches)
     dprobe = envmod.probe(sys.executable)
     items = plan_all(reqs, cfg.cases, opts, dprobe)
@@ -267,7 +267,7 @@ def cmd_publish(args) -> int:
         raise UsageError("-o must differ from REPORTS_DIR (e.g. REPORTS_DIR/site or another directory)")
     out = publish.build_site(Path(args.reports_dir), site, rerender=args.rerender)
     for w in out["warnings"]:
-        console.print(f"[yellow]warning:[/] {escape(w)}")
+        warn(w)
     for r in out["runs"]:
         console.print(f"  {r['name']}: {r['date']} · {r['gpu']} · {', '.join(e['label'] for e in r['envs'])}")
     console.print(f"site: {out['index']} ({len(out['runs'])} run(s))")

@@ -60,7 +60,7 @@ from . import (
 from . import envs as envmod
 from .config import MAX_CASES, MIN_SET_SECONDS, load_config, parse_config
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, UsageError
-from .ui import console, print_plan, progress
+from .ui import console, print_plan, progress, warn
 
 
 def options(args) -> envmod.Options:
@@ -371,7 +371,7 @@ class Run:
         opts = options(args)
         if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error
             for w in envmod.check_versions(reqs, opts):
-                console.print(f"[yellow]warning:[/] {escape(w)}")
+                warn(w)
         if args.backend == "here" and len(reqs) != 1:
             raise UsageError("--backend here times this interpreter: give exactly one --versions entry")
         self.cfg, self.samp, self.opts = cfg, samp, opts
@@ -517,9 +517,9 @@ class Run:
         if self.items:
             print_plan(self.items)
         if device == "cpu":
-            warn = cpu_size_warning(self.cfg.cases)
-            if warn:
-                console.print(f"[yellow]warning:[/] {escape(warn)}")
+            warning = cpu_size_warning(self.cfg.cases)
+            if warning:
+                warn(warning)
         self.dprobe, self.machine, self.device_kind, self.no_gpu_msg = dprobe, mach, device, no_gpu_msg
 
     def no_gpu(self) -> int:
@@ -621,10 +621,9 @@ class Run:
             if samp.prefetch_depth is None:  # auto (config.Sampling.depth_for); the runner decides alike
                 samp.prefetch_depth = samp.depth_for(spare, n_workers, self.base_timing["probe_s"], samp.set_seconds)
             elif samp.prefetch_depth > 1 and spare < samp.prefetch_depth * n_workers:
-                console.print(f"[yellow]warning:[/] sampling.prefetch_depth {samp.prefetch_depth}: "
-                              f"{samp.prefetch_depth * n_workers} workers would start at once on {spare} spare "
-                              "CPU(s); their imports then slow one another and the sets wait for them (a 2-core "
-                              "machine got 2 sets instead of 4): use auto")
+                warn(f"sampling.prefetch_depth {samp.prefetch_depth}: {samp.prefetch_depth * n_workers} workers "
+                     f"would start at once on {spare} spare CPU(s); their imports then slow one another and the sets "
+                     "wait for them (a 2-core machine got 2 sets instead of 4): use auto")
             samp.start_s = self.base_timing["probe_s"] * math.ceil(n_workers * samp.prefetch_depth / max(1, spare))
         base_doc["settings"]["prefetch_depth"] = samp.prefetch_depth
         samp.before_s = before_s
@@ -636,8 +635,8 @@ class Run:
             console.print(f"[dim]process sets pinned to CPU(s) {', '.join(map(str, cpus['set_cpus']))} "
                           f"(driver on CPU {cpus['driver_cpu']})[/]")
         elif cpus["pinned"] is not None:
-            console.print(f"[yellow]warning:[/] workers run unpinned ({cpus['why']}): process sets are not "
-                          "timed on one core, so CPU speed changes are not shared; intervals are wider")
+            warn(f"workers run unpinned ({cpus['why']}): process sets are not timed on one core, so CPU speed "
+                 "changes are not shared; intervals are wider")
         with progress() as prog:
             task = prog.add_task("timing", total=None)
 

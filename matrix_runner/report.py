@@ -664,6 +664,8 @@ def terminal_table(res: dict, console=None) -> None:
     from rich.measure import Measurement
     from rich.table import Table
 
+    from .ui import warn
+
     console = console or Console()
     vm = view_model(res)
     title = escape(str(res.get("title") or ""))
@@ -739,7 +741,7 @@ def terminal_table(res: dict, console=None) -> None:
     if note:
         console.print(f"[dim]{escape(note)}[/]")
     if vm["steal_note"]:
-        console.print(f"[yellow]warning:[/] {escape(vm['steal_note'])}")
+        warn(vm["steal_note"], console)
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         console.print("[dim]GB/s: KV cache read per second at the kernel (device) time (kvcache cases)[/]")
     for w in vm["wrong"]:

@@ -11,6 +11,12 @@ from rich.table import Table
 console = Console(stderr=True, highlight=False)
 
 
+def warn(text: str, out: Console | None = None) -> None:
+    """One ``warning:`` line on ``out`` (default :data:`console`); ``text`` is printed as written, never
+    read as rich markup (a warning naming ``pip install 'matrix-run[explain]'`` lost its ``[explain]``)."""
+    (out or console).print(f"[yellow]warning:[/] {escape(text)}")
+
+
 def progress() -> Progress:
     """A spinner line with elapsed time on :data:`console`; off where the console is not a terminal (a
     CI log, a pipe: rich would print its last frame on exit; the callers print lines there instead)."""
