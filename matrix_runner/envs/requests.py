@@ -183,20 +183,23 @@ def _tree_item(it: str) -> tuple[str, str, str] | None:
     return (label.strip() or "fa3"), sub.package, str(tree.path)
 
 
-def _version_here(version: str, opts: "Options") -> bool:
-    """Whether ``version`` can be had without an index: a wheel or sdist of it in --find-links or the
-    wheel cache, or an env whose record asked for it."""
-    dirs = [*opts.find_links, opts.cache_dir / "wheels", opts.cache_dir / "sdists"]
-    have = wheels.wheel_versions(opts.find_links, "flash_attn") | wheels.wheel_versions(
-        [opts.cache_dir / "wheels", opts.cache_dir / "sdists"], "flash_attn", recursive=True)
+def _version_here(r: EnvRequest, opts: "Options") -> bool:
+    """Whether request ``r`` (flash-attn or another subject installed from the index) can be had
+    without an index: a wheel of it in --find-links or the wheel cache, a flash-attn sdist of it
+    there, or an ok env whose record asked for the same spec."""
+    dist = r.package.replace("-", "_")  # as in wheel file names
+    version = r.version
+    have = wheels.wheel_versions(opts.find_links, dist) | wheels.wheel_versions(
+        [opts.cache_dir / "wheels", opts.cache_dir / "sdists"], dist, recursive=True)
     if any(wheels.same_version(v, version) for v in have):
         return True
-    if wheels.find_sdist(dirs, version):
+    if r.package == subjects.DEFAULT and wheels.find_sdist(
+            [*opts.find_links, opts.cache_dir / "wheels", opts.cache_dir / "sdists"], version):
         return True
     if opts.envs_dir.is_dir():
         for d in opts.envs_dir.iterdir():
             rec = load_record(d) if d.is_dir() else None
-            if rec and rec.get("requested") == version and rec.get("status") == "ok":
+            if rec and rec.get("requested") == r.spec and rec.get("status") == "ok":
                 return True
     return False
 
@@ -262,7 +265,7 @@ def check_versions(reqs: list[EnvRequest], opts: "Options", timeout: float = 15.
         return []
     warnings = _check_torch_pins(opts, timeout) + _check_subject_pins(reqs, opts, timeout)
     want = [r for r in reqs if not r.is_path and r.package == subjects.DEFAULT]  # other subjects: above
-    missing = [r for r in want if not _version_here(r.version, opts)]
+    missing = [r for r in want if not _version_here(r, opts)]
     if not missing:
         return warnings
     return warnings + _check_listed("flash-attn", [(r.version, f"--versions: flash-attn {r.version}") for r in missing],
@@ -294,20 +297,12 @@ def _check_subject_pins(reqs: list[EnvRequest], opts: "Options", timeout: float)
     ``flash-attn-4==4.0.0b36``; not FA3, built from a source tree) must exist on ``opts.index_url``,
     asked once per package before anything is built: UsageError naming the nearest releases (a
     new-user trial: ``flash-attn-4==99`` failed only at its env's install, after the others were
-    built). A wheel of it in --find-links or an ok env that asked for the same spec needs no index;
-    an index that cannot be asked only warns. Returns the warnings."""
+    built). One to be had here (:func:`_version_here`) needs no index; an index that cannot be asked
+    only warns. Returns the warnings."""
     todo: dict[str, list[EnvRequest]] = {}
     for r in reqs:
-        if r.is_path or r.package == subjects.DEFAULT or r.subject.tree:
-            continue
-        dist = r.package.replace("-", "_")
-        if any(wheels.same_version(v, r.version) for v in wheels.wheel_versions(opts.find_links, dist)):
-            continue
-        if opts.envs_dir.is_dir() and any(
-                (rec := load_record(d) if d.is_dir() else None) and rec.get("requested") == r.spec
-                and rec.get("status") == "ok" for d in opts.envs_dir.iterdir()):
-            continue
-        todo.setdefault(r.package, []).append(r)
+        if not (r.is_path or r.package == subjects.DEFAULT or r.subject.tree or _version_here(r, opts)):
+            todo.setdefault(r.package, []).append(r)
     out = []
     for package, rs in todo.items():
         out += _check_listed(package, [(r.version, f"--versions: {package} {r.version} ({r.label})") for r in rs],
