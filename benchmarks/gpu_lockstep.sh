@@ -7,6 +7,7 @@
 #   1b. ABAB=N: N alternated pairs of seed comparisons, default vs B_OPTS (e.g. a variant --config)
 #   2. three A/A runs: 2.6.3 under two labels, default config and budget (AA=N: N; AA_OPTS: options
 #      added to them, e.g. a sampling variant)
+#   2b. AABAB=N: N alternated pairs of A/A runs, default vs B_OPTS
 #   3. a --quick A/A (no faster/slower verdict may come out of one process set)
 #   4. EXTRA="--burst-ms 5" etc.: one more A/A with those options, if time is left (started before
 #      EXTRA_BY s, default 400; EXTRA_SEED=1: and first one more seed comparison with them)
@@ -45,6 +46,11 @@ done
 AAV=${AA_VERSION:-2.6.3}; AAS=$([ "$AAV" = 2.6.3 ] || echo "-$AAV")
 for i in $(seq 1 "${AA:-3}"); do
   step aa$AAS$i 150 python3 -m matrix_runner run --versions a=$AAV,b=$AAV "${COMMON[@]}" ${AA_OPTS:-}
+done
+# AABAB=N: N pairs of A/A runs, the default (aa-a*) and with B_OPTS (aa-b*), alternated
+for i in $(seq 1 "${AABAB:-0}"); do
+  step aa-a$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}"
+  step aa-b$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" ${B_OPTS:-}
 done
 [ "${QUICK:-1}" = 1 ] && step aa-quick 90 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" --quick
 # 5. four versions at the default budget, if their slim wheels (built here earlier) are carried in

@@ -35,6 +35,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       workers_per_env: auto # worker processes per env in each set, averaged (auto: 1; more: see Sampling)
       host_every: 2         # the host clock is cycled in one sweep of N (wall, which decides, in every sweep)
       max_repeats: 2        # a noisier case's wall clock up to N times per sweep (runner.cycle_weights); 1: each once
+      host_precision: 0.01  # a decided host comparison is cycled until its interval is within this share of its ratio
       speed_adjust: true    # compare bursts at one reference CPU speed (stats.SpeedSlope); false: plain medians
       prefetch_spawn: cycles  # when the next set's workers start: during this set's cycles, or after them
       prefetch_depth: auto  # sets whose workers start ahead of their turn (auto: Sampling.depth_for, 2-4 where spare cores hold them, else 1)
@@ -272,6 +273,12 @@ class Sampling:
     #: A decided comparison is sampled on until its interval's upper end is within this share of its
     #: ratio, and the run goes on (within its budget) until every one is: precise ratios, not just verdicts.
     precision: float = 0.01
+    #: The same for the host clock's comparisons (it explains a wall difference, the wall clock
+    #: decides it): a decided host comparison whose interval's upper end is within this share of its
+    #: ratio is no longer cycled. 0.01 (as the wall clock) keeps every undecided-precision host item in
+    #: the cycles; a large value (e.g. 1.0) drops a host item once its verdict is decided, giving its
+    #: cycles to the wall items still being narrowed.
+    host_precision: float = 0.01
     #: Most process sets that take a case's kernel time (profiler pass) and CUDA-graph clock (both
     #: are also skipped once decided). Kernel time hardly varies between processes, but glitched
     #: profiler sets (seed run: B512 S300 bwd [0.44, 2.95]) kept the profiler in every set of a run;
@@ -450,7 +457,7 @@ _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", 
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
                   "host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport",
-                  "prefetch_depth"}
+                  "prefetch_depth", "host_precision"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -473,6 +480,12 @@ def _pos_int(where: str, v: Any, alt: str = "") -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
         raise _err(where, v, "must be a positive integer" + (f" {alt}" if alt else ""))
     return v
+
+
+def _pos_number(where: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise _err(where, v, "must be a positive number")
+    return float(v)
 
 
 def _prefetch_depth(v: Any) -> int | None:
@@ -863,6 +876,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         prefetch_spawn=sd.get("prefetch_spawn", Sampling.prefetch_spawn),
         preimport=_bool("sampling.preimport", sd.get("preimport", Sampling.preimport)),
         prefetch_depth=_prefetch_depth(sd.get("prefetch_depth")),
+        host_precision=_pos_number("sampling.host_precision", sd.get("host_precision", Sampling.host_precision)),
     )
     if sampling.max_repeats > MAX_REPEATS:
         raise _err("sampling.max_repeats", sampling.max_repeats,

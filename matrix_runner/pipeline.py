@@ -327,7 +327,8 @@ class Run:
         samp = cfg.sampling
         if prior is not None:  # the sampling rules the run was started with, where today's defaults differ
             st = prior.get("settings") or {}
-            for key in ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth"):
+            for key in ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth",
+                        "host_precision"):
                 if st.get(key) is not None:
                     setattr(samp, key, st[key])
         for name, attr in (("min_effect", "min_effect"), ("max_sets", "max_sets"), ("set_seconds", "set_seconds"),
@@ -494,7 +495,7 @@ class Run:
                     # what a set's cycles ran for: a --quick run's one set runs quick_set_seconds
                     "set_seconds": samp.quick_set_seconds if args.quick else samp.set_seconds,
                     "burst_ms": samp.burst_ms, "workers_per_env": samp.workers_per_env,
-                    "host_every": samp.host_every, "max_repeats": samp.max_repeats,
+                    "host_every": samp.host_every, "max_repeats": samp.max_repeats, "host_precision": samp.host_precision,
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn,
                     "preimport": samp.preimport, "prefetch_depth": samp.prefetch_depth, "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                     "fail_on_regression": args.fail_on_regression,

@@ -216,10 +216,12 @@ def _undecided(cmp: dict) -> set:
     return {key for key, v in cmp.items() if v is None or v["verdict"] in ("ambiguous", "provisional")}
 
 
-def _settled(cmp: dict, sampling: Sampling) -> set:
+def _settled(cmp: dict, sampling: Sampling, metric: str = "wall_us") -> set:
     """The comparisons that need no more sampling: decided, and the interval's upper end within
-    ``sampling.precision`` of the ratio (the run's stop rule, and what :func:`_cycles` drops)."""
-    return {k for k in set(cmp) - _undecided(cmp) if cmp[k]["ci_high"] / cmp[k]["ratio"] - 1 <= sampling.precision}
+    ``sampling.precision`` (host clock: ``sampling.host_precision``) of the ratio (the run's stop
+    rule, and what :func:`_cycles` drops)."""
+    prec = sampling.host_precision if metric == "host_us" else sampling.precision
+    return {k for k in set(cmp) - _undecided(cmp) if cmp[k]["ci_high"] / cmp[k]["ratio"] - 1 <= prec}
 
 
 def _learn(learned: dict, label: str, rep: dict) -> None:
@@ -729,8 +731,13 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                 _clock(cd, "finish", time.monotonic() - t1)
                 if rep.get("correctness"):
                     cd.correctness.append(rep["correctness"])
-                if rep.get("graph_us") and rep["graph_us"].get("samples"):
-                    cd.sets["graph_us"][sid] = [float(x) for x in rep["graph_us"]["samples"]]
+                gr = rep.get("graph_us")
+                if gr and gr.get("samples"):
+                    cd.sets["graph_us"][sid] = [float(x) for x in gr["samples"]]
+                    # calls per replay, the GPU-side hold before the start event and the samples
+                    # dropped because the host's submission outlasted it (worker.Bench.graph), per set
+                    cd.inner.setdefault("graph_us", {})[str(sid)] = {
+                        k: gr.get(k) for k in ("inner", "hold_us", "launch_us", "dropped")}
                 for n in rep.get("notes") or []:
                     if n not in cd.notes:
                         cd.notes.append(n)
@@ -920,7 +927,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     for m in CYCLED:
         done: set = set()
         if len(labels) >= 2 and not quick:
-            done = _settled(comparisons_now(data, labels, cases, sampling, m, pairs=run_pairs), sampling)
+            done = _settled(comparisons_now(data, labels, cases, sampling, m, pairs=run_pairs), sampling, m)
         for c in cases:
             if not run_pairs or any((base, cand, c.id) not in done for base, cand in run_pairs):
                 items.append((c, m))

@@ -56,6 +56,30 @@ BUDGETS = {"setup_warmup": 0.02, "device_calls": 8, "graph": 0.015}
 TARGET_SAMPLE_US = 1000.0
 #: Fewest samples of the CUDA-graph clock.
 MIN_SAMPLES = 5
+#: The CUDA-graph clock's GPU-side hold before its start event (µs, at least): the stream spins on
+#: the GPU (``torch.cuda._sleep``) while the host submits the start event, the replay and the end
+#: event, so the events bracket the graph's GPU work and not the host's launch of it (H200, batch 2:
+#: without the hold 89 of 1,260 set medians read 1.5-5.9x the kernel time, the slow launches of some
+#: worker processes; benchmarks/graph_clock_modes.py). Raised to 4x the replay's host launch time
+#: measured in the process; a sample whose submission outlasted its hold is dropped.
+GRAPH_HOLD_US = 100.0
+#: Most µs of the hold (a process whose launch is slower than a quarter of this is not made to wait more).
+GRAPH_HOLD_MAX_US = 5000.0
+_SLEEP_CYCLES_PER_US: list = []  # torch.cuda._sleep's GPU clock cycles per µs, measured once per process
+
+
+def _sleep_cycles_per_us(torch) -> float:
+    """GPU cycles of ``torch.cuda._sleep`` per µs on this device: timed once with CUDA events over a
+    1,000,000-cycle spin (the SM clock, ~1.98 GHz on the H200: ~2,000 per µs)."""
+    if not _SLEEP_CYCLES_PER_US:
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(100_000)  # a first spin (module load)
+        e0.record()
+        torch.cuda._sleep(1_000_000)
+        e1.record()
+        e1.synchronize()
+        _SLEEP_CYCLES_PER_US.append(1_000_000 / max(e0.elapsed_time(e1) * 1e3, 1e-3))
+    return _SLEEP_CYCLES_PER_US[0]
 
 
 #: ``<env>/matrix-run-subject.json`` (written by the env builder, matrix_runner/subjects.py): which
@@ -610,7 +634,16 @@ class Bench:
         return {"samples": samples, "inner": 1, "kernels": kernels, "kernels_per_call": len(evs) / ncalls,
                 "note": note}
 
-    def graph(self, per_call_us: float, budget_s: float) -> dict:
+    def graph(self, per_call_us: float, budget_s: float, hold_us: float | None = None) -> dict:
+        """The CUDA-graph clock: the call captured ``inner`` times in one graph (``inner`` from
+        ``per_call_us``, the warm-up's µs per synchronized call: ~:data:`TARGET_SAMPLE_US` µs of
+        calls, at most 64), replayed for ~``budget_s`` s; one sample = the replay's event-timed GPU
+        time / ``inner`` (µs per call). Before each sample's start event the stream is held on the
+        GPU for ``hold_us`` µs (None: :data:`GRAPH_HOLD_US` or 4x the replay's host launch time,
+        whichever is more, at most :data:`GRAPH_HOLD_MAX_US`; 0: no hold, the clock as it was before
+        2026-12-03 evening), so the host's launch of the replay is not inside the events; a sample
+        whose host submission took longer than its hold is dropped (``dropped``). Returns
+        ``{samples, inner, hold_us, launch_us, dropped}`` (µs)."""
         torch = self.torch
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -632,19 +665,38 @@ class Bench:
             for _ in range(inner):
                 self.call()
         self.sync()
-        g.replay()
-        self.sync()
+        launch = []
+        for _ in range(3):  # the replay's host launch time (µs): the hold must outlast it
+            t0 = time.perf_counter_ns()
+            g.replay()
+            launch.append((time.perf_counter_ns() - t0) / 1e3)
+            self.sync()
+        launch_us = statistics.median(launch)
+        if hold_us is None:
+            hold_us = min(GRAPH_HOLD_MAX_US, max(GRAPH_HOLD_US, 4.0 * launch_us))
+        cycles = int(hold_us * _sleep_cycles_per_us(torch)) if hold_us > 0 else 0
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        n = max(MIN_SAMPLES, min(500, int(budget_s * 1e6 / (inner * max(per_call_us, 1e-3)))))
-        out = []
+        n = max(MIN_SAMPLES, min(500, int(budget_s * 1e6 / (inner * max(per_call_us, 1e-3) + hold_us))))
+        out, dropped = [], 0
         for _ in range(n):
+            if cycles:
+                torch.cuda._sleep(cycles)
+            t0 = time.perf_counter_ns()
             e0.record()
             g.replay()
             e1.record()
+            sub_us = (time.perf_counter_ns() - t0) / 1e3
             e1.synchronize()
+            if cycles and sub_us >= hold_us:
+                dropped += 1  # the host was slower than the hold: the launch may be inside the events
+                continue
             out.append(e0.elapsed_time(e1) * 1e3 / inner)
         del g
-        return {"samples": out, "inner": inner}
+        if not out:
+            raise RuntimeError(f"every CUDA-graph sample's host submission outlasted its {hold_us:.0f} µs hold "
+                               f"({dropped} of {n}); no graph clock")
+        return {"samples": out, "inner": inner, "hold_us": round(hold_us, 1), "launch_us": round(launch_us, 1),
+                "dropped": dropped}
 
     def torch_fwd(self, i: int):
         """The forward of input set ``i`` (its output tensor: the first of a tuple)."""
