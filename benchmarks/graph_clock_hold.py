@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -49,10 +50,13 @@ def child(rounds: int) -> dict:
         c = _case(op, b, s)
         bench = worker.Bench(c, "cuda", 0)
         per = bench.warmup(0.05)
+        # inner as the graph clock chose it when this ran (2026-12-03): from the warm-up's wall time
+        # per call (it now comes from the GPU time: worker.graph_inner)
+        inner = max(1, min(64, math.ceil(worker.TARGET_SAMPLE_US / max(per, 1e-3))))
         r = {"per_call_us": per, "hold0": [], "hold": [], "hold_us": [], "launch_us": [], "dropped": 0}
         for i in range(rounds):
             for mode in (("hold0", "hold") if i % 2 == 0 else ("hold", "hold0")):
-                g = bench.graph(per, worker.BUDGETS["graph"], hold_us=0.0 if mode == "hold0" else None)
+                g = bench.graph(worker.BUDGETS["graph"], hold_us=0.0 if mode == "hold0" else None, inner=inner)
                 r[mode].append(statistics.median(g["samples"]))
                 if mode == "hold":
                     r["hold_us"].append(g["hold_us"])

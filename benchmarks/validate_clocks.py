@@ -58,7 +58,7 @@ def main() -> int:
             t = Timer("f(); torch.cuda.synchronize()", globals={"f": bench.call, "torch": torch}).blocked_autorange(min_run_time=0.25)
             r["timer_wall"].append(t.median * 1e6)
         for _ in range(a.rounds):  # graph captures last: a failed capture can disturb later calls
-            for name, fn in (("mr_graph", lambda: statistics.median(bench.graph(per, 0.05)["samples"])),
+            for name, fn in (("mr_graph", lambda: statistics.median(bench.graph(0.05)["samples"])),
                              ("do_bench_cudagraph", lambda: tt.do_bench_cudagraph(bench.call, rep=100, return_mode="median") * 1e3)):
                 try:
                     r[name].append(fn())

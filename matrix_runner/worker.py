@@ -54,6 +54,8 @@ PROBE_SCHEMA = "matrix-runner/probe/1"
 BUDGETS = {"setup_warmup": 0.02, "device_calls": 8, "graph": 0.015}
 #: Target µs of one CUDA-graph replay sample.
 TARGET_SAMPLE_US = 1000.0
+#: Most calls captured in one CUDA graph (worker.Bench.graph).
+GRAPH_INNER_MAX = 64
 #: Fewest samples of the CUDA-graph clock.
 MIN_SAMPLES = 5
 #: The CUDA-graph clock's GPU-side hold before its start event (µs, at least): the stream spins on
@@ -66,6 +68,19 @@ GRAPH_HOLD_US = 100.0
 #: Most µs of the hold (a process whose launch is slower than a quarter of this is not made to wait more).
 GRAPH_HOLD_MAX_US = 5000.0
 _SLEEP_CYCLES_PER_US: list = []  # torch.cuda._sleep's GPU clock cycles per µs, measured once per process
+
+
+def graph_inner(one_call_us: float) -> int:
+    """Calls per CUDA-graph replay for a call whose one-call graph replay takes ``one_call_us`` µs
+    of GPU time: the power of two that makes a replay ~:data:`TARGET_SAMPLE_US` µs or more (at
+    most :data:`GRAPH_INNER_MAX`; 1 for a call of TARGET_SAMPLE_US or more). A power of two, so
+    processes whose one-call readings differ by a little pick the same number."""
+    if not one_call_us > 0:
+        return GRAPH_INNER_MAX
+    want = TARGET_SAMPLE_US / one_call_us
+    if want <= 1:
+        return 1
+    return min(GRAPH_INNER_MAX, 2 ** math.ceil(math.log2(want)))
 
 
 def _sleep_cycles_per_us(torch) -> float:
@@ -634,20 +649,28 @@ class Bench:
         return {"samples": samples, "inner": 1, "kernels": kernels, "kernels_per_call": len(evs) / ncalls,
                 "note": note}
 
-    def graph(self, per_call_us: float, budget_s: float, hold_us: float | None = None) -> dict:
-        """The CUDA-graph clock: the call captured ``inner`` times in one graph (``inner`` from
-        ``per_call_us``, the warm-up's µs per synchronized call: ~:data:`TARGET_SAMPLE_US` µs of
-        calls, at most 64), replayed for ~``budget_s`` s; one sample = the replay's event-timed GPU
-        time / ``inner`` (µs per call). Before each sample's start event the stream is held on the
-        GPU for ``hold_us`` µs (None: :data:`GRAPH_HOLD_US` or 4x the replay's host launch time,
-        whichever is more, at most :data:`GRAPH_HOLD_MAX_US`; 0: no hold, the clock as it was before
-        2026-12-03 evening), so the host's launch of the replay is not inside the events; a sample
-        whose host submission took longer than its hold is dropped (``dropped``). Returns
-        ``{samples, inner, hold_us, launch_us, dropped}`` (µs)."""
+    def graph(self, budget_s: float, hold_us: float | None = None, inner: int | None = None) -> dict:
+        """The CUDA-graph clock: the call captured ``inner`` times in one graph, replayed for
+        ~``budget_s`` s; one sample = the replay's event-timed GPU time / ``inner`` (µs per call).
+
+        ``inner`` (None: chosen here) is a power of two, from the GPU time of a one-call graph's
+        replay: ~:data:`TARGET_SAMPLE_US` µs of calls per replay, at most :data:`GRAPH_INNER_MAX`.
+        It must not follow the host: a replay has a fixed GPU cost of its own (~1-2 µs on the H200)
+        that is divided by ``inner``, and ``inner`` taken from the warm-up's wall time per call (as
+        before 2026-12-03 evening) varied from process to process with the host's speed (H200,
+        batch 2, 20 runs: fwd S50 read 1.35x the kernel time in processes with inner 1, 1.06x with
+        2-5, 0.95x with 16+), which kept graph comparisons "ambiguous"; from the GPU time every
+        process of every version picks the same ``inner`` for a small case (64).
+
+        Before each sample's start event the stream is held on the GPU for ``hold_us`` µs (None:
+        :data:`GRAPH_HOLD_US` or 4x the replay's host launch time, whichever is more, at most
+        :data:`GRAPH_HOLD_MAX_US`; 0: no hold), so the host's launch of the replay is not inside the
+        events; a sample whose host submission took longer than its hold is dropped (``dropped``).
+        Returns ``{samples, inner, hold_us, launch_us, dropped}`` (µs). Raises RuntimeError when
+        every sample was dropped."""
         torch = self.torch
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
-        inner = max(1, min(64, int(math.ceil(TARGET_SAMPLE_US / max(per_call_us, 1e-3)))))
         with torch.cuda.stream(s):
             if self.case["op"] == "bwd":
                 # the backward must be captured on the stream its forward ran on, with leaves (and
@@ -660,42 +683,79 @@ class Bench:
                 self.call()
         torch.cuda.current_stream().wait_stream(s)
         self.sync()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for _ in range(inner):
-                self.call()
-        self.sync()
-        launch = []
-        for _ in range(3):  # the replay's host launch time (µs): the hold must outlast it
-            t0 = time.perf_counter_ns()
-            g.replay()
-            launch.append((time.perf_counter_ns() - t0) / 1e3)
-            self.sync()
-        launch_us = statistics.median(launch)
-        if hold_us is None:
-            hold_us = min(GRAPH_HOLD_MAX_US, max(GRAPH_HOLD_US, 4.0 * launch_us))
-        cycles = int(hold_us * _sleep_cycles_per_us(torch)) if hold_us > 0 else 0
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        n = max(MIN_SAMPLES, min(500, int(budget_s * 1e6 / (inner * max(per_call_us, 1e-3) + hold_us))))
-        out, dropped = [], 0
-        for _ in range(n):
+        pc = time.perf_counter_ns
+
+        def capture(k: int):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                for _ in range(k):
+                    self.call()
+            self.sync()
+            g.replay()
+            self.sync()
+            launch = []
+            for _ in range(3):  # the replay's host launch time (µs): the hold must outlast it
+                t0 = pc()
+                g.replay()
+                launch.append((pc() - t0) / 1e3)
+                self.sync()
+            return g, statistics.median(launch)
+
+        def hold_for(launch_us: float) -> float:
+            if hold_us is not None:
+                return hold_us
+            return min(GRAPH_HOLD_MAX_US, max(GRAPH_HOLD_US, 4.0 * launch_us))
+
+        def timed(g, hold: float, cycles: int) -> float | None:
+            """One replay's GPU µs between the events; None when the host's submission of the
+            events and the replay outlasted the hold (the launch may then be inside them)."""
             if cycles:
                 torch.cuda._sleep(cycles)
-            t0 = time.perf_counter_ns()
+            t0 = pc()
             e0.record()
             g.replay()
             e1.record()
-            sub_us = (time.perf_counter_ns() - t0) / 1e3
+            sub_us = (pc() - t0) / 1e3
             e1.synchronize()
-            if cycles and sub_us >= hold_us:
-                dropped += 1  # the host was slower than the hold: the launch may be inside the events
+            if cycles and sub_us >= hold:
+                return None
+            return e0.elapsed_time(e1) * 1e3
+
+        def cycles_for(hold: float) -> int:
+            return int(hold * _sleep_cycles_per_us(torch)) if hold > 0 else 0
+
+        g = None
+        if inner is None:
+            g1, launch1 = capture(1)
+            h1 = hold_for(launch1)
+            one = [t for t in (timed(g1, h1, cycles_for(h1)) for _ in range(5)) if t is not None]
+            t1 = statistics.median(one) if one else TARGET_SAMPLE_US
+            inner = graph_inner(t1)
+            if inner == 1:
+                g, launch_us = g1, launch1
+            else:
+                del g1
+        inner = max(1, min(GRAPH_INNER_MAX, int(inner)))
+        if g is None:
+            g, launch_us = capture(inner)
+        hold = hold_for(launch_us)
+        cycles = cycles_for(hold)
+        first = timed(g, hold, cycles)
+        per_replay = first if first is not None else TARGET_SAMPLE_US
+        n = max(MIN_SAMPLES, min(500, int(budget_s * 1e6 / (per_replay + hold))))
+        out, dropped = [], 0
+        for _ in range(n):
+            t = timed(g, hold, cycles)
+            if t is None:
+                dropped += 1
                 continue
-            out.append(e0.elapsed_time(e1) * 1e3 / inner)
+            out.append(t / inner)
         del g
         if not out:
-            raise RuntimeError(f"every CUDA-graph sample's host submission outlasted its {hold_us:.0f} µs hold "
+            raise RuntimeError(f"every CUDA-graph sample's host submission outlasted its {hold:.0f} µs hold "
                                f"({dropped} of {n}); no graph clock")
-        return {"samples": out, "inner": inner, "hold_us": round(hold_us, 1), "launch_us": round(launch_us, 1),
+        return {"samples": out, "inner": inner, "hold_us": round(hold, 1), "launch_us": round(launch_us, 1),
                 "dropped": dropped}
 
     def torch_fwd(self, i: int):
@@ -1192,7 +1252,7 @@ class Server:
                     err = None
                     for attempt in range(2):  # the first capture of a backward can fail on lazy init
                         try:
-                            rec["graph_us"] = b.graph(self.per_call[cid], BUDGETS["graph"])
+                            rec["graph_us"] = b.graph(BUDGETS["graph"])
                             break
                         except Exception as e:  # noqa: BLE001
                             err = _graph_note(b, e)

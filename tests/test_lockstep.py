@@ -520,3 +520,120 @@ def test_workers_start_prefetch_depth_sets_ahead_and_the_unused_ones_are_stopped
             assert w.p.poll() is not None
     wall = data[("2.7.0.post2", case.id)].sets["wall_us"]
     assert sorted(wall) == [0, 1, 2] and all(len(v) >= 1 for v in wall.values())
+
+
+class _FakeGpu:
+    """A stand-in for torch's CUDA stream semantics, enough for worker.Bench.graph: one GPU clock
+    (µs) that work advances; an event records the GPU time when the stream reaches it. A graph
+    replay costs ``overhead_us`` + ``per_call_us`` per captured call on the GPU and, when the
+    stream is idle at the replay (no ``_sleep`` queued ahead of it), the GPU also waits for the
+    host's launch, ``launch_us``, which then lies between the events: the pre-hold clock's error."""
+
+    def __init__(self, per_call_us: float, overhead_us: float = 2.0, launch_us: float = 40.0):
+        self.per_call_us, self.overhead_us, self.launch_us = per_call_us, overhead_us, launch_us
+        self.t = 0.0  # GPU µs at the end of the queued work
+        self.pending_sleep = 0.0  # GPU µs of a _sleep not yet covered by host work
+        self.capturing: list | None = None
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self):
+                self.at = gpu.t
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):  # ms, like torch
+                return (other.at - self.at) / 1e3
+
+        class CUDAGraph:
+            def __init__(self):
+                self.calls = 0
+
+            def replay(self):
+                if gpu.pending_sleep > 0:  # the host launched while the GPU spun: hidden
+                    gpu.pending_sleep = 0.0
+                else:  # an idle stream waits for the launch, after the start event
+                    gpu.t += gpu.launch_us
+                gpu.t += gpu.overhead_us + gpu.per_call_us * self.calls
+
+        class _Graph:
+            def __init__(self, g, stream=None):
+                self.g = g
+
+            def __enter__(self):
+                gpu.capturing = []
+
+            def __exit__(self, *a):
+                self.g.calls = len(gpu.capturing)
+                gpu.capturing = None
+
+        class _Ctx:
+            def __init__(self, *a, **k):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                pass
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        def _sleep(cycles):
+            gpu.t += cycles / 1000.0  # 1,000 cycles per µs
+            gpu.pending_sleep = cycles / 1000.0
+
+        self.cuda = SimpleNamespace(Stream=Stream, current_stream=lambda: Stream(), stream=_Ctx, graph=_Graph,
+                                    CUDAGraph=CUDAGraph, Event=Event, _sleep=_sleep, synchronize=lambda: None)
+
+    def call(self):
+        if self.capturing is not None:
+            self.capturing.append(1)
+        else:
+            self.t += self.per_call_us
+
+
+@pytest.mark.parametrize("per_call_us,want_inner", [(5.0, 64), (150.0, 8), (485.0, 4), (2500.0, 1)])
+def test_graph_clock_holds_the_gpu_while_the_host_launches_and_picks_inner_from_gpu_time(monkeypatch, per_call_us,
+                                                                                         want_inner):
+    monkeypatch.setattr(worker, "_SLEEP_CYCLES_PER_US", [])
+    gpu = _FakeGpu(per_call_us)
+    b = SimpleNamespace(torch=gpu, case={"op": "fwd"}, call=gpu.call, sync=lambda: None)
+    r = worker.Bench.graph(b, 0.01)
+    # calls per replay: a power of two from the one-call replay's GPU time (not the host's speed)
+    assert r["inner"] == want_inner == worker.graph_inner(per_call_us + gpu.overhead_us)
+    # the launch (40 µs) is outside the events: each sample is the GPU's per-call time plus the
+    # replay's own overhead shared by inner calls
+    want = per_call_us + gpu.overhead_us / want_inner
+    assert all(s == pytest.approx(want, rel=1e-6) for s in r["samples"])
+    assert len(r["samples"]) >= worker.MIN_SAMPLES and r["dropped"] == 0 and r["hold_us"] >= worker.GRAPH_HOLD_US
+    # without the hold the launch lands inside the events, divided by inner
+    r0 = worker.Bench.graph(b, 0.01, hold_us=0.0, inner=want_inner)
+    assert statistics.median(r0["samples"]) == pytest.approx(want + gpu.launch_us / want_inner, rel=1e-6)
+
+
+def test_graph_clock_drops_samples_whose_host_submission_outlasted_the_hold(monkeypatch):
+    monkeypatch.setattr(worker, "_SLEEP_CYCLES_PER_US", [1000.0])
+    gpu = _FakeGpu(5.0)
+    b = SimpleNamespace(torch=gpu, case={"op": "fwd"}, call=gpu.call, sync=lambda: None)
+    ticks = iter(range(0, 10**12, 50_000))  # every perf_counter_ns reading 50 µs after the last
+    monkeypatch.setattr(worker.time, "perf_counter_ns", lambda: next(ticks))
+    # the host takes 50 µs to submit (two readings apart): a 40 µs hold cannot cover it
+    with pytest.raises(RuntimeError, match="outlasted its 40 µs hold"):
+        worker.Bench.graph(b, 0.01, hold_us=40.0)
+    r = worker.Bench.graph(b, 0.01, hold_us=500.0)
+    assert r["dropped"] == 0 and r["samples"]
+
+
+def test_graph_inner_is_a_power_of_two_capped_and_one_for_long_calls():
+    assert worker.graph_inner(7.0) == 64  # 1000/7 = 143 -> 256 -> capped
+    assert worker.graph_inner(100.0) == 16  # 10 -> 16
+    assert worker.graph_inner(480.0) == worker.graph_inner(490.0) == 4
+    assert worker.graph_inner(1000.0) == worker.graph_inner(5000.0) == 1
+    assert worker.graph_inner(0.0) == worker.GRAPH_INNER_MAX
