@@ -15,6 +15,11 @@ call (~20 for a 50 µs call): whatever delays the GPU's start of the replay afte
 GPU-side wait before the first event (so the replay is queued before the clock starts) removes the
 slow mode.
 
+Measured since (H200, 2026-12-03 evening, 20 runs with the GPU-side hold of worker.Bench.graph,
+benchmarks/results/h200-runs-12-03-r4.txt): 0 of 2,486 batch-2 set medians above 1.5x; what
+remained followed inner, the calls per replay (printed per bucket), which came from the host's
+speed; it comes from the GPU time since (worker.graph_inner).
+
 Usage: python benchmarks/graph_clock_modes.py RUN_DIR ...   (default: the 1.0 s runs of 2026-12-03)
 """
 from __future__ import annotations
@@ -65,7 +70,40 @@ def main(argv: list[str]) -> int:
     print(f"\nbatch 2: {tot['b2'][1]} of {tot['b2'][0]} (set, env) graph medians above 1.5x the kernel time;"
           f" batch 512: {tot['b512'][1]} of {tot['b512'][0]} above 1.05x")
     print(f"outlying (set, case) with one env slow: {single}; with both: {both}")
+    by_inner(dirs)
     return 0
+
+
+def _bucket(inner: int) -> str:
+    return "1" if inner == 1 else "2-5" if inner <= 5 else "6-15" if inner <= 15 else "16+"
+
+
+def by_inner(dirs: list) -> None:
+    """Runs that record each set's graph ``inner`` (calls per replay; results of 2026-12-03 evening
+    on, CaseData.inner["graph_us"]): the batch-2 set medians over the kernel time per inner bucket.
+    A replay's own GPU cost is divided by inner, so where inner follows the host (it came from the
+    warm-up's wall time per call until worker.graph_inner), the graph clock does too."""
+    rows: dict = {}
+    for d in dirs:
+        for c in results.load(d)["cases"]:
+            m = c.get("metrics") or {}
+            g = (m.get("graph_us") or {}).get("by_set") or {}
+            dv = (m.get("device_us") or {}).get("by_set") or {}
+            gi = (c.get("inner") or {}).get("graph_us")
+            if c.get("batch") != 2 or not g or not dv or not isinstance(gi, dict):
+                continue
+            kern = float(np.median([np.median(v) for v in dv.values()]))
+            for s, v in g.items():
+                if s in gi and gi[s].get("inner"):
+                    key = (f"{c['op']} S{c.get('seqlen_q')}", _bucket(int(gi[s]["inner"])))
+                    rows.setdefault(key, []).append(float(np.median(v)) / kern)
+    if not rows:
+        return
+    print("\nbatch-2 graph set medians / kernel time, by calls per replay (inner): n, median [min, max]")
+    for case in sorted({k[0] for k in rows}):
+        cells = [f"inner {b}: {len(v)}, {np.median(v):.3f} [{min(v):.3f}, {max(v):.3f}]"
+                 for b in ("1", "2-5", "6-15", "16+") if (v := rows.get((case, b)))]
+        print(f"  {case:9} " + "; ".join(cells))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ inside +-3 % -- the figures issue #10 sets; with ``--misses``, the wall interval
 misses the truth). ``--groups`` then prints the median half-width per group (batch-2/512, fwd/bwd) over
 each named set of runs (``--groups NAME=RUN,RUN ...``). Usage:
 python benchmarks/widths.py [--misses|--cover] RUN_DIR_OR_RESULTS...
-python benchmarks/widths.py --groups A=RUN,RUN B=RUN,RUN"""
+python benchmarks/widths.py --groups A=RUN,RUN B=RUN,RUN
+``--host`` (same arguments as ``--groups``): host verdicts and half-widths, wall cycles per set."""
 import math
 import sys
 from pathlib import Path
@@ -70,10 +71,40 @@ def groups(spec: list[str]) -> None:
                                       for k, v in sorted(by.items())))
 
 
+def host_and_cycles(spec: list[str]) -> None:
+    """Per named set of runs: the host comparisons' verdicts, their median half-width (% of the
+    ratio) per batch, and the wall clock's cycles per set per batch (mean over cases and sets that
+    timed it): what giving the wall items more of a set's cycles costs the host clock."""
+    import statistics
+    for arg in spec:
+        name, runs = arg.split("=", 1)
+        verdicts: dict = {}
+        host: dict = {}
+        cyc: dict = {}
+        for r in runs.split(","):
+            d = results.load(results.find(r))
+            for c in d["comparisons"]:
+                if c["metric"] == "host_us" and math.isfinite(hw(c)):
+                    verdicts[c["verdict"]] = verdicts.get(c["verdict"], 0) + 1
+                    host.setdefault(c["label"].split()[0], []).append(hw(c))
+            base = d["envs"][0]["label"]
+            for c in d["cases"]:
+                if c["env"] == base and (c.get("metrics") or {}).get("wall_us"):
+                    n = [len(v) for v in c["metrics"]["wall_us"]["by_set"].values()]
+                    if n:
+                        cyc.setdefault(c["label"].split()[0], []).append(statistics.mean(n))
+        print(f"{name:12s} host {verdicts}; host half-width " +
+              ", ".join(f"{k} {statistics.median(v):.1f} %" for k, v in sorted(host.items())) +
+              "; wall cycles per set " + ", ".join(f"{k} {statistics.mean(v):.1f}" for k, v in sorted(cyc.items())))
+
+
 if __name__ == "__main__":
     argv = sys.argv[1:]
     if argv[:1] == ["--groups"]:
         groups(argv[1:])
+        sys.exit(0)
+    if argv[:1] == ["--host"]:
+        host_and_cycles(argv[1:])
         sys.exit(0)
     show = argv[:1] == ["--misses"]
     cover = argv[:1] == ["--cover"]

@@ -67,7 +67,11 @@ def test_top_level_rules():
     assert parse_config({"sampling": {"workers_per_env": 3}}).sampling.workers_per_env == 3
     samp = parse_config({"sampling": {"host_every": 2, "max_repeats": 3}}).sampling
     assert (samp.host_every, samp.max_repeats) == (2, 3)
-    assert (parse_config({}).sampling.host_every, parse_config({}).sampling.max_repeats) == (2, 2)
+    assert (parse_config({}).sampling.host_every, parse_config({}).sampling.max_repeats) == (2, 4)
+    assert parse_config({}).sampling.host_precision == 0.05
+    assert parse_config({"sampling": {"host_precision": 1}}).sampling.host_precision == 1.0
+    with pytest.raises(ConfigError, match="sampling.host_precision = 0: must be a positive number"):
+        parse_config({"sampling": {"host_precision": 0}})
     with pytest.raises(ConfigError, match="sampling.host_every = 0: must be a positive integer"):
         parse_config({"sampling": {"host_every": 0}})
     # upper bounds, with why: a case's wall clock at most 8 times a sweep; two sets in the budget

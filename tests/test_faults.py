@@ -868,7 +868,7 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
 
     # a run started under other sampling defaults (max_repeats was 1 until 2026-12-03) resumes with its own
     doc = json.loads((out / "results.json").read_text())
-    assert doc["settings"]["max_repeats"] == 2
+    assert doc["settings"]["max_repeats"] == 4
     doc["settings"]["max_repeats"] = 1
     (out / "results.json").write_text(json.dumps(doc))
     cp = run_cli("--resume", str(out))
