@@ -25,8 +25,9 @@ Clocks per case, all in µs per call:
   *before* each timed call (outside the timing) so the launch queue is empty: host dispatch overhead.
 - ``device_us`` (CUDA only): the summed GPU time of every kernel/memset/memcpy the call launched, from
   ``torch.profiler`` (CUPTI); one sample per profiled call; kernel names are kept.
-- ``graph_us`` (CUDA only): the call captured ``inner`` times in a CUDA graph, replayed and timed with
-  CUDA events: the GPU floor without host overhead.
+- ``graph_us`` (CUDA only): the call captured ``inner`` times in a CUDA graph (a power of two from
+  the GPU time: :func:`graph_inner`), replayed and timed with CUDA events after a GPU-side hold, so
+  the host's launch is outside them (:meth:`Bench.graph`): the GPU floor without host overhead.
 
 Inputs are rotated over several sets when one set is smaller than twice the GPU's L2, so the timed
 calls do not all hit a warm L2.
