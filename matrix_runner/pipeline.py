@@ -331,6 +331,8 @@ class Run:
                         "host_precision"):
                 if st.get(key) is not None:
                     setattr(samp, key, st[key])
+            if st and "host_precision" not in st:  # a run from before the setting: host items cycled to 1 %
+                samp.host_precision = 0.01
         for name, attr in (("min_effect", "min_effect"), ("max_sets", "max_sets"), ("set_seconds", "set_seconds"),
                            ("burst_ms", "burst_ms"), ("time_budget", "time_budget_s"),
                            ("workers_per_env", "workers_per_env")):

@@ -637,3 +637,18 @@ def test_graph_inner_is_a_power_of_two_capped_and_one_for_long_calls():
     assert worker.graph_inner(480.0) == worker.graph_inner(490.0) == 4
     assert worker.graph_inner(1000.0) == worker.graph_inner(5000.0) == 1
     assert worker.graph_inner(0.0) == worker.GRAPH_INNER_MAX
+
+
+def test_a_decided_host_comparison_leaves_the_cycles_at_host_precision_a_wall_one_at_precision():
+    from matrix_runner.config import Sampling
+    from matrix_runner.runner import _settled
+    samp = Sampling()
+    cmp = {("a", "b", "x"): {"verdict": "slower", "ratio": 1.50, "ci_high": 1.56},  # +4 %
+           ("a", "b", "y"): {"verdict": "slower", "ratio": 1.50, "ci_high": 1.65},  # +10 %
+           ("a", "b", "z"): {"verdict": "ambiguous", "ratio": 1.02, "ci_high": 1.021},
+           ("a", "b", "w"): {"verdict": "same", "ratio": 1.00, "ci_high": 1.005}}
+    assert samp.host_precision == 0.05 and samp.precision == 0.01
+    assert _settled(cmp, samp, "host_us") == {("a", "b", "x"), ("a", "b", "w")}
+    assert _settled(cmp, samp, "wall_us") == _settled(cmp, samp) == {("a", "b", "w")}
+    samp.host_precision = 1.0  # dropped as soon as decided
+    assert _settled(cmp, samp, "host_us") == {("a", "b", "x"), ("a", "b", "y"), ("a", "b", "w")}
