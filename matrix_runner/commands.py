@@ -4,7 +4,9 @@ taking the parsed arguments and returning the exit code (errors.py). cli.py pars
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -180,9 +182,30 @@ def _results_path(a: str) -> Path:
     return results.find(a)
 
 
+#: Share by which two runs' median speed-probe readings may differ before ``compare`` warns.
+PROBE_SPEED_WARN = 0.15
+
+
+def probe_median_us(doc: dict) -> float | None:
+    """The median of every CPU-speed probe reading of a run's wall bursts (µs; worker.speed_probe:
+    the same pure-Python work in every worker of every version, timed between a burst's samples),
+    or None for a run without them. On the H200 machine it reads ~3.5 µs in the CPU's fast state
+    and ~6.5-7.5 µs in its slow one (reports/h200-2.6.3-vs-2.7.0.post2-12-03-m3-5: 3.5, -m3-4: 6.5)."""
+    vals = []
+    for c in doc.get("cases") or []:
+        for per_set in (((c.get("metrics") or {}).get("wall_us") or {}).get("ref_by_set") or {}).values():
+            for v in (per_set.values() if isinstance(per_set, dict) else per_set or []):
+                if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
+                    vals.append(float(v))
+    return statistics.median(vals) if vals else None
+
+
 def machine_differences(a: dict, b: dict) -> list[str]:
     """How the machines of runs ``a`` and ``b`` differ where it moves every ratio: the device the
-    cases ran on (``settings.device``: cuda / cpu) and the GPU model (``machine.gpu``)."""
+    cases ran on (``settings.device``: cuda / cpu), the GPU model (``machine.gpu``), and the CPU's
+    speed while they ran (:func:`probe_median_us` more than :data:`PROBE_SPEED_WARN` apart: two
+    runs of the same versions on the H200 seven minutes apart read 2.6.3's batch-2 forward call at
+    50.0 and 32.4 µs, probe medians 6.5 and 3.5 µs; new-user trial 2026-12-03)."""
     out = []
     da, db = ((d.get("settings") or {}).get("device") for d in (a, b))
     if da and db and da != db:
@@ -190,6 +213,11 @@ def machine_differences(a: dict, b: dict) -> list[str]:
     ga, gb = ((d.get("machine") or {}).get("gpu") for d in (a, b))
     if da == db == "cuda" and ga and gb and ga != gb:
         out.append(f"A ran on {ga}, B on {gb}")
+    pa, pb = probe_median_us(a), probe_median_us(b)
+    if pa and pb and max(pa, pb) / min(pa, pb) - 1 > PROBE_SPEED_WARN:
+        out.append(f"the CPU ran at another speed: the speed probe (the same Python work in every worker) read a median "
+                   f"of {pa:.2f} µs in A and {pb:.2f} µs in B ({max(pa, pb) / min(pa, pb) - 1:.0%} apart), so host "
+                   "overhead differs between the runs by itself")
     return out
 
 

@@ -1059,3 +1059,17 @@ def test_the_readme_headline_table_is_what_the_tool_prints_for_the_run_it_names(
             (base_us, cand_us), (label, op)
         c = cmp[(b["id"], "wall_us")]
         assert (c["verdict"], f"{c['ratio']:.2f}", f"{c['ci_low']:.2f}", f"{c['ci_high']:.2f}") == (verdict, ratio, lo, hi)
+
+
+def test_compare_warns_when_the_two_runs_saw_the_cpu_at_different_speeds():
+    """Two runs of the same versions on the H200, seven minutes apart (new-user trial: `compare` called
+    2.6.3 'faster, all host overhead' between them): the speed probe's medians tell the CPU's state."""
+    from matrix_runner import commands
+    slow = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-03-m3-4")
+    fast = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-03-m3-5")
+    aa = results.load(ROOT / "reports" / "h200-aa-53")
+    assert round(commands.probe_median_us(slow), 2) == 6.53 and round(commands.probe_median_us(fast), 2) == 3.46
+    (why,) = commands.machine_differences(slow, fast)
+    assert why.startswith("the CPU ran at another speed") and "6.53 µs in A and 3.46 µs in B (89% apart)" in why
+    assert commands.machine_differences(aa, fast) == []  # 3.55 vs 3.46 µs: the same state
+    assert commands.probe_median_us({"cases": []}) is None
