@@ -100,6 +100,9 @@ def host_and_cycles(spec: list[str]) -> None:
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if argv else 2)
     if argv[:1] == ["--groups"]:
         groups(argv[1:])
         sys.exit(0)
