@@ -4,9 +4,7 @@ taking the parsed arguments and returning the exit code (errors.py). cli.py pars
 from __future__ import annotations
 
 import json
-import math
 import os
-import statistics
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -186,18 +184,7 @@ def _results_path(a: str) -> Path:
 PROBE_SPEED_WARN = 0.15
 
 
-def probe_median_us(doc: dict) -> float | None:
-    """The median of every CPU-speed probe reading of a run's wall bursts (µs; worker.speed_probe:
-    the same pure-Python work in every worker of every version, timed between a burst's samples),
-    or None for a run without them. On the H200 machine it reads ~3.5 µs in the CPU's fast state
-    and ~6.5-7.5 µs in its slow one (reports/h200-2.6.3-vs-2.7.0.post2-12-03-m3-5: 3.5, -m3-4: 6.5)."""
-    vals = []
-    for c in doc.get("cases") or []:
-        for per_set in (((c.get("metrics") or {}).get("wall_us") or {}).get("ref_by_set") or {}).values():
-            for v in (per_set.values() if isinstance(per_set, dict) else per_set or []):
-                if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
-                    vals.append(float(v))
-    return statistics.median(vals) if vals else None
+probe_median_us = report.probe_median_us  # the run's median speed-probe reading (µs)
 
 
 def machine_differences(a: dict, b: dict) -> list[str]:

@@ -14,6 +14,7 @@ import html
 import json
 import math
 import re
+import statistics
 import zlib
 from pathlib import Path
 
@@ -368,6 +369,34 @@ def steal_note(sets: list[dict]) -> str:
             "are wider than this machine gives when it is quiet; a dedicated machine or a quieter hour narrows them")
 
 
+def probe_median_us(doc: dict) -> float | None:
+    """The median of every CPU-speed probe reading of a run's wall bursts (µs; worker.speed_probe:
+    the same pure-Python work in every worker of every version, timed between a burst's samples),
+    or None for a run without them. On the H200 machine it reads ~3.5 µs in the CPU's fast state
+    and ~6.5-7.5 µs in its slow one (reports/h200-2.6.3-vs-2.7.0.post2-12-03-m3-5: 3.5, -m3-4: 6.5)."""
+    vals = []
+    for c in doc.get("cases") or []:
+        for per_set in (((c.get("metrics") or {}).get("wall_us") or {}).get("ref_by_set") or {}).values():
+            for v in (per_set.values() if isinstance(per_set, dict) else per_set or []):
+                if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
+                    vals.append(float(v))
+    return statistics.median(vals) if vals else None
+
+
+def probe_note(res: dict) -> str:
+    """One sentence on the CPU speed the run met ("" for a run without speed-probe readings): host
+    overhead, and the ratio of versions that differ in it, follow the CPU's speed (H200, 2026-12-03:
+    2.6.3's batch-2 forward call 50 µs at a probe median of 6.5 µs, 32 µs at 3.5 µs; B512 S50 fwd
+    ratio 1.17x vs 1.11x), so runs are comparable at like readings."""
+    m = probe_median_us(res)
+    if m is None:
+        return ""
+    return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "
+            f"burst) read a median of {m:.2f} µs in this run; host overhead follows the CPU speed, so compare the µs "
+            "and host-heavy ratios of runs at like readings (matrix-run compare warns when two runs differ by more "
+            "than 15 %)")
+
+
 def view_model(res: dict, with_charts: bool = False) -> dict:
     """Reshape results for templates: per case rows with each env's clocks and each comparison."""
     envs = res.get("envs", [])
@@ -433,7 +462,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
           "ci_head": ci_head(res.get("comparisons") or [], bool(settings.get("quick"))),
           "level_note": level_note(res.get("comparisons") or []),
-          "steal_note": steal_note(res.get("sets") or []), "steal_warn": STEAL_WARN,
+          "steal_note": steal_note(res.get("sets") or []), "steal_warn": STEAL_WARN, "probe_note": probe_note(res),
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
                                          (res.get("settings") or {}).get("speed_adjust")),
           "candidates": names, "pairs": pairs, "one_base": one_base, "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
@@ -638,6 +667,8 @@ def markdown(res: dict) -> str:
         lines.append(esc(vm["level_note"]) + ".")
     if vm["steal_note"]:
         lines.append(f"**Warning:** {esc(vm['steal_note'])}.")
+    if vm["probe_note"]:
+        lines.append(esc(vm["probe_note"]) + ".")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         lines.append("GB/s: KV cache read per second at the kernel (device) time (kvcache cases: the bytes of "
                      "k_cache/v_cache a call must read given cache_seqlens).")
@@ -742,6 +773,8 @@ def terminal_table(res: dict, console=None) -> None:
         console.print(f"[dim]{escape(note)}[/]")
     if vm["steal_note"]:
         warn(vm["steal_note"], console)
+    if vm["probe_note"]:
+        console.print(f"[dim]{escape(vm['probe_note'])}[/]")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         console.print("[dim]GB/s: KV cache read per second at the kernel (device) time (kvcache cases)[/]")
     for w in vm["wrong"]:

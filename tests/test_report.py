@@ -1073,3 +1073,12 @@ def test_compare_warns_when_the_two_runs_saw_the_cpu_at_different_speeds():
     assert why.startswith("the CPU ran at another speed") and "6.53 µs in A and 3.46 µs in B (89% apart)" in why
     assert commands.machine_differences(aa, fast) == []  # 3.55 vs 3.46 µs: the same state
     assert commands.probe_median_us({"cases": []}) is None
+
+
+def test_the_report_says_what_cpu_speed_the_run_met():
+    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-03-m3-5")
+    note = report.probe_note(res)
+    assert note.startswith("CPU speed: the speed probe") and "median of 3.46 µs in this run" in note
+    assert note + "." in report.markdown(res)
+    assert f'<p class="small muted">{note}.</p>' in report.render_html(res)
+    assert report.probe_note({"cases": []}) == ""
