@@ -42,8 +42,10 @@ def main(argv: list[str]) -> int:
     dirs = argv or DEFAULT
     tot = {"b2": [0, 0], "b512": [0, 0]}
     both = single = 0
+    docs = []
     for d in dirs:
         r = results.load(d)
+        docs.append(r)
         slow_by_case: dict = {}
         for c in r["cases"]:
             m = c.get("metrics") or {}
@@ -70,7 +72,7 @@ def main(argv: list[str]) -> int:
     print(f"\nbatch 2: {tot['b2'][1]} of {tot['b2'][0]} (set, env) graph medians above 1.5x the kernel time;"
           f" batch 512: {tot['b512'][1]} of {tot['b512'][0]} above 1.05x")
     print(f"outlying (set, case) with one env slow: {single}; with both: {both}")
-    by_inner(dirs)
+    by_inner(docs)
     return 0
 
 
@@ -78,14 +80,14 @@ def _bucket(inner: int) -> str:
     return "1" if inner == 1 else "2-5" if inner <= 5 else "6-15" if inner <= 15 else "16+"
 
 
-def by_inner(dirs: list) -> None:
-    """Runs that record each set's graph ``inner`` (calls per replay; results of 2026-12-03 evening
+def by_inner(docs: list) -> None:
+    """Runs (their results, results.load) that record each set's graph ``inner`` (calls per replay; results of 2026-12-03 evening
     on, CaseData.inner["graph_us"]): the batch-2 set medians over the kernel time per inner bucket.
     A replay's own GPU cost is divided by inner, so where inner follows the host (it came from the
     warm-up's wall time per call until worker.graph_inner), the graph clock does too."""
     rows: dict = {}
-    for d in dirs:
-        for c in results.load(d)["cases"]:
+    for doc in docs:
+        for c in doc["cases"]:
             m = c.get("metrics") or {}
             g = (m.get("graph_us") or {}).get("by_set") or {}
             dv = (m.get("device_us") or {}).get("by_set") or {}

@@ -180,17 +180,10 @@ def _results_path(a: str) -> Path:
     return results.find(a)
 
 
-#: Share by which two runs' median speed-probe readings may differ before ``compare`` warns.
-PROBE_SPEED_WARN = 0.15
-
-
-probe_median_us = report.probe_median_us  # the run's median speed-probe reading (µs)
-
-
 def machine_differences(a: dict, b: dict) -> list[str]:
     """How the machines of runs ``a`` and ``b`` differ where it moves every ratio: the device the
     cases ran on (``settings.device``: cuda / cpu), the GPU model (``machine.gpu``), and the CPU's
-    speed while they ran (:func:`probe_median_us` more than :data:`PROBE_SPEED_WARN` apart: two
+    speed while they ran (:func:`report.probe_median_us` more than :data:`report.PROBE_SPEED_WARN` apart: two
     runs of the same versions on the H200 seven minutes apart read 2.6.3's batch-2 forward call at
     50.0 and 32.4 µs, probe medians 6.5 and 3.5 µs; new-user trial 2026-12-03)."""
     out = []
@@ -200,8 +193,8 @@ def machine_differences(a: dict, b: dict) -> list[str]:
     ga, gb = ((d.get("machine") or {}).get("gpu") for d in (a, b))
     if da == db == "cuda" and ga and gb and ga != gb:
         out.append(f"A ran on {ga}, B on {gb}")
-    pa, pb = probe_median_us(a), probe_median_us(b)
-    if pa and pb and max(pa, pb) / min(pa, pb) - 1 > PROBE_SPEED_WARN:
+    pa, pb = report.probe_median_us(a), report.probe_median_us(b)
+    if pa and pb and max(pa, pb) / min(pa, pb) - 1 > report.PROBE_SPEED_WARN:
         out.append(f"the CPU ran at another speed: the speed probe (the same Python work in every worker) read a median "
                    f"of {pa:.2f} µs in A and {pb:.2f} µs in B ({max(pa, pb) / min(pa, pb) - 1:.0%} apart), so host "
                    "overhead differs between the runs by itself")

@@ -369,6 +369,11 @@ def steal_note(sets: list[dict]) -> str:
             "are wider than this machine gives when it is quiet; a dedicated machine or a quieter hour narrows them")
 
 
+#: Share by which two runs' median speed-probe readings may differ before ``compare`` warns
+#: (commands.machine_differences) -- the reports name it too (:func:`probe_note`).
+PROBE_SPEED_WARN = 0.15
+
+
 def probe_median_us(doc: dict) -> float | None:
     """The median of every CPU-speed probe reading of a run's wall bursts (µs; worker.speed_probe:
     the same pure-Python work in every worker of every version, timed between a burst's samples),
@@ -394,7 +399,7 @@ def probe_note(res: dict) -> str:
     return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "
             f"burst) read a median of {m:.2f} µs in this run; host overhead follows the CPU speed, so compare the µs "
             "and host-heavy ratios of runs at like readings (matrix-run compare warns when two runs differ by more "
-            "than 15 %)")
+            f"than {PROBE_SPEED_WARN * 100:.0f} %)")
 
 
 def view_model(res: dict, with_charts: bool = False) -> dict:

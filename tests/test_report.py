@@ -1068,11 +1068,11 @@ def test_compare_warns_when_the_two_runs_saw_the_cpu_at_different_speeds():
     slow = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-03-m3-4")
     fast = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-03-m3-5")
     aa = results.load(ROOT / "reports" / "h200-aa-53")
-    assert round(commands.probe_median_us(slow), 2) == 6.53 and round(commands.probe_median_us(fast), 2) == 3.46
+    assert round(report.probe_median_us(slow), 2) == 6.53 and round(report.probe_median_us(fast), 2) == 3.46
     (why,) = commands.machine_differences(slow, fast)
     assert why.startswith("the CPU ran at another speed") and "6.53 µs in A and 3.46 µs in B (89% apart)" in why
     assert commands.machine_differences(aa, fast) == []  # 3.55 vs 3.46 µs: the same state
-    assert commands.probe_median_us({"cases": []}) is None
+    assert report.probe_median_us({"cases": []}) is None
 
 
 def test_the_report_says_what_cpu_speed_the_run_met():
