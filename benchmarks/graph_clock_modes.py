@@ -18,7 +18,9 @@ slow mode.
 Measured since (H200, 2026-12-03 evening, 20 runs with the GPU-side hold of worker.Bench.graph,
 benchmarks/results/h200-runs-12-03-r4.txt): 0 of 2,486 batch-2 set medians above 1.5x; what
 remained followed inner, the calls per replay (printed per bucket), which came from the host's
-speed; it comes from the GPU time since (worker.graph_inner).
+speed; it comes from the GPU time since (worker.graph_inner): in the 13 runs of that night
+(benchmarks/results/h200-runs-12-03-m4.txt) every graph comparison was "same" and each batch-2
+case's set medians lay within +-1 % of one another (inner 64 everywhere).
 
 Usage: python benchmarks/graph_clock_modes.py RUN_DIR ...   (default: the 1.0 s runs of 2026-12-03)
 """

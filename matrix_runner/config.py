@@ -281,7 +281,8 @@ class Sampling:
     #: median +-16 % (batch 2) and +-33 % (batch 512) instead of +-5 % and +-8 %: too loose to say how
     #: much of a difference is host overhead. 0.05 keeps a decided host interval sampled to +-5 %;
     #: in an A/A run it acts nearly as 1.0 did (a "same" host interval lies inside +-5 % of 1 already).
-    #: 0.05 itself has not yet run on the H200.
+    #: 0.05 on the H200 (2026-12-03 night, 13 runs, benchmarks/results/h200-runs-12-03-m4.txt): seed
+    #: host intervals +-5.1 % (batch 2) and +-10.6 % (batch 512), medians in the CPU's fast state.
     host_precision: float = 0.05
     #: Most process sets that take a case's kernel time (profiler pass) and CUDA-graph clock (both
     #: are also skipped once decided). Kernel time hardly varies between processes, but glitched
@@ -303,7 +304,9 @@ class Sampling:
     #: cycles per set instead of 7.0; A/A batch-2 bwd median +-1.82 % vs +-2.24 % (max 2.20 vs
     #: 5.25), fwd +-1.23 % vs +-1.62 %, batch 512 alike (+-0.95 %); 12 of 12 A/A intervals inside
     #: +-3 % in 4 of 5 runs vs 2 of 5; seed batch-2 fwd +-2.03 % vs +-2.73 %, batch-512 fwd +-1.26 %
-    #: vs +-1.05 % (two runs each).
+    #: vs +-1.05 % (two runs each). With host_precision 0.05 (13 runs that night, not alternated,
+    #: h200-runs-12-03-m4.txt): A/A batch-2 fwd +-1.22 %, bwd +-1.67 % (fast state), 12 of 12 inside
+    #: +-3 % in three runs in a row; seed batch-2 fwd +-2.46 % (fast state), 7.9 wall cycles per set.
     max_repeats: int = 4
     #: The host clock (dispatch overhead; it explains a wall difference, the wall clock decides it)
     #: is cycled in one sweep of ``host_every``, the wall clock in every sweep. Measured (H200,
