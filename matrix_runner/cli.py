@@ -74,7 +74,7 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--set-seconds", type=float, metavar="S", help="seconds of lockstep cycles per process set (default 1.0)")
     r.add_argument("--burst-ms", type=float, metavar="MS", help="each worker's turn in a cycle, ms of calls (default 5)")
     r.add_argument("--workers-per-env", type=int, metavar="K",
-                   help="worker processes per env in each process set (default 1)")
+                   help="worker processes per env in each process set (default 1, at most 8)")
     r.add_argument("--cpus", default="auto", metavar="auto|unpinned|LIST",
                    help="CPU cores the process sets are pinned to (auto: the quietest by a short calibration; "
                         "the driver takes another); unpinned: no pinning")

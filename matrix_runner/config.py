@@ -488,6 +488,10 @@ _EXP_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 MIN_SET_SECONDS = 0.1
 #: Most times a case's wall clock may come up in one sweep of a set's cycles (sampling.max_repeats).
 MAX_REPEATS = 8
+#: Most worker processes per env in one process set: every worker of a set shares one CPU core and
+#: takes a burst in turn, so K per env makes each worker's turn come K times less often (with 2 envs
+#: and 8 each, a 1.0 s set holds ~12 cycles of 16 bursts); beyond that a set times too few cycles.
+MAX_WORKERS_PER_ENV = 8
 
 
 def _pos_int(where: str, v: Any, alt: str = "") -> int:
@@ -892,6 +896,14 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         prefetch_depth=_prefetch_depth(sd.get("prefetch_depth")),
         host_precision=_pos_number("sampling.host_precision", sd.get("host_precision", Sampling.host_precision)),
     )
+    if sampling.host_precision > 1:
+        raise _err("sampling.host_precision", sampling.host_precision,
+                   "must be a fraction at most 1 (0.05: a decided host comparison is cycled until its interval is "
+                   "within 5 % of its ratio; 1: dropped from the cycles as soon as it is decided)")
+    if sampling.workers_per_env is not None and sampling.workers_per_env > MAX_WORKERS_PER_ENV:
+        raise _err("sampling.workers_per_env", sampling.workers_per_env,
+                   f"must be at most {MAX_WORKERS_PER_ENV} or auto (a set's workers share one CPU core and take "
+                   "turns: more per env leave each too few cycles)")
     if sampling.max_repeats > MAX_REPEATS:
         raise _err("sampling.max_repeats", sampling.max_repeats,
                    f"must be at most {MAX_REPEATS} (times a noisier case's wall clock comes up per sweep; "

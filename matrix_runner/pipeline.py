@@ -58,7 +58,7 @@ from . import (
     wheels,
 )
 from . import envs as envmod
-from .config import MAX_CASES, MIN_SET_SECONDS, load_config, parse_config
+from .config import MAX_CASES, MAX_WORKERS_PER_ENV, MIN_SET_SECONDS, load_config, parse_config
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, UsageError
 from .ui import console, print_plan, progress, warn
 
@@ -251,6 +251,10 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                          "measured anything or wrote results; start it again with its original command")
     doc = results.load(run_dir)  # results.json, or an archived run's results.json.gz
     stopped = (doc.get("timing") or {}).get("stop_reason")
+    if stopped == "no GPU":  # its envs were skipped and nothing was timed: a resume would add nothing
+        cmd = " ".join(str(a) for a in (doc.get("command") or ["matrix-run"]))
+        raise UsageError(f"--resume {args.resume}: that run measured nothing (no NVIDIA GPU was visible where it "
+                         f"ran; its envs were skipped); on a machine with a GPU start it again: {cmd}")
     if stopped not in ("interrupted", "running") and not (doc.get("timing") or {}).get("shards_lost"):
         console.print(f"{run_dir}: that run finished (stopped: {stopped}); nothing to resume")
         return args, argv, None
@@ -344,6 +348,9 @@ class Run:
                         ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
             if not (v > 0 and math.isfinite(v)):
                 raise UsageError(f"{name} {v:g}: give a positive number" + (", a finite one" if v > 0 else ""))
+        if (samp.workers_per_env or 1) > MAX_WORKERS_PER_ENV:
+            raise UsageError(f"--workers-per-env {samp.workers_per_env}: give at most {MAX_WORKERS_PER_ENV} (a set's "
+                             "workers share one CPU core and take turns: more per env leave each too few cycles)")
         if samp.set_seconds < MIN_SET_SECONDS:
             raise UsageError(f"--set-seconds {samp.set_seconds:g}: give at least {MIN_SET_SECONDS:g} (s of cycles per "
                              "process set; below that a set of fresh workers holds hardly a cycle)")
@@ -359,6 +366,8 @@ class Run:
                              "the budget (an interval needs at least two process sets), or a larger --time-budget")
         if not 0 < samp.min_effect < 1:
             raise UsageError(f"--min-effect {samp.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
+        if getattr(args, "gpus", None) not in (None, "all"):  # its syntax now; which GPUs exist once probed
+            shard.gpu_indices(args.gpus)
         if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
             raise UsageError(f"--fail-on-regression {args.fail_on_regression:g}: give a percentage >= 0 "
                              "(5 = fail when a candidate is slower by more than 5%)")

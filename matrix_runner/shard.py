@@ -129,6 +129,12 @@ def resolve_gpus(request: str | None, device: str, found: list[dict] | None = No
     return [by[i] for i in idx]
 
 
+def gpu_indices(request: str) -> list[int]:
+    """The indices of ``--gpus LIST`` (UsageError for anything but distinct integers, before the run
+    prints or builds anything); which of them exist is checked by :func:`resolve_gpus`."""
+    return _int_list(request, "--gpus")
+
+
 def _int_list(text: str, opt: str) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]

@@ -1,4 +1,6 @@
 """The command line: no-GPU behaviour, exit codes, bad input."""
+import json
+
 import pytest
 from conftest import load_results, run_cli
 
@@ -154,6 +156,37 @@ def test_resume_of_a_run_that_measured_nothing_says_so(tmp_path):
     (tmp_path / "run").mkdir()
     cp = run_cli("--resume", str(tmp_path / "run"))
     assert cp.returncode == 2 and "that run stopped before it measured anything" in " ".join(cp.stderr.split())
+
+
+def test_resume_of_a_run_without_a_gpu_refuses_and_gives_the_command_to_run_again(tmp_path):
+    """A run on a machine without a GPU writes results (every env 'skipped', stop reason "no GPU"); a
+    --resume of it had said "that run finished ... nothing to resume" and exited 0 (new-user trial)."""
+    from matrix_runner import results
+    run = tmp_path / "run"
+    run.mkdir()
+    doc = {"schema": results.SCHEMA, "command": ["matrix-run", "--versions", "2.6.3,2.7.0.post2"],
+           "timing": {"stop_reason": "no GPU"}, "envs": [], "cases": [], "comparisons": [], "sets": []}
+    (run / "results.json").write_text(json.dumps(doc))
+    cp = run_cli("--resume", str(run))
+    err = " ".join(cp.stderr.split())
+    assert cp.returncode == 2, cp.stderr
+    assert "that run measured nothing (no NVIDIA GPU was visible" in err
+    assert "start it again: matrix-run --versions 2.6.3,2.7.0.post2" in err
+
+
+def test_too_many_workers_per_env_is_a_usage_error_naming_the_bound(tmp_path):
+    cp = run_cli("--versions", "2.6.3", "--workers-per-env", "50", "--output", str(tmp_path / "out"))
+    assert cp.returncode == 2, cp.stderr
+    assert "--workers-per-env 50: give at most 8" in " ".join(cp.stderr.split())
+
+
+@pytest.mark.parametrize("gpus", ["abc", "0,0", "1,x"])
+def test_a_malformed_gpus_list_is_refused_before_the_run_prints_or_creates_anything(tmp_path, gpus):
+    """--gpus abc printed the run's header and output directory before its error (new-user trial)."""
+    cp = run_cli("--versions", "2.6.3", "--gpus", gpus, "--output", str(tmp_path / "out"))
+    assert cp.returncode == 2, cp.stderr
+    assert f"--gpus {gpus!r}: give all or a comma list of" in " ".join(cp.stderr.split())
+    assert "output:" not in cp.stdout and "env(s)" not in cp.stdout and not (tmp_path / "out").exists()
 
 
 def test_fail_on_regression_leaves_out_the_sdpa_control_by_impl_not_by_name():

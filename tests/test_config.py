@@ -77,6 +77,12 @@ def test_top_level_rules():
     # upper bounds, with why: a case's wall clock at most 8 times a sweep; two sets in the budget
     with pytest.raises(ConfigError, match="sampling.max_repeats = 1000: must be at most 8"):
         parse_config({"sampling": {"max_repeats": 1000}})
+    # a share of the ratio (1: dropped once decided) and workers that share one core (new-user trial)
+    with pytest.raises(ConfigError, match="sampling.host_precision = 5.0: must be a fraction at most 1"):
+        parse_config({"sampling": {"host_precision": 5}})
+    with pytest.raises(ConfigError, match="sampling.workers_per_env = 9: must be at most 8 or auto"):
+        parse_config({"sampling": {"workers_per_env": 9}})
+    assert parse_config({"sampling": {"workers_per_env": 8}}).sampling.workers_per_env == 8
     with pytest.raises(ConfigError, match=r"sampling.set_seconds = 40.0: must be at most half of sampling.time_budget_s \(60 s\)"):
         parse_config({"sampling": {"set_seconds": 40}})
     assert parse_config({"sampling": {"set_seconds": 40, "time_budget_s": 120}}).sampling.set_seconds == 40
