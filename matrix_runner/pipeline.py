@@ -679,7 +679,8 @@ class Run:
             reason = runner.run_all(ok_envs, mine, samp, device=self.device_kind, quick=args.quick, work=work,
                                     case_timeout=args.case_timeout, stop=self.stop, data=data, sets=sets, cpus=cpus,
                                     on_set=on_set, on_progress=on_progress, elapsed_s=prior_tm + before_s,
-                                    family_extra=(len(ok_envs) - 1) * (len(cfg.cases) - len(mine)))
+                                    family_extra=(len(ok_envs) - 1) * (len(cfg.cases) - len(mine)),
+                                    timing=self.base_timing)
             for cd in data.values() if job else ():  # a job's cases: its GPU and the clocks seen
                 cd.gpu = {**(base_doc["shard"].get("gpu") or {}), "shard": job[0], **shard.clocks_seen(sets)}
             return reason

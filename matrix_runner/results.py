@@ -18,7 +18,9 @@ Schema ``matrix-runner/results/1`` (top-level keys)::
                     host_bound: {baseline, candidate}, n_rounds}]
     rounds:       [{round, env, seconds, status, error, restarts, gpu: {sm_clock_mhz_min, ...}}]
     timing:       {env_phase_s, timing_phase_s, total_s, stop_reason, probe_s (the driver's torch
-                  probe), before_timing_s (probe and plan: counted in the time budget)}
+                  probe), before_timing_s (probe and plan: counted in the time budget), close_s (after
+                  the last set, the workers still alive stopped and reaped: not in the budget's
+                  estimate of a set, so a run can end this much past its budget)}
     sharded runs (shard module): cases[].gpu {index, uuid, name, shard, sm_clock_mhz_min/max};
     sets[].shard; shards: [{index, count, gpu, cases, cpus, stop_reason, timing_phase_s, lost}];
     a job's own results: shard {index, count, host, gpu}

@@ -347,7 +347,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             work: Path, case_timeout: float, stop: threading.Event, data: dict, sets: list,
             cpus: dict | None = None, on_set: Callable[[dict], None] = lambda r: None,
             on_progress: Callable[[str], None] = lambda msg: None, elapsed_s: float = 0.0,
-            seed: int = 0, family_extra: int = 0, gpu_index: int = 0, worker_env: dict | None = None) -> str:
+            seed: int = 0, family_extra: int = 0, gpu_index: int = 0, worker_env: dict | None = None,
+            timing: dict | None = None) -> str:
     """Time ``cases`` in the ok ``envs`` in lockstep process sets and return why sampling stopped.
 
     ``data`` (filled here) maps ``(env_label, case_id)`` to :class:`CaseData`; ``sets`` receives one
@@ -358,7 +359,10 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     One shard of a run (shard module; several may run at once in threads of one driver):
     ``family_extra`` comparisons of the other shards join the family (stats.select_family), ``gpu_index`` is the
     nvidia-smi index of the GPU whose clocks are sampled, ``worker_env`` is added to every worker's
-    environment (``CUDA_VISIBLE_DEVICES``). The driver's CPU pinning applies to the calling thread."""
+    environment (``CUDA_VISIBLE_DEVICES``). The driver's CPU pinning applies to the calling thread.
+    ``timing`` (a dict) receives ``close_s``: seconds from the loop's stop to the last worker reaped
+    (the budget's check before each set does not foresee them: H200 runs ended 0.3-0.7 s past a
+    60 s budget, 2026-12-03 night)."""
     if not envs:
         return "no env could be timed"
     work.mkdir(parents=True, exist_ok=True)
@@ -500,12 +504,15 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             pass
         reason = f"driver error ({type(e).__name__}: {e}; traceback in {log})"
     finally:
+        t_close = time.monotonic()
         while pending:
             pending.pop().close()
         while closing:
             closing.pop().join(timeout=10)
         if before_aff:
             lockstep.set_affinity(0, before_aff)
+        if timing is not None:  # after the last set: the workers still alive stopped and reaped (s)
+            timing["close_s"] = round(time.monotonic() - t_close, 3)
     return reason
 
 
