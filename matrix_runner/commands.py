@@ -146,15 +146,17 @@ def cmd_report(args) -> int:
     runs = [results.load(p) for p in args.results]
     res = results.merge(runs, args.min_effect)
     out = Path(args.output)
-    existing = out / "results.json"
+    # a run's results there, plain or archived (.gz: a results.json written beside it would be read
+    # in its place, results.find; new-user trial)
+    existing = results.find(out) if out.is_dir() else out / "results.json"
     if existing.is_file() and existing.resolve() not in {Path(a).resolve() for a in args.results}:
         try:
-            other = json.loads(existing.read_text()).get("run_id")
-        except (OSError, ValueError, AttributeError):
+            other = json.loads(results.read_text(existing)).get("run_id")
+        except (OSError, ValueError, AttributeError, EOFError):
             other = None
         if other is None or other != res.get("run_id"):
-            raise UsageError(f"-o {args.output}: already holds another run's results.json (run {other}); "
-                                    "report would overwrite its measurements: give another -o")
+            raise UsageError(f"-o {args.output}: already holds another run's {existing.name} (run {other}); "
+                             "report would overwrite its measurements: give another -o")
     check_writable_dir(out, "-o")
     out.mkdir(parents=True, exist_ok=True)
     json_name = None
@@ -239,7 +241,7 @@ def cmd_compare(args) -> int:
             "dtype, ...); compare runs of the same config")
     report.compare_terminal(cmp, Console())
     if args.output:
-        if (Path(args.output) / "results.json").exists():
+        if results.find(args.output).exists():  # a run's results.json or its archive (.gz)
             raise UsageError(f"-o {args.output}: holds a run (results.json); its index.html would be "
                                     "overwritten; give another directory")
         console.print(f"report: {report.write_compare_html(cmp, Path(args.output))}")

@@ -110,6 +110,25 @@ def test_report_refuses_to_overwrite_another_runs_results(tmp_path):
     assert cp.returncode == 0, cp.stderr
 
 
+def test_report_and_compare_refuse_a_directory_holding_an_archived_run(tmp_path):
+    """An archived run keeps results.json.gz: `report RUN -o ARCHIVED_RUN` had written a results.json
+    beside it, which every reader then took for the archived run (new-user trial: aa-59 read as aa-60),
+    and `compare -o` wrote its index.html there."""
+    import shutil
+    from pathlib import Path
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    archived = tmp_path / "aa-59"
+    shutil.copytree(reports / "h200-aa-59", archived)
+    assert (archived / "results.json.gz").is_file() and not (archived / "results.json").exists()
+    cp = run_cli("report", str(reports / "h200-aa-60"), "-o", str(archived))
+    assert cp.returncode == 2, cp.stderr
+    assert "already holds another run's results.json.gz" in " ".join(cp.stderr.split())
+    assert sorted(p.name for p in archived.iterdir()) == ["console.log", "index.html.gz", "results.json.gz"]
+    cp = run_cli("compare", str(reports / "h200-aa-58"), str(reports / "h200-aa-60"), "-o", str(archived))
+    assert cp.returncode == 2 and "holds a run" in cp.stderr, cp.stderr
+    assert not (archived / "index.html").exists()
+
+
 def test_plan_flags_an_env_dir_that_run_would_refuse(standins, tiny_config, tmp_path):
     (tmp_path / "envs" / "2.6.3").mkdir(parents=True)
     cp = run_cli("plan", "--versions", "2.6.3", "--config", str(tiny_config),
