@@ -494,15 +494,30 @@ MAX_REPEATS = 8
 MAX_WORKERS_PER_ENV = 8
 
 
+def _exp_hint(v: Any, integer: bool = False) -> str:
+    """A note for a number YAML read as a string (``1e9``: YAML 1.1 needs a dot and a signed exponent);
+    for an integer setting, write the digits out (``1.0e+9`` is a float there)."""
+    if not (isinstance(v, str) and _EXP_NUMBER.match(v.strip())):
+        return ""
+    if integer:
+        try:
+            digits = f"{int(float(v)):d}"
+        except (ValueError, OverflowError):
+            digits = "the digits"
+        return f" (YAML reads a number like 1e9 as a string: write the integer out, {digits})"
+    return (" (YAML reads a number like 1e9 or 1.0e9 as a string: write it with a dot and a signed "
+            "exponent, 1.0e+9 or 1.0e-9)")
+
+
 def _pos_int(where: str, v: Any, alt: str = "") -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise _err(where, v, "must be a positive integer" + (f" {alt}" if alt else ""))
+        raise _err(where, v, "must be a positive integer" + (f" {alt}" if alt else "") + _exp_hint(v, integer=True))
     return v
 
 
 def _pos_number(where: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise _err(where, v, "must be a positive number")
+        raise _err(where, v, "must be a positive number" + _exp_hint(v))
     return float(v)
 
 
@@ -876,9 +891,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
     for k in ("time_budget_s", "set_seconds", "burst_ms", "min_effect", "alpha"):
         v = sd[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            hint = (" (YAML reads a number like 1e9 or 1.0e9 as a string: write it with a dot and a signed "
-                    "exponent, 1.0e+9 or 1.0e-9)" if isinstance(v, str) and _EXP_NUMBER.match(v.strip()) else "")
-            raise _err(f"sampling.{k}", v, "must be a positive number" + hint)
+            raise _err(f"sampling.{k}", v, "must be a positive number" + _exp_hint(v))
     sampling = Sampling(
         time_budget_s=float(sd["time_budget_s"]),
         min_effect=float(sd["min_effect"]),
@@ -936,8 +949,9 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         lo = 0.0 if k in _EXPLAIN_MAY_BE_ZERO else None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
                 or (lo is None and v <= 0) or (_EXPLAIN_KEYS[k] and (v != int(v) or v < 1)):
-            raise _err(f"explain.{k}", v, "must be a positive whole number" if _EXPLAIN_KEYS[k]
-                       else ("must be a number >= 0" if lo is not None else "must be a positive number"))
+            what = ("must be a positive whole number" if _EXPLAIN_KEYS[k]
+                    else ("must be a number >= 0" if lo is not None else "must be a positive number"))
+            raise _err(f"explain.{k}", v, what + _exp_hint(v, integer=bool(_EXPLAIN_KEYS[k])))
         if k in _EXPLAIN_MAX and v > _EXPLAIN_MAX[k][0]:
             raise _err(f"explain.{k}", v, f"must be at most {_EXPLAIN_MAX[k][0]:g} ({_EXPLAIN_MAX[k][1]})")
     explain_settings = {k: (int(v) if _EXPLAIN_KEYS[k] else float(v)) for k, v in ex.items()}

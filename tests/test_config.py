@@ -103,6 +103,14 @@ def test_top_level_rules():
         with pytest.raises(ConfigError, match=r"write it with a dot and a signed exponent, 1.0e\+9 or 1.0e-9"):
             parse_config({"sampling": {"burst_ms": v}})
     assert isinstance(yaml.safe_load("1.0e+9"), float) and isinstance(yaml.safe_load("1.0e-9"), float)
+    # every number setting gives it, an integer one the digits to write (1.0e+9 is a float there)
+    with pytest.raises(ConfigError, match=r"sampling.host_precision = '1e9': .*1.0e\+9 or 1.0e-9"):
+        parse_config({"sampling": {"host_precision": "1e9"}})
+    with pytest.raises(ConfigError, match=r"shapes\[0\].batch = '1e3': must be a positive integer .*write the integer "
+                                          r"out, 1000\)"):
+        parse_config(yaml.safe_load("shapes: [{batch: 1e3, seqlen: 64, nheads: 4, head_dim: 32}]"))
+    with pytest.raises(ConfigError, match=r"explain.sampler_cycles = '1e2': .*write the integer out, 100\)"):
+        parse_config({"explain": {"sampler_cycles": "1e2"}})
     # lower bounds: a set holds at least a cycle; a burst fits twice in a set's cycles
     with pytest.raises(ConfigError, match="sampling.set_seconds = 1e-09: must be at least 0.1"):
         parse_config({"sampling": {"set_seconds": 1e-9}})
