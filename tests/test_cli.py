@@ -1,5 +1,6 @@
 """The command line: no-GPU behaviour, exit codes, bad input."""
 import json
+import re
 
 import pytest
 from conftest import load_results, run_cli
@@ -191,6 +192,15 @@ def test_resume_of_a_run_without_a_gpu_refuses_and_gives_the_command_to_run_agai
     assert cp.returncode == 2, cp.stderr
     assert "that run measured nothing (no NVIDIA GPU was visible" in err
     assert "start it again: matrix-run --versions 2.6.3,2.7.0.post2" in err
+
+
+@pytest.mark.parametrize("spec", [">=2.6", "<2.7", "~=2.6.3", "==2.6.3"])
+def test_a_version_specifier_is_refused_as_one_not_read_as_a_label(spec):
+    """`--versions ">=2.6,..."` had answered "label '>' may only use letters ..." (new-user trial)."""
+    from matrix_runner.envs import requests
+    with pytest.raises(requests.UsageError, match=f"--versions: '{re.escape(spec)}' is a version specifier; matrix-run "
+                                                   "times exact versions"):
+        requests.parse_versions(spec)
 
 
 def test_too_many_workers_per_env_is_a_usage_error_naming_the_bound(tmp_path):

@@ -80,6 +80,9 @@ def parse_versions(text: str) -> list[EnvRequest]:
         raise UsageError("--versions: give at least one flash-attn version, e.g. --versions 2.6.3,2.7.0.post2")
     for it in items:
         package = subjects.DEFAULT
+        if re.match(r"\s*(~=|!=|[<>]=?|=)", it):  # ">=2.6": a specifier, which would read as label '>'
+            raise UsageError(f"--versions: {it!r} is a version specifier; matrix-run times exact versions: write each "
+                             "one, e.g. --versions 2.6.3,2.7.0.post2")
         tree = _tree_item(it)
         if tree is not None:  # [LABEL=]flash-attn-3@PATH (fa3.py)
             label, package, path = tree
