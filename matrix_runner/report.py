@@ -826,6 +826,14 @@ def pair_envs(a: dict, b: dict) -> list[tuple[str, str]]:
     return pairs
 
 
+#: How compare's intervals are made, said under its tables (new-user trial: "1.36x [0.82, 1.56]" read
+#: as a run's own interval).
+COMPARE_NOTE = ("B/A: two runs are not paired cycle by cycle as a run's versions are, so each interval is a "
+                "95 % two-level bootstrap over the runs' process sets, widened to Welch, per comparison: not "
+                "anytime-valid and not held together across comparisons as a run's own intervals are; the ratio "
+                "is of the runs' medians of set medians, so it can sit near one end where those medians are skewed")
+
+
 def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str | None = None,
                  b_path: str | None = None) -> dict:
     """Compare run B against run A: for each env in both (see pair_envs) and each case timed OK in
@@ -935,6 +943,8 @@ def compare_terminal(cmp: dict, console=None) -> None:
         console.print(f"[bold {colors[s['cls']]}]{escape(s['text'])}[/] [dim]{escape(s['detail'])}[/]")
     if cmp["skipped"]:
         console.print(f"[dim]{len(cmp['skipped'])} case(s) not compared (failed, or missing on one side)[/]")
+    if cmp["rows"]:
+        console.print(f"[dim]{escape(COMPARE_NOTE)}.[/]")
 
 
 def compare_markdown(cmp: dict) -> str:
@@ -955,7 +965,7 @@ def compare_markdown(cmp: dict) -> str:
                  w["verdict"] + (f" ({w['attribution']})" if w.get("attribution") else ""),
                  f"{r['host']['ratio']:.2f}x" if r["host"] else "–", f"{r['device']['ratio']:.2f}x" if r["device"] else "–"]
         lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
-    lines += ["", "ratio = B / A (median of per-process medians), 95% two-level bootstrap CI; above 1 B is slower."]
+    lines += ["", f"{COMPARE_NOTE}; above 1 B is slower."]
     return "\n".join(lines) + "\n"
 
 

@@ -430,6 +430,10 @@ def test_compare_cli_writes_table_html_and_markdown(h200, tmp_path):
     a_wall = next(c for c in h200["cases"] if c["env"] == "2.7.0.post2" and c["label"] == "B2 S300 H16 D16"
                   and c["op"] == "fwd")["metrics"]["wall_us"]["median"]
     assert f"| 2.7.0.post2 | B2 S300 H16 D16 | fwd | {report.fmt_us(a_wall)} | {report.fmt_us(2 * a_wall)} | 2.00x [" in md
+    # how the intervals were made, where a reader could take them for a run's own (new-user trial)
+    assert report.COMPARE_NOTE.startswith("B/A: two runs are not paired") and "not anytime-valid" in report.COMPARE_NOTE
+    assert " ".join(report.COMPARE_NOTE.split()) in " ".join(cp.stdout.split())
+    assert f"{report.COMPARE_NOTE}; above 1 B is slower." in md
 
 
 def test_compare_cli_help_and_errors(tmp_path):
