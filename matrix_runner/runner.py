@@ -361,8 +361,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     nvidia-smi index of the GPU whose clocks are sampled, ``worker_env`` is added to every worker's
     environment (``CUDA_VISIBLE_DEVICES``). The driver's CPU pinning applies to the calling thread.
     ``timing`` (a dict) receives ``close_s``: seconds from the loop's stop to the last worker reaped
-    (the budget's check before each set does not foresee them: H200 runs ended 0.3-0.7 s past a
-    60 s budget, 2026-12-03 night)."""
+    (the budget's check before each set does not foresee them; H200 runs ended up to 0.7 s past a
+    60 s budget, 2026-12-03 night, most likely from this stop: not yet measured)."""
     if not envs:
         return "no env could be timed"
     work.mkdir(parents=True, exist_ok=True)
