@@ -241,9 +241,10 @@ def cmd_compare(args) -> int:
             "dtype, ...); compare runs of the same config")
     report.compare_terminal(cmp, Console())
     if args.output:
-        if results.find(args.output).exists():  # a run's results.json or its archive (.gz)
-            raise UsageError(f"-o {args.output}: holds a run (results.json); its index.html would be "
-                                    "overwritten; give another directory")
+        held = results.find(args.output)  # a run's results.json or its archive (.gz)
+        if held.exists():
+            raise UsageError(f"-o {args.output}: holds a run ({held.name}); its index.html would be "
+                             "overwritten; give another directory")
         console.print(f"report: {report.write_compare_html(cmp, Path(args.output))}")
     if args.markdown:
         Path(args.markdown).write_text(report.compare_markdown(cmp))

@@ -492,6 +492,8 @@ MAX_REPEATS = 8
 #: takes a burst in turn, so K per env makes each worker's turn come K times less often (with 2 envs
 #: and 8 each, a 1.0 s set holds ~12 cycles of 16 bursts); beyond that a set times too few cycles.
 MAX_WORKERS_PER_ENV = 8
+#: Why, in the errors of the config and of --workers-per-env.
+WORKERS_PER_ENV_WHY = "a set's workers share one CPU core and take turns: more per env leave each too few cycles"
 
 
 def _exp_hint(v: Any, integer: bool = False) -> str:
@@ -915,8 +917,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
                    "within 5 % of its ratio; 1: dropped from the cycles as soon as it is decided)")
     if sampling.workers_per_env is not None and sampling.workers_per_env > MAX_WORKERS_PER_ENV:
         raise _err("sampling.workers_per_env", sampling.workers_per_env,
-                   f"must be at most {MAX_WORKERS_PER_ENV} or auto (a set's workers share one CPU core and take "
-                   "turns: more per env leave each too few cycles)")
+                   f"must be at most {MAX_WORKERS_PER_ENV} or auto ({WORKERS_PER_ENV_WHY})")
     if sampling.max_repeats > MAX_REPEATS:
         raise _err("sampling.max_repeats", sampling.max_repeats,
                    f"must be at most {MAX_REPEATS} (times a noisier case's wall clock comes up per sweep; "

@@ -58,7 +58,7 @@ from . import (
     wheels,
 )
 from . import envs as envmod
-from .config import MAX_CASES, MAX_WORKERS_PER_ENV, MIN_SET_SECONDS, load_config, parse_config
+from .config import MAX_CASES, MAX_WORKERS_PER_ENV, MIN_SET_SECONDS, WORKERS_PER_ENV_WHY, load_config, parse_config
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, UsageError
 from .ui import console, print_plan, progress, warn
 
@@ -349,8 +349,8 @@ class Run:
             if not (v > 0 and math.isfinite(v)):
                 raise UsageError(f"{name} {v:g}: give a positive number" + (", a finite one" if v > 0 else ""))
         if (samp.workers_per_env or 1) > MAX_WORKERS_PER_ENV:
-            raise UsageError(f"--workers-per-env {samp.workers_per_env}: give at most {MAX_WORKERS_PER_ENV} (a set's "
-                             "workers share one CPU core and take turns: more per env leave each too few cycles)")
+            raise UsageError(f"--workers-per-env {samp.workers_per_env}: give at most {MAX_WORKERS_PER_ENV} "
+                             f"({WORKERS_PER_ENV_WHY})")
         if samp.set_seconds < MIN_SET_SECONDS:
             raise UsageError(f"--set-seconds {samp.set_seconds:g}: give at least {MIN_SET_SECONDS:g} (s of cycles per "
                              "process set; below that a set of fresh workers holds hardly a cycle)")

@@ -979,7 +979,7 @@ def render_compare_html(cmp: dict) -> str:
         ch = charts.safe(charts.ratio_chart, rows, ["B"], "A", cmp["min_effect"], prefix=f"cmp{len(ratio_svgs)}",
                          what="B / A")
         ratio_svgs[env] = _svg(ch)
-    return _env().get_template("compare.html.j2").render(cmp=cmp, by_env=by_env, svgs=ratio_svgs)
+    return _env().get_template("compare.html.j2").render(cmp=cmp, by_env=by_env, svgs=ratio_svgs, note=COMPARE_NOTE)
 
 
 def write_compare_html(cmp: dict, out_dir: Path) -> Path:
