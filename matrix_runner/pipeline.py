@@ -14,7 +14,7 @@ device      the driver's probe and :mod:`machine` metadata, cuda / cpu / none, t
             the settings record, the plan of every env (printed)
 envs        every env prepared in parallel threads (:mod:`envs`); one failing env never sinks the rest
 timing      the timing phase: process sets of lockstep cycles (:mod:`runner`, or :mod:`shard` per GPU);
-            results so far are written after every set
+            results so far are written after the first set, then every ``PARTIAL_EVERY_S``
 explain     the ``--explain`` pass (:mod:`explain`), its own workers; its failure never fails the run
 write       results.json (:mod:`results`), index.html and Markdown (:mod:`report`), the summary lines
 exit_code   0 / 1 (a regression over ``--fail-on-regression``) / 3 (an env or case failed) / 130
@@ -115,6 +115,13 @@ def plan_all(reqs, cases, opts, dprobe) -> list[envmod.PlanItem]:
     envmod.share_jobs(items)
     return items
 
+
+#: Seconds between two writes of a running run's partial results.json (and after its first set):
+#: a kill -9 of the driver loses at most this much of what was measured (SIGINT/SIGTERM lose
+#: nothing: the results are written before exiting). A write after every set (the 0.74 MB of a 60 s
+#: seed run: the document built, then written and fsync'd, 0.2 s on the 2-core CPU machine) sat
+#: between two sets every ~1.4 s, 30 times a minute.
+PARTIAL_EVERY_S = 5.0
 
 #: What a CPU does with torch's attention in the stand-in, order of magnitude (2-core machine:
 #: ~5-20 GFLOP/s in fp32 SDPA): only used to warn before a GPU-sized config is timed on a CPU.
@@ -588,14 +595,19 @@ class Run:
         """The timing phase: process sets of lockstep cycles over the envs that are ok (:mod:`runner`;
         one shard per GPU with ``--gpus``: :func:`shard.time_local`); results so far written after
         every set. The time budget holds what this invocation spent before timing (the driver's
-        probe, the plan) but not env building or installing (minutes on a cold cache): with warm envs
-        a --time-budget 60 run takes ~60 s in all (plus writing the report)."""
+        probe, the plan; checking envs when every one was reused) but not env building or installing
+        (minutes on a cold cache): with warm envs a --time-budget 60 run takes at most 60 s in all
+        (plus writing the report)."""
         prior, base_doc, stop = self.prior, self.base_doc, self.stop
         ok_envs = [e for e in self.env_results if e.status == "ok"]
         prior_tm = float(((prior or {}).get("timing") or {}).get("timing_phase_s") or 0.0)
         t_tm = time.monotonic() - prior_tm  # a resumed run's timing phase includes the earlier one
         before_s = max(0.0, time.monotonic() - self.t_inv - self.env_s)
         self.base_timing["before_timing_s"] = round(before_s, 2)
+        if ok_envs and all((e.build or {}).get("reused") for e in ok_envs):
+            # envs only checked, nothing built or installed: that check is part of the minute too
+            # (0.01-0.44 s on the H200, 2026-12-03; one run ended at 60.69 s with 0.44 s of it)
+            before_s += self.env_s
         base_doc["timing"] = self.base_timing
         # measured process sets of the run being resumed (case id + env label is the key)
         self.data = data = runner.data_from_results(prior, self.cfg.cases) if prior else {}
@@ -655,12 +667,18 @@ class Run:
             def on_progress(msg):
                 prog.update(task, description=msg)
 
+            last_write = [-math.inf]
+
             def on_set(rec):
-                try:  # results so far, so that a crash or kill of the driver keeps them
-                    partial = self.finish_doc("running", time.monotonic() - t_tm)
-                    results.write_json(self.out_dir / "results.json", partial)
-                except Exception as ex:  # noqa: BLE001 - a partial write must never stop the run
-                    console.print(f"[dim]partial results not written: {ex}[/]")
+                # results so far, so that a crash or kill of the driver keeps them: after the first
+                # set, then at most every PARTIAL_EVERY_S (each write is on the path between two sets)
+                if time.monotonic() - last_write[0] >= PARTIAL_EVERY_S:
+                    try:
+                        partial = self.finish_doc("running", time.monotonic() - t_tm)
+                        results.write_json(self.out_dir / "results.json", partial)
+                    except Exception as ex:  # noqa: BLE001 - a partial write must never stop the run
+                        console.print(f"[dim]partial results not written: {ex}[/]")
+                    last_write[0] = time.monotonic()
                 if not console.is_terminal:  # a log: the sets as lines (no spinner there)
                     console.print(f"set {rec['set']}: {rec['cycles']} cycles, {rec['seconds']:.1f} s"
                                   + (f", cpu {rec['cpu']}" if rec.get("cpu") is not None else ", unpinned"))

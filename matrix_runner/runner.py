@@ -264,16 +264,57 @@ def _preimport_files(work: Path, learned: dict) -> dict:
     return out
 
 
+class _Closer:
+    """The threads stopping a run's finished workers (one per set closed), and how long each set's
+    workers took from the signal to the last one reaped (s): the last set's and the prefetched sets'
+    are stopped after the budget's last check, so :meth:`reserve` is what that check keeps back."""
+
+    #: the reserve is the largest of this many latest reap times (a CUDA context's teardown varies)
+    RECENT = 5
+
+    def __init__(self):
+        self.threads: list[threading.Thread] = []
+        self.seconds: list[float] = []
+        self._lock = threading.Lock()
+
+    def stop(self, workers: list) -> None:
+        """Signal ``workers`` (SIGTERM) now and reap them in a background thread, timed."""
+        t0 = time.monotonic()
+        for w in workers:
+            w.terminate()
+
+        def reap():
+            for w in workers:
+                w.close()
+            with self._lock:
+                self.seconds.append(time.monotonic() - t0)
+
+        t = threading.Thread(target=reap, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Wait for every worker signalled so far to be reaped (each thread up to ``timeout`` s)."""
+        while self.threads:
+            self.threads.pop().join(timeout=timeout)
+
+    def reserve(self) -> float:
+        """Seconds to keep back for stopping the workers alive when the run stops: the largest of
+        the :data:`RECENT` latest reap times, 0 before any set was closed."""
+        with self._lock:
+            return max(self.seconds[-self.RECENT:], default=0.0)
+
+
 class _Set:
     """One process set: ``per_env`` workers per env (see module doc). Worker keys are the env label,
     or ``label#j`` with several per env."""
 
     def __init__(self, sid: int, envs: list[EnvResult], work: Path, other_cpus: set | None, per_env: int,
-                 env_extra: dict | None, closing: list, preimport: dict | None = None):
+                 env_extra: dict | None, closing: _Closer, preimport: dict | None = None):
         self.sid, self.envs, self.work = sid, envs, work
         #: lockstep cycles completed so far (an interrupted set reports the ones it keeps)
         self.cycles_done = 0
-        #: threads stopping finished workers: the run's own list (shards run concurrently)
+        #: stops finished workers: the run's own (shards run concurrently)
         self.closing = closing
         self.t0 = time.monotonic()
         self.workers: dict[str, lockstep.Worker] = {}
@@ -336,11 +377,7 @@ class _Set:
         if park:
             for w in ws:
                 lockstep.move_process(w.pid, park)
-        for w in ws:
-            w.terminate()
-        t = threading.Thread(target=lambda: [w.close() for w in ws], daemon=True)
-        t.start()
-        self.closing.append(t)
+        self.closing.stop(ws)
 
 
 def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, device: str, quick: bool,
@@ -360,9 +397,10 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     ``family_extra`` comparisons of the other shards join the family (stats.select_family), ``gpu_index`` is the
     nvidia-smi index of the GPU whose clocks are sampled, ``worker_env`` is added to every worker's
     environment (``CUDA_VISIBLE_DEVICES``). The driver's CPU pinning applies to the calling thread.
-    ``timing`` (a dict) receives ``close_s``: seconds from the loop's stop to the last worker reaped
-    (the budget's check before each set does not foresee them; H200 runs ended up to 0.7 s past a
-    60 s budget, 2026-12-03 night, most likely from this stop: not yet measured)."""
+    ``timing`` (a dict) receives ``close_s``: seconds from the loop's stop to the last worker reaped,
+    and ``close_reserve_s``: what the budget's last check kept back for that stop (:class:`_Closer`:
+    the longest of the latest sets' reap times; without it, H200 runs of 2026-12-03 night ended up
+    to 0.7 s past a 60 s budget)."""
     if not envs:
         return "no env could be timed"
     work.mkdir(parents=True, exist_ok=True)
@@ -375,7 +413,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     t_call = time.monotonic()
     t0 = t_call - elapsed_s
     monitor = GpuMonitor(device == "cuda", gpu_index)
-    closing: list = []  # this run's threads stopping finished workers
+    closing = _Closer()  # this run's finished workers, being stopped
     before_aff = machine.allowed_cpus()
     if cpus.get("pinned") and cpus.get("driver_cpu") is not None:
         lockstep.set_affinity(0, {cpus["driver_cpu"]})
@@ -392,6 +430,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     depth = sampling.prefetch_depth or Sampling.depth_for(len(others or ()), len(envs) * sampling.workers_per_env,
                                                           sampling.start_s, sampling.set_seconds)
     reason = None
+    kept = 0.0  # the reserve for the stop at the budget's latest check (_Closer.reserve)
     # env label -> the modules its workers' set-ups loaded (_learn), an ordered set; a --resume
     # starts from what the earlier part learned (its preimport files in the same work dir)
     learned: dict = {}
@@ -434,7 +473,10 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             # after the cold first set alone, the planned pace where it is shorter (new-user trial: a
             # 20 s budget on 2 cores stopped after one 9 s set whose successors took ~4.5 s)
             typical = (durations[1:] or [min(durations[0], sampling.set_estimate_s)]) if durations else []
-            if typical and elapsed + sum(typical) / len(typical) > sampling.time_budget_s:
+            # and the stop after the last set: the workers then alive are stopped and reaped (the
+            # run's close_s; H200 runs without this reserve ended up to 0.7 s past a 60 s budget)
+            kept = closing.reserve()
+            if typical and elapsed + sum(typical) / len(typical) + kept > sampling.time_budget_s:
                 reason = f"time budget {sampling.time_budget_s:g} s: another process set would overrun it"
                 break
             if stop.is_set():
@@ -507,11 +549,11 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
         t_close = time.monotonic()
         while pending:
             pending.pop().close()
-        while closing:
-            closing.pop().join(timeout=10)
+        closing.join()
         if before_aff:
             lockstep.set_affinity(0, before_aff)
         if timing is not None:  # after the last set: the workers still alive stopped and reaped (s)
+            timing["close_reserve_s"] = round(kept, 3)
             timing["close_s"] = round(time.monotonic() - t_close, 3)
     return reason
 
@@ -687,8 +729,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         phase("setup")
         # the previous set's workers have exited (their CUDA teardown disturbed the first bursts of
         # a set on the H200), then the next set's workers start importing on spare cores
-        while st.closing:
-            st.closing.pop().join(timeout=10)
+        st.closing.join()
         phase("teardown")
         if sampling.prefetch_spawn == "cycles":
             prefetch("spawn")

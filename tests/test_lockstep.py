@@ -652,3 +652,35 @@ def test_a_decided_host_comparison_leaves_the_cycles_at_host_precision_a_wall_on
     assert _settled(cmp, samp, "wall_us") == _settled(cmp, samp) == {("a", "b", "w")}
     samp.host_precision = 1.0  # dropped as soon as decided
     assert _settled(cmp, samp, "host_us") == {("a", "b", "x"), ("a", "b", "y"), ("a", "b", "w")}
+
+
+def test_closer_times_each_sets_reap_and_reserves_the_longest_recent_one():
+    """runner._Closer: workers are signalled at once and reaped in the background; each stop's
+    seconds (signal to last worker reaped) are kept, and the budget's check keeps back the longest
+    of the latest five (0 before any)."""
+    from matrix_runner import runner
+
+    class Slow:
+        def __init__(self, s):
+            self.s, self.signalled, self.closed = s, 0.0, False
+
+        def terminate(self):
+            self.signalled = time.monotonic()
+
+        def close(self):
+            time.sleep(self.s)
+            self.closed = True
+
+    c = runner._Closer()
+    assert c.reserve() == 0.0
+    ws = [Slow(0.05), Slow(0.15)]
+    t0 = time.monotonic()
+    c.stop(ws)
+    assert time.monotonic() - t0 < 0.05 and all(w.signalled for w in ws)  # signalled, not waited for
+    c.join()
+    assert all(w.closed for w in ws) and not c.threads
+    assert 0.19 <= c.reserve() < 1.0  # the two reaped one after the other: ~0.2 s
+    for s in (0.01,) * 5:  # the reserve follows the latest sets
+        c.stop([Slow(s)])
+        c.join()
+    assert c.reserve() < 0.15
