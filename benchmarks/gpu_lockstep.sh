@@ -24,13 +24,18 @@ export PYTHONPATH=/tmp/site:$PWD
 mkdir -p .carry/built  # --find-links needs it to exist
 COMMON=(--find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
 nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+# STOP_BY=S: a run is not started after S s of this call (a run takes ~66 s; the device's limit is 600 s)
 step() { local name=$1; shift; local t=$SECONDS
+  if [ $((SECONDS - T0 + 70)) -gt "${STOP_BY:-600}" ]; then echo "== $name: skipped (STOP_BY)" | tee -a "$OUT/summary.txt"; return; fi
   # TRACE=1: every burst's raw samples and CPU-speed probe readings (worker.speed_probe) per worker
   if [ "${TRACE:-0}" = 1 ]; then mkdir -p /tmp/lk/trace-$name; export MATRIX_RUN_BURST_TRACE=/tmp/lk/trace-$name; fi
   timeout --signal=TERM --kill-after=10 "$1" "${@:2}" --output /tmp/lk/$name > /tmp/lk/$name.log 2>&1; local rc=$?
   echo "== $name: exit $rc, $((SECONDS - t)) s wall" | tee -a "$OUT/summary.txt"
   grep -E "✓|✗|time:|stopped|failed|warning|pinned" /tmp/lk/$name.log | head -8 | tee -a "$OUT/summary.txt"
-  python3 benchmarks/lockstep_summary.py /tmp/lk/$name/results.json 2>&1 | tee -a "$OUT/summary.txt"; }
+  python3 benchmarks/lockstep_summary.py /tmp/lk/$name/results.json 2>&1 | tee -a "$OUT/summary.txt"
+  # what is done so far comes back even if a later run overruns the call's limit
+  cp /tmp/lk/$name.log /tmp/lk/$name/console.log 2>/dev/null
+  tar czf "$OUT/lockstep.tgz" -C /tmp --exclude='.work' lk; }
 # SEED=N: N seed comparisons one after another (the first on a fresh machine pays its cold caches)
 for i in $(seq 1 "${SEED:-1}"); do
   step seed$([ "$i" = 1 ] || echo "$i") 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
@@ -40,6 +45,14 @@ done
 for i in $(seq 1 "${ABAB:-0}"); do
   step seed-a$i 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
   step seed-b$i 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}" ${B_OPTS:-}
+done
+# MIX=N: N rounds of seed default (seed-a*), seed with B_OPTS (seed-b*), A/A default (aa-a*), A/A with
+# B_OPTS (aa-b*): a variant measured side by side on both kinds of run, in case the call ends early
+for i in $(seq 1 "${MIX:-0}"); do
+  step seed-a$i 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}"
+  step seed-b$i 150 python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}" ${B_OPTS:-}
+  step aa-a$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}"
+  step aa-b$i 150 python3 -m matrix_runner run --versions a=2.6.3,b=2.6.3 "${COMMON[@]}" ${B_OPTS:-}
 done
 # AA_VERSION: the version of the A/A runs (2.6.3 by default; 2.7.0.post2 asks whether its own
 # processes differ from one another more than 2.6.3's do)

@@ -40,6 +40,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       prefetch_spawn: cycles  # when the next set's workers start: during this set's cycles, or after them
       prefetch_depth: auto  # sets whose workers start ahead of their turn (auto: Sampling.depth_for, 2-4 where spare cores hold them, else 1)
       preimport: true       # later sets' workers import, while they start, the modules earlier sets' set-ups loaded
+      cuda_at_start: false  # later sets' workers create their CUDA context while they start, not in their set's set-up
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
 (batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
@@ -328,6 +329,10 @@ class Sampling:
     #: run while the previous set is timed instead of in this set's set-up: flash-attn 2.7.0.post2's
     #: first call imports torch._dynamo (~1 s of its 1.1-1.5 s set-up per set on the H200).
     preimport: bool = True
+    #: A set's workers create their CUDA context while they start (sets ahead of their turn, on
+    #: spare cores, beside another set's cycles: worker.cuda_at_start) instead of in their first
+    #: set-up, which their set waits for (~0.34 s of a 1.5 s set on the H200, 2026-12-04).
+    cuda_at_start: bool = False
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
     #: (H200, 2026-12-02, default config, 60 s; benchmarks/results/h200-lockstep-runs-12-02.txt):
@@ -471,7 +476,7 @@ _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", 
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
                   "host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport",
-                  "prefetch_depth", "host_precision"}
+                  "prefetch_depth", "host_precision", "cuda_at_start"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -908,6 +913,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         speed_adjust=_bool("sampling.speed_adjust", sd.get("speed_adjust", Sampling.speed_adjust)),
         prefetch_spawn=sd.get("prefetch_spawn", Sampling.prefetch_spawn),
         preimport=_bool("sampling.preimport", sd.get("preimport", Sampling.preimport)),
+        cuda_at_start=_bool("sampling.cuda_at_start", sd.get("cuda_at_start", Sampling.cuda_at_start)),
         prefetch_depth=_prefetch_depth(sd.get("prefetch_depth")),
         host_precision=_pos_number("sampling.host_precision", sd.get("host_precision", Sampling.host_precision)),
     )

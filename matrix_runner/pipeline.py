@@ -694,9 +694,12 @@ class Run:
             mine = shard.share(cfg.cases, *job) if job else cfg.cases
             if job:
                 base_doc["shard"] = shard.job_record(job, self.machine)
+            # the budget holds the plan above too (plan_cpus' noise calibration: ~30 ms per core, ~0.5 s
+            # on the H200's 16; uncounted, runs ended up to 0.3 s past a 60 s budget, 2026-12-04)
             reason = runner.run_all(ok_envs, mine, samp, device=self.device_kind, quick=args.quick, work=work,
                                     case_timeout=args.case_timeout, stop=self.stop, data=data, sets=sets, cpus=cpus,
-                                    on_set=on_set, on_progress=on_progress, elapsed_s=prior_tm + before_s,
+                                    on_set=on_set, on_progress=on_progress,
+                                    elapsed_s=before_s + (time.monotonic() - t_tm),
                                     family_extra=(len(ok_envs) - 1) * (len(cfg.cases) - len(mine)),
                                     timing=self.base_timing)
             for cd in data.values() if job else ():  # a job's cases: its GPU and the clocks seen

@@ -53,6 +53,7 @@ from . import envs as envmod
 from . import lockstep, machine, proc, stats
 from .config import CYCLED, METRICS, Case, Sampling
 from .envs import EnvResult
+from .worker import CUDA_AT_START_ENV
 
 #: Seconds a worker may take to start (import torch and the subject) before it is stopped.
 START_TIMEOUT_S = 180.0
@@ -422,6 +423,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     park = others or ({cpus["driver_cpu"]} if cpus.get("pinned") and cpus.get("driver_cpu") is not None else None)
     if sampling.workers_per_env is None:  # auto (config.Sampling.workers_per_env)
         sampling.workers_per_env = 1
+    if device == "cuda" and sampling.cuda_at_start and not quick:  # contexts made while workers start
+        worker_env = {**(worker_env or {}), CUDA_AT_START_ENV: "1"}
     labels = [e.label for e in envs]
     durations: list[float] = []
     slopes: dict = {}  # (case id, metric) -> stats.SpeedSlope, over every set of this run
@@ -646,6 +649,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             pre = (w.hello or {}).get("preimport")
             if isinstance(pre, dict):  # modules imported at its start, learned from earlier sets (_learn)
                 rec["workers"][key]["preimport"] = {k: v for k, v in pre.items() if k != "first_failures" or v}
+            cu = (w.hello or {}).get("cuda_at_start")
+            if isinstance(cu, dict):  # its CUDA context, made while it started (Sampling.cuda_at_start)
+                rec["workers"][key]["cuda_at_start"] = cu
         phase("start")
         failed = [e for e in envs.values() if e.status == "failed"]
         if failed:  # the set goes on with the envs that started (run_all drops the failed ones after it)

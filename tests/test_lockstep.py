@@ -684,3 +684,41 @@ def test_closer_times_each_sets_reap_and_reserves_the_longest_recent_one():
         c.stop([Slow(s)])
         c.join()
     assert c.reserve() < 0.15
+
+
+def test_cuda_at_start_reports_its_seconds_or_the_error_and_is_only_asked_for_cuda_runs(monkeypatch, tmp_path):
+    """worker.cuda_at_start never raises (on this CPU-only machine it returns the error, which the
+    set-up then meets as a real failure); the runner asks for it only for a CUDA run with
+    ``sampling.cuda_at_start``."""
+    import torch
+
+    rec = worker.cuda_at_start()
+    assert rec["seconds"] >= 0
+    assert ("error" in rec) == (not torch.cuda.is_available())
+    from matrix_runner import runner
+    from matrix_runner.config import Sampling, load_config
+
+    assert Sampling().cuda_at_start is False
+    assert load_config(None).sampling.cuda_at_start is False
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_set(sid, envs, work, others, per_env, env_extra, *a, **k):
+        seen.append(env_extra)
+        raise Stop
+
+    monkeypatch.setattr(runner, "_Set", fake_set)
+    env = SimpleNamespace(label="a", python=sys.executable, status="ok", axis=None)
+    from matrix_runner.config import Case
+
+    case = Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
+    import threading
+
+    for i, (device, on) in enumerate((("cuda", True), ("cuda", False), ("cpu", True))):
+        # the first set's construction raises: the run ends there (a driver error, on record)
+        reason = runner.run_all([env], [case], Sampling(cuda_at_start=on, max_sets=1), device=device, quick=False,
+                                work=tmp_path / str(i), case_timeout=5.0, stop=threading.Event(), data={}, sets=[])
+        assert "Stop" in reason
+    assert [bool((e or {}).get(worker.CUDA_AT_START_ENV)) for e in seen] == [True, False, False]
