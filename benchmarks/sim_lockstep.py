@@ -35,7 +35,10 @@ sets' log ratios from ``stats.set_log_ratio``, the interval's width factor from
 ``stats.lai_mixing``, ``stats.verdict``'s rule, ``stats.trimmed_count``. Every variant is also
 replayed for its first ``--check`` runs through ``stats.set_compare`` (A/A and power; the old way
 through ``stats._trimmed_ci`` + ``stats.verdict``) set by set, exactly as the runner calls them, and
-the verdicts and set counts are required to agree. Usage:
+the verdicts and set counts are required to agree. The rule simulated is results method /3: the
+glitch guard of method /4 (stats.GLITCH_LOG: a cycle twice or half a comparison's ratio so far left
+out) is not modelled here (the replay uses ``glitch_guard=False``); benchmarks/glitch_guard_replay.py
+weighs it on the committed runs. Usage:
 python benchmarks/sim_lockstep.py [--runs 2000] [--seed 20261201] [--check 40]
 """
 from __future__ import annotations
@@ -56,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, ROOT.as_posix())
 from matrix_runner import stats
 from matrix_runner.config import Sampling
+from matrix_runner.results import read_text
 
 DATA1 = ROOT / "benchmarks/data/h200-lockstep-cycles-2026-12-01.json"
 DATA2 = ROOT / "../shared/data/lockstep-h200-2026-12-01.json"
@@ -104,8 +108,14 @@ def short(cid: str) -> str:
     return f"{p[0]} {p[1]} {p[2]}"
 
 
+def read_data(path: Path) -> str:
+    """A per-cycle data file as written, or gzipped beside it (``NAME.json.gz``: benchmarks/data/ keeps
+    them gzipped, as archived runs are)."""
+    return read_text(path if path.exists() else path.with_name(path.name + ".gz"))
+
+
 def load_cycles() -> dict:
-    d = json.loads(DATA1.read_text())
+    d = json.loads(read_data(DATA1))
     out = {}
     for run, rv in d["runs"].items():
         for cid, cv in rv["cases"].items():
@@ -337,7 +347,8 @@ def replay(fam: Family, used, idx, r: int, S: int, method: str, n_target: int = 
         res = []
         if method in ("cs", "bonferroni"):  # as runner.comparisons_now: each alone, then e-BY over them
             vs = [stats.set_compare(base[j], cand[j], min_effect=E, family_size=M, family_alpha=ALPHA,
-                                    n_target=n_target, cycles=True, selective=method == "cs") for j in range(M)]
+                                    n_target=n_target, cycles=True, selective=method == "cs",
+                                    glitch_guard=False) for j in range(M)]
             if method == "cs":
                 stats.select_family(vs, family_alpha=ALPHA, family_size=M, min_effect=E)
         for j in range(M):

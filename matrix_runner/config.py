@@ -331,7 +331,11 @@ class Sampling:
     preimport: bool = True
     #: A set's workers create their CUDA context while they start (sets ahead of their turn, on
     #: spare cores, beside another set's cycles: worker.cuda_at_start) instead of in their first
-    #: set-up, which their set waits for (~0.34 s of a 1.5 s set on the H200, 2026-12-04).
+    #: set-up, which their set waits for (~0.34 s of a 1.5 s set on the H200, 2026-12-04). Off:
+    #: alternated with the default on the H200 (2026-12-04, 4 seed + 4 A/A runs each,
+    #: benchmarks/results/h200-runs-12-04.txt) it gave 10 % more sets, but a context made on the GPU
+    #: beside a set's cycles disturbed the batch-512 bursts: A/A batch-512 fwd median +-1.79 % vs
+    #: +-0.98 %, seed batch-512 bwd +-2.66 % vs +-1.46 %, 4 "ambiguous" A/A verdicts vs none.
     cuda_at_start: bool = False
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side

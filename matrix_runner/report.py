@@ -320,10 +320,15 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
                  "its samples reads the CPU's speed of the moment; the case's slope of call time on it, measured "
                  "within each worker in the earlier bursts, moves every sample there; the µs shown are the plain "
                  "burst medians)" if speed_adjust else "")
+        glitch = ""
+        if method not in results.GUARDLESS_METHODS and lockstep:
+            n = sum(x.get("dropped_cycles") or 0 for x in comparisons if x.get("metric") in ("wall_us", "host_us"))
+            glitch = (" (from the fourth set on, a turn whose ratio is twice or half the comparison's ratio in the "
+                      f"earlier sets is left out as a stall, not a version's cost: {n} of the run's wall and host turns)")
         how = (f"each process set (fresh workers of every version, all pinned to one CPU core) timed every case in "
                f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
-               f"other{speed}; per set, the trimmed mean of those paired ratios; the interval is an anytime-valid "
-               f"confidence sequence over the sets (Lai's t-mixture)")
+               f"other{speed}; per set, the trimmed mean of those paired ratios{glitch}; the interval is an "
+               f"anytime-valid confidence sequence over the sets (Lai's t-mixture)")
         m, fa = c.get("family_size") or len(wall), c.get("family_alpha", 0.05)
         if wall and all(x.get("verdict") == "provisional" for x in wall):  # --quick, or one set so far
             return how + "; with one process set there is no interval yet: the ratios are provisional, no verdict"

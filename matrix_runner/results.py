@@ -50,8 +50,11 @@ SCHEMA = "matrix-runner/results/2"
 READABLE = ("matrix-runner/results/1", SCHEMA)
 #: How a results/2 run's comparisons are made (stats.set_compare, stats.select_family); named in the
 #: data. "/1": each interval at 1 - alpha/m (Bonferroni); "/2": e-BY over the decided ones; "/3":
-#: the pass clocks' (kernel time, CUDA graph) mixing tuned for a few sets (stats.PASS_N_TARGET).
-METHOD = "lockstep-sets/anytime-t-cs/3"
+#: the pass clocks' (kernel time, CUDA graph) mixing tuned for a few sets (stats.PASS_N_TARGET); "/4":
+#: the glitch guard (stats.GLITCH_LOG: a cycle twice or half the comparison's ratio so far is left out).
+METHOD = "lockstep-sets/anytime-t-cs/4"
+#: The methods whose comparisons are recomputed without the glitch guard, as they were judged.
+GUARDLESS_METHODS = ("lockstep-sets/anytime-t-cs/1", "lockstep-sets/anytime-t-cs/2", "lockstep-sets/anytime-t-cs/3")
 #: The methods whose comparisons are recomputed without e-BY, as they were judged.
 BONFERRONI_METHODS = ("lockstep-sets/anytime-t-cs/1",)
 #: The methods whose pass clocks were tuned for the run's planned sets (recomputed so).
@@ -197,11 +200,13 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
         family[m] = sum(1 for base, cand, cid in todo if m in by[(base, cid)]["metrics"] and m in by[(cand, cid)]["metrics"])
     selective = settings.get("method") not in BONFERRONI_METHODS
     pass_target = None if settings.get("method") in PLANNED_PASS_METHODS else stats.PASS_N_TARGET
+    guard = settings.get("method") not in GUARDLESS_METHODS
     rows = []
     for base, cand, cid in todo:
         b, k = by[(base, cid)], by[(cand, cid)]
         per, _, _ = compare_case(b, k, min_effect, paired=paired, seed_key=cid, family=family, alpha=alpha,
-                                 n_target=n_target, quick=quick, selective=selective, pass_target=pass_target)
+                                 n_target=n_target, quick=quick, selective=selective, pass_target=pass_target,
+                                 glitch_guard=guard)
         rows.append((base, cand, cid, per))
     if selective:
         for m in METRICS:
@@ -224,7 +229,8 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
 def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key: str,
                  metrics: tuple = METRICS, family: dict | None = None, alpha: float = 0.05, n_target: int = 8,
                  quick: bool = False, selective: bool = True,
-                 pass_target: int | None = stats.PASS_N_TARGET) -> tuple[dict, str | None, str | None]:
+                 pass_target: int | None = stats.PASS_N_TARGET,
+                 glitch_guard: bool = True) -> tuple[dict, str | None, str | None]:
     """One case's comparison, candidate record ``k`` against baseline record ``b`` (results.json case
     records of one case id): per metric of ``metrics`` that both hold, the comparison dict (ratio
     k/b, interval, verdict), and the attribution of the wall-time difference (host, device, mixed)
@@ -234,7 +240,7 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
     ``paired`` and results/2 data (``by_set``): :func:`stats.set_compare` -- process sets paired by
     set id, an anytime-valid interval at level ``alpha`` over ``family[metric]`` comparisons,
     tuned for ``n_target`` sets (a pass clock for ``pass_target``; ``selective``: for e-BY,
-    stats.set_compare), provisional when
+    stats.set_compare; ``glitch_guard``: stats.GLITCH_LOG), provisional when
     ``quick``; this is each comparison alone (Bonferroni): :func:`comparisons` narrows the decided
     ones of a run together (stats.select_family). Else :func:`stats.compare` on the
     per-set (per-round) values as independent groups (``paired=False``: separate runs), or paired by
@@ -251,7 +257,7 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
             per[m] = stats.set_compare(bs, ks, min_effect=min_effect, family_size=(family or {}).get(m, 1),
                                        family_alpha=alpha, n_target=n_target, cycles=m in CYCLED,
                                        provisional=quick, plain=(rb, rk) if rb and rk else None,
-                                       selective=selective, pass_target=pass_target)
+                                       selective=selective, pass_target=pass_target, glitch_guard=glitch_guard)
         else:
             sb, sk = mb.get("samples"), mk_.get("samples")
             if not (sb and sk):

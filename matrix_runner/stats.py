@@ -313,6 +313,22 @@ FAMILY_ALPHA = 0.05
 SET_METHOD = "lockstep sets, anytime t-CS"
 #: Share trimmed from each end of a set's per-cycle log ratios (Tukey-McLaughlin / Yuen: 20 %).
 CYCLE_TRIM = 0.2
+#: The glitch guard (method /4, :func:`set_compare`): a cycle whose log ratio lies more than this
+#: from the comparison's centre so far (the median of the earlier sets' values) is left out of its
+#: set's value, and counted (``dropped_cycles``). A set with few cycles of a case (2-3 once it is
+#: nearly decided) cannot trim: on the H200 (2026-12-04, an A/A run, batch-512 S150 fwd, set 10 of
+#: 28) one burst took 8,004 µs instead of ~550 (a stall of the whole ~5 ms burst) in a set of two
+#: cycles; its set value, log ratio 1.25 against the others' +-0.05, widened that comparison's
+#: interval to [0.866, 1.279] where its sibling runs had +-1 %, and no later set could undo it.
+#: log 2: twice or half the comparison's typical ratio -- far beyond what the CPU's speed moves a
+#: cycle's ratio by (the batch-512 S50 fwd ratio 1.10-1.20 from the fast to the slow state) and
+#: 5-14 per-cycle SDs in an A/A run. The centre is the median of the earlier sets' unguarded
+#: values (so one glitched set cannot move it, nor a guarded centre feed on itself) and the rule
+#: treats both envs alike, so an A/A run's intervals keep their level.
+GLITCH_LOG = math.log(2.0)
+#: The guard starts once this many earlier sets give its centre (the first set has a case's most
+#: cycles, 9 or more, and its trimmed mean).
+GLITCH_AFTER = 3
 #: The sets the mixing of a *pass* clock's confidence sequence (kernel time, CUDA graph: one pass
 #: per worker and set, taken "while undecided", runner._needed) is tuned for, whatever the run plans
 #: for its wall clock. Kernel time hardly moves between processes, so these clocks stop as soon as
@@ -385,27 +401,47 @@ def _trimmed_mean(d: list) -> float | None:
     return float(np.mean(d[g:len(d) - g]))
 
 
-def _paired(base: dict, cand: dict):
+def _paired(base: dict, cand: dict, center: float | None = None):
     """(baseline, candidate) burst medians of the cycles both have (paired by cycle id, never by
-    position), both finite and > 0; a set's ratio and delta use the same pairs."""
+    position), both finite and > 0; a set's ratio and delta use the same pairs. With ``center`` (a
+    log ratio), the glitch guard: a cycle whose log ratio lies more than :data:`GLITCH_LOG` from it
+    is left out (:func:`glitches` counts them)."""
     for cy, b in base.items():
         k = cand.get(cy)
         if b is not None and k is not None and math.isfinite(b) and math.isfinite(k) and b > 0 and k > 0:
+            if center is not None and abs(math.log(k) - math.log(b) - center) > GLITCH_LOG:
+                continue
             yield b, k
 
 
-def set_delta(base: dict, cand: dict) -> float | None:
+def glitches(base: dict, cand: dict, center: float | None) -> int:
+    """How many of a set's paired cycles the glitch guard leaves out (0 without a ``center``)."""
+    if center is None:
+        return 0
+    return sum(1 for _ in _paired(base, cand)) - sum(1 for _ in _paired(base, cand, center))
+
+
+def set_delta(base: dict, cand: dict, center: float | None = None) -> float | None:
     """One process set's observation of candidate - baseline in µs per call: the 20 % trimmed mean
-    of the paired per-cycle differences (:func:`_paired`)."""
-    return _trimmed_mean([k - b for b, k in _paired(base, cand)])
+    of the paired per-cycle differences (:func:`_paired`; ``center``: its glitch guard)."""
+    return _trimmed_mean([k - b for b, k in _paired(base, cand, center)])
 
 
-def set_log_ratio(base: dict, cand: dict) -> float | None:
+def set_log_ratio(base: dict, cand: dict, center: float | None = None) -> float | None:
     """One process set's observation of log(candidate / baseline) from its lockstep cycles:
     ``base``/``cand`` map cycle id -> burst median (µs per call); cycles are paired by id (never by
     position, :func:`_paired`), and the set's value is the 20 % trimmed mean of the paired per-cycle
-    log ratios (a transient disturbance of one burst is one outlying cycle). None without a pair."""
-    return _trimmed_mean([math.log(k) - math.log(b) for b, k in _paired(base, cand)])
+    log ratios (a transient disturbance of one burst is one outlying cycle). ``center``: the glitch
+    guard's centre (:data:`GLITCH_LOG`). None without a pair."""
+    return _trimmed_mean([math.log(k) - math.log(b) for b, k in _paired(base, cand, center)])
+
+
+def _set_order(s):
+    """Process-set ids in the order they ran (ints, or their strings in JSON)."""
+    try:
+        return (0, int(s))
+    except (TypeError, ValueError):
+        return (1, str(s))
 
 
 def comparison_pairs(envs: list) -> list[tuple[str, str]]:
@@ -442,7 +478,7 @@ def pairs_among(labels: list[str], pairs: list | None = None) -> list[tuple[str,
 def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, family_size: int = 1,
                 family_alpha: float = FAMILY_ALPHA, n_target: int = 8, cycles: bool = True,
                 provisional: bool = False, plain: tuple | None = None, selective: bool = True,
-                pass_target: int | None = PASS_N_TARGET) -> dict | None:
+                pass_target: int | None = PASS_N_TARGET, glitch_guard: bool = True) -> dict | None:
     """Compare one clock of one case between two envs measured in lockstep process sets.
 
     ``base_sets``/``cand_sets`` map a process-set id to that set's data: with ``cycles`` a dict
@@ -471,15 +507,33 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
     adjusted values, ``delta_us`` and the medians from the plain ones (what a call costs on this
     machine; a fixed-time cost is not rescaled by the speed). ``pass_target``: the sets the mixing
     is tuned for when not ``cycles`` (a pass clock: :data:`PASS_N_TARGET`, method /3); None: for
-    ``n_target`` like the wall clock (methods /1 and /2, as their runs were judged)."""
-    ids = [s for s in base_sets if s in cand_sets]
-    obs, deltas, used = [], [], []
+    ``n_target`` like the wall clock (methods /1 and /2, as their runs were judged). ``glitch_guard``
+    (method /4; False: as runs of methods /1-/3 were judged): in the cycled clocks, from the
+    fourth set on, a set's cycles whose log ratio lies more than :data:`GLITCH_LOG` from the median
+    of the earlier sets' unguarded values are left out of that set's ratio and delta (a set left
+    with none is not used); ``dropped_cycles`` counts them."""
+    ids = sorted((s for s in base_sets if s in cand_sets), key=_set_order)
+    obs, deltas, used, raw = [], [], [], []
+    dropped = 0
     pb, pk = plain if plain else (base_sets, cand_sets)
     for s in ids:
         b, k = base_sets[s], cand_sets[s]
         if cycles:
-            v = set_log_ratio(b, k)
-            dv = set_delta(pb.get(s) or b, pk.get(s) or k) if plain else set_delta(b, k)
+            # the guard's centre: the median of the earlier sets' unguarded values (predictable, and
+            # one glitched set among them cannot move it), from the fourth set on
+            ctr = float(np.median(raw)) if glitch_guard and len(raw) >= GLITCH_AFTER else None
+            r0 = set_log_ratio(b, k)
+            if r0 is not None:
+                raw.append(r0)
+            if ctr is not None:
+                n0 = sum(1 for _ in _paired(b, k))
+                keep = {cy for cy, x in b.items() if x is not None and cy in k and k[cy] is not None
+                        and any(True for _ in _paired({cy: x}, {cy: k[cy]}, ctr))}
+                dropped += n0 - len(keep)
+                b, k = {cy: b[cy] for cy in keep}, {cy: k[cy] for cy in keep}
+            v = set_log_ratio(b, k)  # None when the guard left no cycle: the set is not used
+            dv = (set_delta({cy: (pb.get(s) or {}).get(cy, x) for cy, x in b.items()},
+                            {cy: (pk.get(s) or {}).get(cy, x) for cy, x in k.items()}) if plain else set_delta(b, k))
         else:
             bv = [x for x in b if x is not None and math.isfinite(x) and x > 0]
             kv = [x for x in k if x is not None and math.isfinite(x) and x > 0]
@@ -510,6 +564,7 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
         "ci_method": SET_METHOD, "paired": True,
         "n_rounds": [len(obs), len(obs)], "within_process_only": len(obs) < 2, "p_value": None,
         "provisional": bool(provisional or len(obs) < 2), "selection": None, "selected": None,
+        "dropped_cycles": dropped,
     }
     out.update(_at_level(out, alpha, min_effect))
     return out

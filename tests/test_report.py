@@ -757,6 +757,11 @@ def test_ratio_definition_states_the_levels_each_kind_of_verdict_was_shown_at():
     prov = [dict(base, verdict="provisional", selection=None, alpha=0.05 / 12)] * 12
     text = ratio_definition(prov, "lockstep-sets/anytime-t-cs/2")
     assert "provisional" in text and "e-BY" not in text and "%" not in text
+    # method /4 says what the glitch guard left out (wall and host turns); /1-/3 had no guard
+    guarded = [dict(c, dropped_cycles=1) for c in wall] + [dict(base, metric="host_us", dropped_cycles=2)]
+    text = ratio_definition(guarded, "lockstep-sets/anytime-t-cs/4")
+    assert "left out as a stall" in text and "14 of the run's wall and host turns" in text
+    assert "stall" not in ratio_definition(guarded, "lockstep-sets/anytime-t-cs/3")
 
 
 def test_short_labels_keep_a_parenthesized_group_whole():

@@ -378,3 +378,49 @@ def test_comparison_pairs_without_and_with_a_torch_axis():
     left = [e for e in envs if e[0] != "1+t"]
     assert stats.comparison_pairs(left) == [("1+i", "2+i"), ("1+i", "3+i"), ("2+t", "3+t"),
                                             ("2+i", "2+t"), ("3+i", "3+t")]
+
+
+def _glitch_sets(n_sets, per_set, ratio, rng, glitch=None):
+    """Sets of ``per_set`` paired cycles (µs) with log ratio log(``ratio``) + N(0, 0.01); ``glitch``
+    = (set, factor): that set's first candidate burst is ``factor`` times slower."""
+    base, cand = {}, {}
+    cy = 0
+    for s in range(n_sets):
+        base[s], cand[s] = {}, {}
+        for _ in range(per_set):
+            b = 550.0 * math.exp(rng.normal(0, 0.03))
+            base[s][cy] = b
+            cand[s][cy] = b * ratio * math.exp(rng.normal(0, 0.01))
+            cy += 1
+    if glitch:
+        s, f = glitch
+        first = min(cand[s])
+        cand[s][first] *= f
+    return base, cand
+
+
+def test_glitch_guard_leaves_out_a_stalled_burst_in_a_small_set_and_keeps_real_differences():
+    """stats.GLITCH_LOG (method /4): one burst 14.6x slow in a set of two cycles (as on the H200,
+    2026-12-04) made an A/A interval [0.87, 1.28]; the guard leaves that cycle out and counts it.
+    A real 2x difference is never a glitch: the centre comes from the earlier sets' values."""
+    rng = np.random.default_rng(7)
+    b, k = _glitch_sets(28, 2, 1.0, rng, glitch=(10, 14.6))
+    b[0] = {**b[0], **{100 + i: 550.0 for i in range(8)}}  # the first set has its usual 9+ cycles
+    k[0] = {**k[0], **{100 + i: 550.0 for i in range(8)}}
+    off = stats.set_compare(b, k, family_size=12, glitch_guard=False)
+    on = stats.set_compare(b, k, family_size=12)
+    assert off["ci_high"] / off["ci_low"] > 1.2 and off["verdict"] == "ambiguous" and off["dropped_cycles"] == 0
+    assert on["dropped_cycles"] == 1 and on["verdict"] == "same" and on["n_sets"] == 28
+    assert 0.98 < on["ci_low"] < 1.0 < on["ci_high"] < 1.02
+    # a real 2.03x difference throughout: nothing left out, the ratio found
+    b, k = _glitch_sets(20, 3, 2.03, rng)
+    r = stats.set_compare(b, k, family_size=12)
+    assert r["dropped_cycles"] == 0 and r["verdict"] == "slower" and abs(r["ratio"] / 2.03 - 1) < 0.01
+    # a set whose only cycles are all glitched is left out whole; the first three sets are not
+    # guarded, and a glitched one among them does not become the centre of the sets after it
+    b, k = _glitch_sets(10, 1, 1.0, rng, glitch=(4, 5.0))
+    r = stats.set_compare(b, k)
+    assert r["n_sets"] == 9 and 4 not in r["sets"] and r["dropped_cycles"] == 1
+    b, k = _glitch_sets(10, 1, 1.0, rng, glitch=(0, 5.0))
+    r = stats.set_compare(b, k)
+    assert r["dropped_cycles"] == 0 and r["n_sets"] == 10 and r["set_log_ratios"][0] > 1.5
