@@ -594,7 +594,7 @@ class Run:
     def timing(self) -> None:
         """The timing phase: process sets of lockstep cycles over the envs that are ok (:mod:`runner`;
         one shard per GPU with ``--gpus``: :func:`shard.time_local`); results so far written after
-        every set. The time budget holds what this invocation spent before timing (the driver's
+        the first set, then every :data:`PARTIAL_EVERY_S`. The time budget holds what this invocation spent before timing (the driver's
         probe, the plan; checking envs when every one was reused) but not env building or installing
         (minutes on a cold cache): with warm envs a --time-budget 60 run takes at most 60 s in all
         (plus writing the report)."""

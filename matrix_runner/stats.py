@@ -314,8 +314,8 @@ SET_METHOD = "lockstep sets, anytime t-CS"
 #: Share trimmed from each end of a set's per-cycle log ratios (Tukey-McLaughlin / Yuen: 20 %).
 CYCLE_TRIM = 0.2
 #: The glitch guard (method /4, :func:`set_compare`): a cycle whose log ratio lies more than this
-#: from the comparison's centre so far (the median of the earlier sets' values) is left out of its
-#: set's value, and counted (``dropped_cycles``). A set with few cycles of a case (2-3 once it is
+#: from the comparison's centre so far (the median of the earlier sets' unguarded values, from the
+#: fourth set on: :data:`GLITCH_AFTER`) is left out of its set's value, and counted (``dropped_cycles``). A set with few cycles of a case (2-3 once it is
 #: nearly decided) cannot trim: on the H200 (2026-12-04, an A/A run, batch-512 S150 fwd, set 10 of
 #: 28) one burst took 8,004 µs instead of ~550 (a stall of the whole ~5 ms burst) in a set of two
 #: cycles; its set value, log ratio 1.25 against the others' +-0.05, widened that comparison's
