@@ -113,10 +113,11 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
         assert sorted(map(int, used)) == list(range(s["cycles"]))
     assert res["timing"]["stop_reason"]
     # the workers' stop after the last set is on record, and so is what the budget's last check kept
-    # back for it (the longest of the latest sets' reap times: > 0 once one set was closed)
+    # back for it (the longest of the latest sets' reap times; 0 while no set's workers were reaped
+    # yet at that check: runner._Closer, its own test in test_lockstep)
     t = res["timing"]
     assert 0 <= t["close_s"] <= t["timing_phase_s"] <= t["total_s"]
-    assert len(sets) < 2 or 0 < t["close_reserve_s"] < 10
+    assert 0 <= t["close_reserve_s"] < 10
     assert res["machine"]["cpu_count"] >= 1
 
 
