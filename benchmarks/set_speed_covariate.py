@@ -90,4 +90,7 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if not sys.argv[1:] or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if sys.argv[1:] else 2)
     main(sys.argv[1:])

@@ -407,9 +407,12 @@ class Run:
         args, prior = self.args, self.prior
         if args.output:
             out_dir = Path(args.output)
-            if prior is None and (out_dir / "results.json").exists():
-                raise UsageError(f"--output {out_dir} already holds a run (results.json); give another "
-                                 f"--output, or finish that run with --resume {shlex.quote(str(out_dir))}")
+            held = [n for n in results.NAMES if (out_dir / n).exists()]
+            if prior is None and held:  # an archived run's results.json.gz too (new-user trial: a new
+                # results.json beside it hid it from every reader)
+                raise UsageError(f"--output {out_dir} already holds a run ({held[0]}); give another "
+                                 f"--output" + (f", or finish that run with --resume {shlex.quote(str(out_dir))}"
+                                                if held[0] == "results.json" else ""))
             if out_dir.exists() and not out_dir.is_dir():
                 raise UsageError(f"--output {out_dir} is a file, not a directory")
             check_writable_dir(out_dir, "--output")

@@ -33,6 +33,14 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
     assert cp.returncode == 2
     assert "already holds a run" in " ".join(cp.stderr.split()) and "--resume" in cp.stderr
     assert (out / "results.json").read_text() == "{}"
+    # an archived run (results.json.gz) too: a new results.json beside it hid it from every reader
+    # (new-user trial, `-o reports/h200-aa-66`)
+    arch = tmp_path / "archived"
+    arch.mkdir()
+    (arch / "results.json.gz").write_bytes(b"x")
+    cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--output", str(arch), "--envs-dir", str(tmp_path / "e"))
+    assert cp.returncode == 2 and "already holds a run (results.json.gz)" in " ".join(cp.stderr.split())
+    assert sorted(p.name for p in arch.iterdir()) == ["results.json.gz"]
 
 
 def test_device_cuda_without_a_gpu_is_refused_up_front(tmp_path):

@@ -290,8 +290,10 @@ def _require_build_deps(py: Path) -> None:
     """EnvError unless the env can import what setup.py imports (BUILD_DEPS[:3]); both source builds."""
     missing = [m for m in BUILD_DEPS[:3] if not _importable(py, m)]
     if missing:
-        raise EnvError(f"a source build needs {', '.join(missing)} in the env: install them in the interpreter "
-                       "running matrix-run (--torch inherit) or put their wheels in --find-links")
+        what = ", ".join(missing)
+        raise EnvError(f"a source build needs {what} in the env: install {'it' if len(missing) == 1 else 'them'} "
+                       f"in the interpreter running matrix-run (`python -m pip install {' '.join(missing)}`; "
+                       "--torch inherit) or put the wheels in --find-links")
 
 
 #: How long a build the plan has waiting for another build's kernel files gives that build to take
