@@ -8,6 +8,7 @@ import pytest
 import standin
 from conftest import PLANTED_US, load_results, run_cli
 
+from matrix_runner import results
 from matrix_runner.config import Sampling
 
 
@@ -55,7 +56,7 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
     # the config's sampling (conftest.TINY) is what the run used
     st = res["settings"]
     assert (st["max_sets"], st["set_seconds"], st["time_budget_s"]) == (6, 1.0, 120.0)
-    assert st["method"] == "lockstep-sets/anytime-t-cs/3" and st["workers_per_env"] == 1  # auto: 1
+    assert st["method"] == results.METHOD == "lockstep-sets/anytime-t-cs/4" and st["workers_per_env"] == 1  # auto: 1
     sets = res["sets"]
     assert [s["set"] for s in sets] == list(range(len(sets))) and 2 <= len(sets) <= 6
     assert all(s["status"] == "ok" and s["cycles"] > 0 for s in sets)
