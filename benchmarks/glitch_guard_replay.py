@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from widths import excluding_one, hw  # noqa: E402
+
 from matrix_runner import results  # noqa: E402
 
 
@@ -24,12 +27,6 @@ def judged(d: dict, guard: bool) -> list[dict]:
     return results.comparisons(d["cases"], [e["label"] for e in d["envs"] if e.get("status") == "ok"],
                                settings.get("min_effect") or 0.05, settings=settings,
                                pairs=results.env_pairs(d["envs"]))
-
-
-def hw(c: dict) -> float:
-    if c.get("ci_low") is None or c.get("ci_high") is None:
-        return float("inf")
-    return max(c["ci_high"] - c["ratio"], c["ratio"] - c["ci_low"]) / c["ratio"] * 100
 
 
 def main(runs: list[str]) -> None:
@@ -50,10 +47,7 @@ def main(runs: list[str]) -> None:
         if changed:
             line += " " + ", ".join(f"{c}: {a} -> {b}" for c, a, b in changed)
         if aa:
-            def miss(cs):
-                return sum(1 for c in cs if c["metric"] in ("wall_us", "host_us") and c.get("ci_low") is not None
-                           and (c["ci_low"] > 1 or c["ci_high"] < 1))
-            mon, moff = miss(on), miss(off)
+            mon, moff = (len(excluding_one({"comparisons": cs})[0]) for cs in (on, off))
             won = max((hw(c) for c in on if c["metric"] == "wall_us"), default=float("nan"))
             woff = max((hw(c) for c in off if c["metric"] == "wall_us"), default=float("nan"))
             line += f"; A/A intervals excluding 1: {mon} / {moff}; widest wall ±{won:.1f} % / ±{woff:.1f} %"

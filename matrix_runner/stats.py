@@ -315,7 +315,8 @@ SET_METHOD = "lockstep sets, anytime t-CS"
 CYCLE_TRIM = 0.2
 #: The glitch guard (method /4, :func:`set_compare`): a cycle whose log ratio lies more than this
 #: from the comparison's centre so far (the median of the earlier sets' unguarded values, from the
-#: fourth set on: :data:`GLITCH_AFTER`) is left out of its set's value, and counted (``dropped_cycles``). A set with few cycles of a case (2-3 once it is
+#: fourth set on: :data:`GLITCH_AFTER`) is left out of its set's value, and counted
+#: (``dropped_cycles``; :func:`_unglitched`). A set with few cycles of a case (2-3 once it is
 #: nearly decided) cannot trim: on the H200 (2026-12-04, an A/A run, batch-512 S150 fwd, set 10 of
 #: 28) one burst took 8,004 µs instead of ~550 (a stall of the whole ~5 ms burst) in a set of two
 #: cycles; its set value, log ratio 1.25 against the others' +-0.05, widened that comparison's
@@ -401,39 +402,43 @@ def _trimmed_mean(d: list) -> float | None:
     return float(np.mean(d[g:len(d) - g]))
 
 
-def _paired(base: dict, cand: dict, center: float | None = None):
+def _paired(base: dict, cand: dict):
     """(baseline, candidate) burst medians of the cycles both have (paired by cycle id, never by
-    position), both finite and > 0; a set's ratio and delta use the same pairs. With ``center`` (a
-    log ratio), the glitch guard: a cycle whose log ratio lies more than :data:`GLITCH_LOG` from it
-    is left out (:func:`glitches` counts them)."""
+    position), both finite and > 0; a set's ratio and delta use the same pairs."""
     for cy, b in base.items():
         k = cand.get(cy)
         if b is not None and k is not None and math.isfinite(b) and math.isfinite(k) and b > 0 and k > 0:
-            if center is not None and abs(math.log(k) - math.log(b) - center) > GLITCH_LOG:
-                continue
             yield b, k
 
 
-def glitches(base: dict, cand: dict, center: float | None) -> int:
-    """How many of a set's paired cycles the glitch guard leaves out (0 without a ``center``)."""
-    if center is None:
-        return 0
-    return sum(1 for _ in _paired(base, cand)) - sum(1 for _ in _paired(base, cand, center))
+def _unglitched(base: dict, cand: dict, center: float) -> tuple[dict, dict, int]:
+    """The glitch guard (:data:`GLITCH_LOG`) on one set's cycles: ``base``/``cand`` (cycle id -> burst
+    median) kept to the paired cycles (:func:`_paired`'s rule) whose log ratio lies within
+    GLITCH_LOG of ``center``, and how many paired cycles it left out."""
+    kb, kc, dropped = {}, {}, 0
+    for cy, b in base.items():
+        k = cand.get(cy)
+        if not any(True for _ in _paired({cy: b}, {cy: k})):
+            continue
+        if abs(math.log(k) - math.log(b) - center) > GLITCH_LOG:
+            dropped += 1
+        else:
+            kb[cy], kc[cy] = b, k
+    return kb, kc, dropped
 
 
-def set_delta(base: dict, cand: dict, center: float | None = None) -> float | None:
+def set_delta(base: dict, cand: dict) -> float | None:
     """One process set's observation of candidate - baseline in µs per call: the 20 % trimmed mean
-    of the paired per-cycle differences (:func:`_paired`; ``center``: its glitch guard)."""
-    return _trimmed_mean([k - b for b, k in _paired(base, cand, center)])
+    of the paired per-cycle differences (:func:`_paired`)."""
+    return _trimmed_mean([k - b for b, k in _paired(base, cand)])
 
 
-def set_log_ratio(base: dict, cand: dict, center: float | None = None) -> float | None:
+def set_log_ratio(base: dict, cand: dict) -> float | None:
     """One process set's observation of log(candidate / baseline) from its lockstep cycles:
     ``base``/``cand`` map cycle id -> burst median (µs per call); cycles are paired by id (never by
     position, :func:`_paired`), and the set's value is the 20 % trimmed mean of the paired per-cycle
-    log ratios (a transient disturbance of one burst is one outlying cycle). ``center``: the glitch
-    guard's centre (:data:`GLITCH_LOG`). None without a pair."""
-    return _trimmed_mean([math.log(k) - math.log(b) for b, k in _paired(base, cand, center)])
+    log ratios (a transient disturbance of one burst is one outlying cycle). None without a pair."""
+    return _trimmed_mean([math.log(k) - math.log(b) for b, k in _paired(base, cand)])
 
 
 def _set_order(s):
@@ -526,11 +531,8 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
             if r0 is not None:
                 raw.append(r0)
             if ctr is not None:
-                n0 = sum(1 for _ in _paired(b, k))
-                keep = {cy for cy, x in b.items() if x is not None and cy in k and k[cy] is not None
-                        and any(True for _ in _paired({cy: x}, {cy: k[cy]}, ctr))}
-                dropped += n0 - len(keep)
-                b, k = {cy: b[cy] for cy in keep}, {cy: k[cy] for cy in keep}
+                b, k, n = _unglitched(b, k, ctr)
+                dropped += n
             v = set_log_ratio(b, k)  # None when the guard left no cycle: the set is not used
             dv = (set_delta({cy: (pb.get(s) or {}).get(cy, x) for cy, x in b.items()},
                             {cy: (pk.get(s) or {}).get(cy, x) for cy, x in k.items()}) if plain else set_delta(b, k))
