@@ -14,7 +14,7 @@ def main(path: str) -> None:
     sets = d.get("sets") or []
     print(f"{path}: timing {t.get('timing_phase_s')} s, total {t.get('total_s')} s (before timing "
           f"{t.get('before_timing_s')} s, of it the driver's probe {t.get('probe_s')} s; envs {t.get('env_phase_s')} s; "
-          f"workers stopped after the last set {t.get('close_s')} s, kept back for it {t.get('close_reserve_s')} s), "
+          f"workers stopped after the last set {t.get('close_s')} s, kept back for it {t.get('close_reserve_s')} s, for the results {t.get('finish_reserve_s')} s), "
           f"{len(sets)} sets, "
           f"stopped: {t.get('stop_reason')}; cpus {(d.get('settings') or {}).get('cpus', {}).get('set_cpus')}")
     if sets:

@@ -35,11 +35,14 @@ sets' log ratios from ``stats.set_log_ratio``, the interval's width factor from
 ``stats.lai_mixing``, ``stats.verdict``'s rule, ``stats.trimmed_count``. Every variant is also
 replayed for its first ``--check`` runs through ``stats.set_compare`` (A/A and power; the old way
 through ``stats._trimmed_ci`` + ``stats.verdict``) set by set, exactly as the runner calls them, and
-the verdicts and set counts are required to agree. The rule simulated is results method /3: the
-glitch guard of method /4 (stats.GLITCH_LOG: a cycle twice or half a comparison's ratio so far left
-out) is not modelled here (the replay uses ``glitch_guard=False``); benchmarks/glitch_guard_replay.py
-weighs it on the committed runs. Usage:
-python benchmarks/sim_lockstep.py [--runs 2000] [--seed 20261201] [--check 40]
+the verdicts and set counts are required to agree. The rule simulated is results method /5: from
+a comparison's fourth set on, the glitch guard (stats.GLITCH_LOG, stats._unglitched) leaves out of a
+drawn *pinned* set the cycles whose log ratio lies more than log 2 from the median of that
+comparison's earlier sets' unguarded values in the same simulated run (:func:`guard`; the replay
+calls set_compare with the guard on, the unpinned pools' sets in ``unguarded_sets``);
+``--guard-unpinned``: method /4 (the guard in unpinned sets too); ``--no-guard``: method /3, as
+benchmarks/results/sim-lockstep-s10.txt was made. Usage:
+python benchmarks/sim_lockstep.py [--runs 2000] [--seed 20261201] [--check 40] [--no-guard | --guard-unpinned]
 """
 from __future__ import annotations
 
@@ -71,6 +74,11 @@ N_TARGET = SAMPLING.planned_sets  # 12 with the default 60 s budget and 3 s sets
 CYCLE_RESAMPLES = 100  # per real set, for "cycles resampled too"
 PROBE_BLOCK = 10  # consecutive probe cycles per pseudo-set
 CODES = ("ambiguous", "same", "faster", "slower")  # 0 also stands for provisional (one set)
+GUARD = True  # the glitch guard of method /5 (--no-guard: method /3)
+GUARD_UNPINNED = False  # --guard-unpinned: method /4's guard, in unpinned sets too
+#: What :func:`guard` did over the whole simulation: drawn set values it changed, and sets it left
+#: with no cycle (the runner leaves such a set out: it adds no observation, run_rule's ``valid``).
+GUARD_COUNT: dict = {}  # family name -> {"values", "changed", "emptied"}
 
 
 # ---------------------------------------------------------------------------------------- pools
@@ -78,12 +86,23 @@ class Pool:
     """Real (or pseudo-) process sets of one comparison: per item the paired cycles (base, cand µs)
     and its log ratio by stats.set_log_ratio."""
 
-    def __init__(self, name: str, items: list, tags: list | None = None):
-        self.name = name
+    def __init__(self, name: str, items: list, tags: list | None = None, pinned: bool = True):
+        self.name, self.pinned = name, pinned
         self.items = [(np.asarray(b, float), np.asarray(k, float)) for b, k in items]
         self.tags = tags or [None] * len(items)
         self.lr = np.array([stats.set_log_ratio(dict(enumerate(b)), dict(enumerate(k))) for b, k in self.items])
         assert np.all(np.isfinite(self.lr)), name
+        # the guard keeps every cycle of item i while its centre lies in [glo[i], ghi[i]]
+        d = [np.log(k[(b > 0) & (k > 0)]) - np.log(b[(b > 0) & (k > 0)]) for b, k in self.items]
+        self.glo = np.array([x.max() - stats.GLITCH_LOG for x in d])
+        self.ghi = np.array([x.min() + stats.GLITCH_LOG for x in d])
+
+    def guarded(self, i: int, center: float) -> float | None:
+        """Item ``i``'s set log ratio with the glitch guard at ``center`` (stats._unglitched, then
+        stats.set_log_ratio); None when it leaves no cycle."""
+        b, k = self.items[i]
+        kb, kc, _ = stats._unglitched(dict(enumerate(b.tolist())), dict(enumerate(k.tolist())), center)
+        return stats.set_log_ratio(kb, kc)
 
     def __len__(self):
         return len(self.items)
@@ -97,10 +116,14 @@ class Pool:
                 ix = rng.integers(0, base.size, base.size)
                 items.append((base[ix], cand[ix]))
                 tags.append(tag)
-        return Pool(self.name + " (cycles resampled)", items, tags)
+        return Pool(self.name + " (cycles resampled)", items, tags, self.pinned)
 
     def subset(self, keep: list) -> Pool:
-        return Pool(self.name, [self.items[i] for i in keep], [self.tags[i] for i in keep])
+        return Pool(self.name, [self.items[i] for i in keep], [self.tags[i] for i in keep], self.pinned)
+
+    def guarded_here(self) -> bool:
+        """Whether the glitch guard cuts this pool's sets (method /5: pinned sets only)."""
+        return GUARD and (self.pinned or GUARD_UNPINNED)
 
 
 def short(cid: str) -> str:
@@ -160,8 +183,10 @@ def probe_pools() -> dict | None:
                           for i in range(0, len(cyc) - PROBE_BLOCK + 1, PROBE_BLOCK)]
                 tag = f"part{pi} set{si} core {s['core']} {cand}/{base}"
                 pools.setdefault(key, []).extend(blocks)
-                streams.setdefault(key, []).append(Pool(f"{s['op']} b{s['batch']} {tag}", blocks))
-    return {"pools": {k: Pool(f"{k[0]} {k[1]} b{k[2]}", v) for k, v in pools.items()}, "streams": streams}
+                streams.setdefault(key, []).append(Pool(f"{s['op']} b{s['batch']} {tag}", blocks,
+                                                        pinned=s["core"] is not None))
+    return {"pools": {k: Pool(f"{k[0]} {k[1]} b{k[2]}", v, pinned=k[0] == "pinned") for k, v in pools.items()},
+            "streams": streams}
 
 
 # ------------------------------------------------------------------------------------- families
@@ -174,9 +199,12 @@ class Family:
         self.shifts = np.zeros(len(pools)) if shifts is None else np.asarray(shifts, float)
         assert len(pools) == M
 
-    def draw(self, rng: np.random.Generator, runs: int, sets: int):
+    def draw(self, rng: np.random.Generator, runs: int, sets: int, guarded: bool = False):
         """(R, M, S) log ratios; the truth (R, M): the mean log ratio of what the sets are drawn from;
-        per (r, j) the pool used and the item indices (for the replay)."""
+        per (r, j) the pool used and the item indices (for the replay); ``valid`` (R, M, S): whether
+        the comparison's k-th drawn set gave an observation (all True unless ``guarded``, the glitch
+        guard's values, :func:`guard`, whose L then holds each comparison's observations in order,
+        NaN-padded)."""
         L = np.empty((runs, M, sets))
         truth = np.empty((runs, M))
         used = [[None] * M for _ in range(runs)]
@@ -200,7 +228,49 @@ class Family:
                 truth[:, j] = p.lr.mean()
                 for r in range(runs):
                     used[r][j] = p
-        return L + self.shifts[None, :, None], truth + self.shifts[None, :], used, idx
+        valid = np.ones(L.shape, bool)
+        if guarded:
+            L, valid = guard(L, used, idx, GUARD_COUNT.setdefault(self.name, {"values": 0, "changed": 0, "emptied": 0}))
+        return L + self.shifts[None, :, None], truth + self.shifts[None, :], used, idx, valid
+
+
+def guard(L: np.ndarray, used, idx: np.ndarray, count: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The glitch guard (method /5) on drawn set log ratios ``L`` (R, M, S; unshifted: a shift moves
+    a set's cycles and the centre alike): from set stats.GLITCH_AFTER on, set k of comparison j in
+    run r takes its item's value with the guard centred on the median of L[r, j, :k] (the earlier
+    sets' unguarded values, as stats.set_compare); sets of an unpinned pool are left whole
+    (Pool.guarded_here). Comparison j's k-th set is its k-th drawn item
+    whether or not sets were skipped for it in between (a frozen comparison is not sampled), so the
+    guard applies along the last axis before the rule runs. A set it leaves with no cycle gives no
+    observation (stats.set_compare) but its unguarded value still enters later centres. Returns
+    (each comparison's observations in draw order, NaN-padded at the end; per draw whether it gave
+    one). Counts the values seen, changed and left with no cycle into ``count``."""
+    R, J, S = L.shape
+    out = L.copy()
+    for k in range(stats.GLITCH_AFTER, S):
+        C = np.median(L[..., :k], -1)  # (R, J)
+        for j in range(J):
+            pools = [used[r][j] for r in range(R)]
+            if all(p is pools[0] for p in pools):
+                lo, hi = pools[0].glo[idx[:, j, k]], pools[0].ghi[idx[:, j, k]]
+                if not pools[0].guarded_here():
+                    continue
+            else:  # a pool per run (Family streams)
+                lo = np.array([p.glo[i] if p.guarded_here() else -np.inf for p, i in zip(pools, idx[:, j, k])])
+                hi = np.array([p.ghi[i] if p.guarded_here() else np.inf for p, i in zip(pools, idx[:, j, k])])
+            count["values"] += R
+            for r in np.flatnonzero((C[:, j] < lo) | (C[:, j] > hi)):
+                v = pools[r].guarded(int(idx[r, j, k]), float(C[r, j]))
+                if v is None:
+                    count["emptied"] += 1
+                    v = math.nan
+                count["changed"] += v != L[r, j, k]
+                out[r, j, k] = v
+    valid = ~np.isnan(out)
+    for r, j in zip(*np.nonzero(~valid.all(-1))):
+        kept = out[r, j][valid[r, j]]
+        out[r, j] = np.concatenate([kept, np.full(S - kept.size, math.nan)])
+    return out, valid
 
 
 # ----------------------------------------------------------------------------------- the rules
@@ -278,18 +348,20 @@ def verdicts(m: np.ndarray, h: np.ndarray, n: np.ndarray) -> np.ndarray:
 
 
 def run_rule(L: np.ndarray, truth: np.ndarray, method: str, n_target: int = N_TARGET, freeze: bool = True,
-             fixed_n: int | None = None):
+             fixed_n: int | None = None, valid: np.ndarray | None = None):
     """The runner's loop on the drawn sets: after each set, every comparison's interval; stop when
     all are decided or at S sets. ``freeze``: a decided comparison within PRECISION is no longer
     sampled. ``fixed_n``: no looking, one verdict at that many sets. Also records whether an
-    interval missed ``truth`` at the stop (``miss``) or at any look up to it (``miss_any``)."""
+    interval missed ``truth`` at the stop (``miss``) or at any look up to it (``miss_any``). ``valid``
+    (R, J, S; Family.draw): whether a comparison's k-th sampled set gives an observation (L then
+    holds the observations in order)."""
     R, J, S = L.shape
     mean, hw = prefix_cs(L, n_target, selective=method == "cs") if method in ("cs", "bonferroni") else prefix_t(L)
     if hw.ndim == 3:
         hw = hw[..., None]
     rr, jj = np.meshgrid(np.arange(R), np.arange(J), indexing="ij")
     if fixed_n is not None:
-        n = np.full((R, J), fixed_n)
+        n = np.full((R, J), fixed_n) if valid is None else valid[..., :fixed_n].sum(-1)
         m, h = mean[rr, jj, n], hw[rr, jj, n]
         code, h = select(m, h, n)
         miss = np.abs(m - truth) > h
@@ -301,8 +373,16 @@ def run_rule(L: np.ndarray, truth: np.ndarray, method: str, n_target: int = N_TA
     out = {"code": np.zeros((R, J), np.int64), "n": np.zeros((R, J), np.int64), "hw": np.zeros((R, J)),
            "sets": np.zeros(R, np.int64), "by_decided": np.zeros(R, bool), "m": np.zeros((R, J)),
            "miss": np.zeros((R, J), bool), "miss_any": np.zeros((R, J), bool)}
+    d = np.zeros((R, J), dtype=np.int64)  # sets sampled per comparison (n: observations)
     for s in range(1, S + 1):
-        n += (alive[:, None] & ~frozen)
+        take = alive[:, None] & ~frozen
+        if valid is None:
+            n += take
+        else:
+            got = np.zeros_like(take)
+            got[take] = valid[rr[take], jj[take], d[take]]
+            d += take
+            n += got
         m, h = mean[rr, jj, n], hw[rr, jj, n]
         code, h = select(m, h, n)
         decided = code > 0
@@ -348,7 +428,8 @@ def replay(fam: Family, used, idx, r: int, S: int, method: str, n_target: int = 
         if method in ("cs", "bonferroni"):  # as runner.comparisons_now: each alone, then e-BY over them
             vs = [stats.set_compare(base[j], cand[j], min_effect=E, family_size=M, family_alpha=ALPHA,
                                     n_target=n_target, cycles=True, selective=method == "cs",
-                                    glitch_guard=False) for j in range(M)]
+                                    glitch_guard=GUARD, unguarded_sets=frozenset() if used[r][j].guarded_here()
+                                    else frozenset(range(S))) for j in range(M)]
             if method == "cs":
                 stats.select_family(vs, family_alpha=ALPHA, family_size=M, min_effect=E)
         for j in range(M):
@@ -456,7 +537,7 @@ def rng_for(seed: int, name: str) -> np.random.Generator:
 
 # ----------------------------------------------------------------------------------------- main
 def main() -> None:
-    global DATA1, AA_RUNS
+    global DATA1, AA_RUNS, GUARD, GUARD_UNPINNED
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=2000, help="simulated runs per variant (default 2000)")
     ap.add_argument("--seed", type=int, default=20261201)
@@ -464,24 +545,32 @@ def main() -> None:
     ap.add_argument("--data", default=str(DATA1), help="per-cycle data (benchmarks/cycles_from_results.py format; "
                     "default: the morning runs)")
     ap.add_argument("--aa-runs", default=",".join(AA_RUNS), help="the A/A runs in --data (comma-separated)")
+    ap.add_argument("--no-guard", action="store_true", help="method /3: no glitch guard (the default models method /5's)")
+    ap.add_argument("--guard-unpinned", action="store_true", help="method /4: the glitch guard in unpinned sets too")
     a = ap.parse_args()
     DATA1, AA_RUNS = Path(a.data), tuple(r for r in a.aa_runs.split(",") if r)
+    GUARD, GUARD_UNPINNED = not a.no_guard, a.guard_unpinned
     t0 = time.time()
     R, seed = a.runs, a.seed
     print(f"# python benchmarks/sim_lockstep.py --runs {R} --seed {seed} --check {a.check} --data {DATA1.name} "
-          f"--aa-runs {','.join(AA_RUNS)}   "
+          f"--aa-runs {','.join(AA_RUNS)}{' --no-guard' if not GUARD else ''}"
+          f"{' --guard-unpinned' if GUARD_UNPINNED else ''}   "
           f"({datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, numpy {np.__version__})")
     print(f"# rule: t-CS, e-BY over the {M} comparisons (stats.select_family: decided ones at 1 - {ALPHA} k/{M}, "
           f"the rest at 1 - {ALPHA}/{M}), n_target {N_TARGET} (lai_mixing c = "
           f"{stats.lai_mixing(N_TARGET, ALPHA):.4f}), min_effect {E}, precision freeze {PRECISION}, "
           f"look after every set, stop when all {M} wall comparisons are decided or at the set cap; "
-          f"rows 'Bonferroni:' judge every interval at 1 - {ALPHA}/{M} (results/2 method /1)")
+          f"rows 'Bonferroni:' judge every interval at 1 - {ALPHA}/{M} (results/2 method /1); "
+          + (f"glitch guard (method {'/4' if GUARD_UNPINNED else '/5'}): from a comparison's set "
+             f"{stats.GLITCH_AFTER + 1} on, cycles more than log {math.exp(stats.GLITCH_LOG):g} from the median of "
+             f"its earlier sets left out of {'every set' if GUARD_UNPINNED else 'pinned sets'}" if GUARD
+             else "no glitch guard (method /3)"))
 
     def go(fam: Family, S: int, method: str = "cs", label: str | None = None, n_target: int = N_TARGET,
            freeze: bool = True, fixed_n: int | None = None, wrong_direction: bool = False):
         rng = rng_for(seed, f"{fam.name}|{S}|{method}|{n_target}")
-        L, truth, used, idx = fam.draw(rng, R, S)
-        out = run_rule(L, truth, method, n_target=n_target, freeze=freeze, fixed_n=fixed_n)
+        L, truth, used, idx, valid = fam.draw(rng, R, S, guarded=GUARD and method in ("cs", "bonferroni"))
+        out = run_rule(L, truth, method, n_target=n_target, freeze=freeze, fixed_n=fixed_n, valid=valid)
         out["truth"] = truth
         if fixed_n is None and a.check:
             chk = check(fam, used, idx, out, S, method, a.check, n_target=n_target, freeze=freeze)
@@ -637,6 +726,16 @@ def main() -> None:
     print("  With A/A set noise (set sd <= 2.7 %), a false faster/slower needs a point estimate beyond +/-5 %\n"
           "  (min_effect), which the old rule hardly produces either: on these data the false-verdict rate does\n"
           "  not tell the two rules apart; their intervals' coverage (miss, miss*) and the bias rows do.")
+    if GUARD:
+        print(f"\nglitch guard, per family (all its rows together): of the drawn set values from a comparison's set "
+              f"{stats.GLITCH_AFTER + 1} on, the share it changed (a cycle left out), and how many it left with no cycle "
+              "(no observation)")
+        for name, g in GUARD_COUNT.items():
+            if not g["values"]:
+                print(f"  {name:<56} left whole (unpinned sets)")
+                continue
+            print(f"  {name:<56} {100 * g['changed'] / max(1, g['values']):7.3f} % of {g['values']:>7}, "
+                  f"{g['emptied']} with no cycle")
     print(f"\n# {time.time() - t0:.0f} s")
 
 

@@ -123,6 +123,10 @@ def cmd_envs(args) -> int:
     return EXIT_FAILED if busy else EXIT_OK
 
 
+#: Runs named when ``report DIR`` merges the runs found below DIR (the rest are counted).
+REPORT_LIST_MAX = 8
+
+
 def cmd_report(args) -> int:
     if args.markdown:  # before anything is read or written (it was found only at the end)
         check_writable_file(Path(args.markdown), "--markdown")
@@ -136,8 +140,14 @@ def cmd_report(args) -> int:
                 raise results.ResultsError(f"{p}: no results.json below this directory")
             # a merged report written into the searched dir earlier is not one of its runs; but a run
             # re-rendered into its own directory (report RUN -o RUN) is that run
-            below = [f for f in found if f.parent.resolve() != Path(args.output).resolve()]
-            paths += below or found
+            below = [f for f in found if f.parent.resolve() != Path(args.output).resolve()] or found
+            if len(below) > 1:  # say what is merged (it used to be silent: `report reports/` took every run)
+                names = [f.parent.relative_to(p).as_posix() or "." for f in below]
+                more = f" and {len(names) - REPORT_LIST_MAX} more" if len(names) > REPORT_LIST_MAX else ""
+                console.print(f"{p}: merging the {len(below)} runs found below it into one report: "
+                              f"{', '.join(names[:REPORT_LIST_MAX])}{more} (give one run's directory or "
+                              "results.json to report on it alone)")
+            paths += below
         else:
             paths.append(p)
     args.results = [str(p) for p in paths]

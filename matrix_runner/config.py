@@ -372,6 +372,10 @@ class Sampling:
     prefetch_depth: int | None = None
     #: Seconds of the budget spent before the first set (the driver's probe and plan).
     before_s: float = 0.0
+    #: Seconds the run's results take to be put together after its last set (the comparisons of
+    #: every clock: pipeline measures it on each partial results write, the runner's budget check
+    #: keeps it back; H200, 2026-12-04: ~0.1 s, and one A/A run ended at 60.1 s without it).
+    finish_s: float = 0.0
     #: The planned number of sets fixed by an earlier part of this run (``--resume``): kept, so
     #: the confidence sequence's mixing stays the one its first sets were judged with.
     planned: int | None = None

@@ -677,7 +677,10 @@ class Run:
                 # set, then at most every PARTIAL_EVERY_S (each write is on the path between two sets)
                 if time.monotonic() - last_write[0] >= PARTIAL_EVERY_S:
                     try:
+                        t_fin = time.monotonic()
                         partial = self.finish_doc("running", time.monotonic() - t_tm)
+                        # what the final results will take after the last set (runner's budget check)
+                        samp.finish_s = max(samp.finish_s, time.monotonic() - t_fin)
                         results.write_json(self.out_dir / "results.json", partial)
                     except Exception as ex:  # noqa: BLE001 - a partial write must never stop the run
                         console.print(f"[dim]partial results not written: {ex}[/]")
@@ -752,7 +755,8 @@ class Run:
         doc["cases"] = cases
         ok_labels = [e.label for e in env_results if e.status == "ok"]
         doc["comparisons"] = results.comparisons(cases, ok_labels, doc["settings"]["min_effect"],
-                                                 settings=doc["settings"], pairs=results.env_pairs(doc["envs"]))
+                                                 settings=doc["settings"], pairs=results.env_pairs(doc["envs"]),
+                                                 sets=self.sets)
         doc["sets"] = self.sets
         doc["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         doc["timing"] = {**(self.base_doc.get("timing") or {}), "env_phase_s": round(self.env_s, 2),

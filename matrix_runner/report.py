@@ -299,9 +299,11 @@ def ci_head(comparisons: list[dict], quick: bool = False) -> str:
 
 
 def level_note(comparisons: list[dict]) -> str:
-    """One line on the wall intervals' levels where e-BY gave them different ones ("" otherwise)."""
-    wall = [c for c in comparisons if c.get("metric") == "wall_us"]
-    if len({round(c.get("alpha") or 0, 9) for c in wall if c.get("verdict") != "provisional"}) < 2:
+    """One line on the wall intervals' levels where e-BY gave them different ones ("" otherwise).
+    Only the comparisons with a level of their own (``alpha``: a run's paired lockstep comparisons);
+    a merged report's unpaired ones between runs have none (stats.compare; it raised KeyError)."""
+    wall = [c for c in comparisons if c.get("metric") == "wall_us" and c.get("alpha") is not None]
+    if len({round(c["alpha"], 9) for c in wall if c.get("verdict") != "provisional"}) < 2:
         return ""
     return "interval levels (e-BY over the wall-time comparisons of the run): " + level_groups(wall)
 
@@ -323,8 +325,9 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
         glitch = ""
         if method not in results.GUARDLESS_METHODS and lockstep:
             n = sum(x.get("dropped_cycles") or 0 for x in comparisons if x.get("metric") in ("wall_us", "host_us"))
-            glitch = (" (from the fourth set on, a turn whose ratio is twice or half the comparison's ratio in the "
-                      f"earlier sets is left out as a stall, not a version's cost: {n} of the run's wall and host turns)")
+            pinned = "" if method in results.GUARD_EVERY_SET_METHODS else " of a pinned set"  # /5: pinned sets only
+            glitch = (f" (from the fourth set on, a turn{pinned} whose ratio is twice or half the comparison's ratio in "
+                      f"the earlier sets is left out as a stall, not a version's cost: {n} of the run's wall and host turns)")
         how = (f"each process set (fresh workers of every version, all pinned to one CPU core) timed every case in "
                f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
                f"other{speed}; per set, the trimmed mean of those paired ratios{glitch}; the interval is an "

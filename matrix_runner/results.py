@@ -51,10 +51,14 @@ READABLE = ("matrix-runner/results/1", SCHEMA)
 #: How a results/2 run's comparisons are made (stats.set_compare, stats.select_family); named in the
 #: data. "/1": each interval at 1 - alpha/m (Bonferroni); "/2": e-BY over the decided ones; "/3":
 #: the pass clocks' (kernel time, CUDA graph) mixing tuned for a few sets (stats.PASS_N_TARGET); "/4":
-#: the glitch guard (stats.GLITCH_LOG: a cycle twice or half the comparison's ratio so far is left out).
-METHOD = "lockstep-sets/anytime-t-cs/4"
+#: the glitch guard (stats.GLITCH_LOG: a cycle twice or half the comparison's ratio so far is left out);
+#: "/5": the guard in pinned sets only (an unpinned set's cycles spread too widely for it).
+METHOD = "lockstep-sets/anytime-t-cs/5"
 #: The methods whose comparisons are recomputed without the glitch guard, as they were judged.
 GUARDLESS_METHODS = ("lockstep-sets/anytime-t-cs/1", "lockstep-sets/anytime-t-cs/2", "lockstep-sets/anytime-t-cs/3")
+#: Methods whose glitch guard covered every set, pinned or not (since /5: pinned sets only,
+#: stats.GLITCH_LOG).
+GUARD_EVERY_SET_METHODS = ("lockstep-sets/anytime-t-cs/4",)
 #: The methods whose comparisons are recomputed without e-BY, as they were judged.
 BONFERRONI_METHODS = ("lockstep-sets/anytime-t-cs/1",)
 #: The methods whose pass clocks were tuned for the run's planned sets (recomputed so).
@@ -174,7 +178,7 @@ def env_pairs(envs: list[dict]) -> list[tuple[str, str]]:
 
 
 def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, paired: bool = True,
-                settings: dict | None = None, pairs: list | None = None) -> list[dict]:
+                settings: dict | None = None, pairs: list | None = None, sets: list | None = None) -> list[dict]:
     """Every candidate vs its baseline, per case and metric, with attribution on wall: ``pairs``
     (baseline, candidate) labels (:func:`env_pairs`), default every label against the first.
 
@@ -201,12 +205,13 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
     selective = settings.get("method") not in BONFERRONI_METHODS
     pass_target = None if settings.get("method") in PLANNED_PASS_METHODS else stats.PASS_N_TARGET
     guard = settings.get("method") not in GUARDLESS_METHODS
+    unguarded = (frozenset() if settings.get("method") in GUARD_EVERY_SET_METHODS else stats.unpinned_sets(sets))
     rows = []
     for base, cand, cid in todo:
         b, k = by[(base, cid)], by[(cand, cid)]
         per, _, _ = compare_case(b, k, min_effect, paired=paired, seed_key=cid, family=family, alpha=alpha,
                                  n_target=n_target, quick=quick, selective=selective, pass_target=pass_target,
-                                 glitch_guard=guard)
+                                 glitch_guard=guard, unguarded_sets=unguarded)
         rows.append((base, cand, cid, per))
     if selective:
         for m in METRICS:
@@ -230,7 +235,7 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
                  metrics: tuple = METRICS, family: dict | None = None, alpha: float = 0.05, n_target: int = 8,
                  quick: bool = False, selective: bool = True,
                  pass_target: int | None = stats.PASS_N_TARGET,
-                 glitch_guard: bool = True) -> tuple[dict, str | None, str | None]:
+                 glitch_guard: bool = True, unguarded_sets: frozenset = frozenset()) -> tuple[dict, str | None, str | None]:
     """One case's comparison, candidate record ``k`` against baseline record ``b`` (results.json case
     records of one case id): per metric of ``metrics`` that both hold, the comparison dict (ratio
     k/b, interval, verdict), and the attribution of the wall-time difference (host, device, mixed)
@@ -240,7 +245,7 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
     ``paired`` and results/2 data (``by_set``): :func:`stats.set_compare` -- process sets paired by
     set id, an anytime-valid interval at level ``alpha`` over ``family[metric]`` comparisons,
     tuned for ``n_target`` sets (a pass clock for ``pass_target``; ``selective``: for e-BY,
-    stats.set_compare; ``glitch_guard``: stats.GLITCH_LOG), provisional when
+    stats.set_compare; ``glitch_guard``: stats.GLITCH_LOG, not in ``unguarded_sets``), provisional when
     ``quick``; this is each comparison alone (Bonferroni): :func:`comparisons` narrows the decided
     ones of a run together (stats.select_family). Else :func:`stats.compare` on the
     per-set (per-round) values as independent groups (``paired=False``: separate runs), or paired by
@@ -257,7 +262,8 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
             per[m] = stats.set_compare(bs, ks, min_effect=min_effect, family_size=(family or {}).get(m, 1),
                                        family_alpha=alpha, n_target=n_target, cycles=m in CYCLED,
                                        provisional=quick, plain=(rb, rk) if rb and rk else None,
-                                       selective=selective, pass_target=pass_target, glitch_guard=glitch_guard)
+                                       selective=selective, pass_target=pass_target, glitch_guard=glitch_guard,
+                                       unguarded_sets=unguarded_sets)
         else:
             sb, sk = mb.get("samples"), mk_.get("samples")
             if not (sb and sk):
@@ -484,7 +490,7 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     labels = [e["label"] for e in out["envs"] if e["status"] == "ok"]
     out["comparisons"] = [c for cand in labels[1:]
                           for c in comparisons(out["cases"], [labels[0], cand], eff, settings=out["settings"],
-                                               paired=run_of[cand] == run_of[labels[0]])]
+                                               paired=run_of[cand] == run_of[labels[0]], sets=out.get("sets"))]
     out["merged_from"] = [r.get("run_id") for r in runs]
     return out
 
@@ -531,5 +537,5 @@ def merge_shards(docs: list[dict], extra_cases: list[dict] | None = None,
         pos, lpos = {cid: i for i, cid in enumerate(case_order)}, {e["label"]: i for i, e in enumerate(out["envs"])}
         out["cases"].sort(key=lambda c: (pos.get(c["id"], len(pos)), lpos.get(c["env"], 0)))
     out["comparisons"] = comparisons(out["cases"], labels, (out.get("settings") or {}).get("min_effect", 0.05),
-                                     settings=out.get("settings"), pairs=env_pairs(out["envs"]))
+                                     settings=out.get("settings"), pairs=env_pairs(out["envs"]), sets=out["sets"])
     return out

@@ -192,12 +192,15 @@ def _import_check(env: EnvResult, hello: dict) -> str | None:
 
 
 def comparisons_now(data: dict, labels: list[str], cases: list[Case], sampling: Sampling, metric: str,
-                    quick: bool = False, family_extra: int = 0, pairs: list | None = None) -> dict:
+                    quick: bool = False, family_extra: int = 0, pairs: list | None = None,
+                    unguarded: frozenset = frozenset()) -> dict:
     """``{(baseline, candidate, case id): stats.set_compare result}`` for ``metric`` over the data so
     far, for the run's ``pairs`` (stats.comparison_pairs; default: every env against the first), with
     the run's family (every ok pair x case of this metric, plus ``family_extra``: the comparisons of
     the run timed elsewhere -- other shards -- so that the levels are the whole run's), the decided
-    ones narrowed together (stats.select_family, e-BY: what the run reports at the end)."""
+    ones narrowed together (stats.select_family, e-BY: what the run reports at the end).
+    ``unguarded``: ids of the sets that ran unpinned (stats.unpinned_sets: the glitch guard leaves
+    them whole, as results.comparisons judges the run)."""
     todo = [(base, cand, c) for base, cand in stats.pairs_among(labels, pairs) for c in cases
             if data[(base, c.id)].status == "ok" and data[(cand, c.id)].status == "ok"]
     out = {}
@@ -207,7 +210,7 @@ def comparisons_now(data: dict, labels: list[str], cases: list[Case], sampling: 
         out[(base, cand, c.id)] = stats.set_compare(b, k, min_effect=sampling.min_effect, family_size=len(todo) + family_extra,
                                               family_alpha=sampling.alpha, n_target=sampling.planned_sets,
                                               cycles=metric in CYCLED, provisional=quick,
-                                              plain=(rb, rk) if rb and rk else None)
+                                              plain=(rb, rk) if rb and rk else None, unguarded_sets=unguarded)
     stats.select_family(list(out.values()), family_alpha=sampling.alpha, family_size=len(todo) + family_extra,
                         min_effect=sampling.min_effect)
     return out
@@ -401,7 +404,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     ``timing`` (a dict) receives ``close_s``: seconds from the loop's stop to the last worker reaped,
     and ``close_reserve_s``: what the budget's last check kept back for that stop (:class:`_Closer`:
     the longest of the latest sets' reap times; without it, H200 runs of 2026-12-03 night ended up
-    to 0.7 s past a 60 s budget)."""
+    to 0.7 s past a 60 s budget), and ``finish_reserve_s``: what it kept back for the results put
+    together after the run (``Sampling.finish_s``)."""
     if not envs:
         return "no env could be timed"
     work.mkdir(parents=True, exist_ok=True)
@@ -455,7 +459,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             t_turn = time.monotonic()
             labels = [e.label for e in envs]
             pairs = stats.comparison_pairs([(e.label, e.axis) for e in envs])
-            wall_cmp = comparisons_now(data, labels, cases, sampling, "wall_us", quick, family_extra, pairs)
+            wall_cmp = comparisons_now(data, labels, cases, sampling, "wall_us", quick, family_extra, pairs,
+                                       stats.unpinned_sets(sets))
             if sets and len(labels) >= 2 and wall_cmp and len(_settled(wall_cmp, sampling)) == len(wall_cmp):
                 reason = (f"all wall-time verdicts decided, every interval within ±{sampling.precision:.0%} of its "
                           "ratio (anytime-valid intervals)")
@@ -479,7 +484,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             # and the stop after the last set: the workers then alive are stopped and reaped (the
             # run's close_s; H200 runs without this reserve ended up to 0.7 s past a 60 s budget)
             kept = closing.reserve()
-            if typical and elapsed + sum(typical) / len(typical) + kept > sampling.time_budget_s:
+            # and the results put together after it (Sampling.finish_s)
+            if typical and elapsed + sum(typical) / len(typical) + kept + sampling.finish_s > sampling.time_budget_s:
                 reason = f"time budget {sampling.time_budget_s:g} s: another process set would overrun it"
                 break
             if stop.is_set():
@@ -515,7 +521,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
                                case_timeout=case_timeout, stop=stop, rng=rng, on_progress=on_progress,
                                prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes, pairs=pairs,
-                               learned=learned,
+                               learned=learned, unguarded=stats.unpinned_sets(sets),
                                # set-ups: within the budget from this call's start (a --resume of a
                                # run near its budget still gets its set set up and timed)
                                deadline=t_call + sampling.time_budget_s)
@@ -557,6 +563,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             lockstep.set_affinity(0, before_aff)
         if timing is not None:  # after the last set: the workers still alive stopped and reaped (s)
             timing["close_reserve_s"] = round(kept, 3)
+            timing["finish_reserve_s"] = round(sampling.finish_s, 3)
             timing["close_s"] = round(time.monotonic() - t_close, 3)
     return reason
 
@@ -565,12 +572,12 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
              cpu: int | None, case_timeout: float, stop: threading.Event, rng: random.Random,
              on_progress, prefetch, seed: int, labels: list[str], park: set | None = None,
              slopes: dict | None = None, pairs: list | None = None, deadline: float | None = None,
-             learned: dict | None = None) -> dict:
+             learned: dict | None = None, unguarded: frozenset = frozenset()) -> dict:
     """Run one process set to its end; returns its record. Faults are handled as the module doc says.
     ``deadline`` (monotonic s: this run_all call's start + the time budget) bounds the set-up of the set's
     cases too: a set-up still running then ends the set and the run (status ``budget``; a GPU-sized
     config on a CPU spent 200 s setting up one case under a 20 s budget before), without blaming the
-    case."""
+    case. ``unguarded``: the earlier sets that ran unpinned (comparisons_now)."""
     sid = st.sid
     st.t0 = time.monotonic()  # the set's own time: its workers may have started during the previous set
     rec = {"set": sid, "cpu": cpu, "pinned": cpu is not None, "status": "ok", "error": None,
@@ -757,6 +764,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
                                 rng=rng, on_progress=on_progress, fault=fault, labels=labels, pairs=pairs,
                                 slopes=slopes if slopes is not None else {},
+                                unguarded=unguarded | ({sid} if not rec["pinned"] else frozenset()),
                                 more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, time.monotonic() - t_cyc - budget), 3)
@@ -962,7 +970,7 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
 def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampling, *, quick: bool,
             case_timeout: float, stop: threading.Event, rng: random.Random, on_progress, fault,
             labels: list[str], slopes: dict, more: Callable[[], bool] | None = None,
-            pairs: list | None = None) -> int:
+            pairs: list | None = None, unguarded: frozenset = frozenset()) -> int:
     """The set's lockstep cycles for ``sampling.set_seconds`` (quick: ``quick_set_seconds``), and
     on while ``more()`` says the next set's workers are still starting (up to ``EXTEND_FACTOR`` x that
     time: the start would otherwise wait idle for them); returns how many ran. A cycle is one (case, clock) item: every worker of the set times a burst of it, in
@@ -973,7 +981,8 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     ``sampling.precision`` drops its item for this set; the host clock is sampled in one sweep of
     ``sampling.host_every``;
     a case's wall clock comes up :func:`cycle_weights` times per sweep (1 unless ``max_repeats`` > 1).
-    A worker fault ends the cycles (the set's other data stay)."""
+    A worker fault ends the cycles (the set's other data stay). ``unguarded``: the sets, this one
+    included where it runs unpinned, that the glitch guard leaves whole (comparisons_now)."""
     sid, lab_of = st.sid, st.label_of
     budget = sampling.quick_set_seconds if quick else sampling.set_seconds
     items = []
@@ -981,7 +990,8 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     for m in CYCLED:
         done: set = set()
         if len(labels) >= 2 and not quick:
-            done = _settled(comparisons_now(data, labels, cases, sampling, m, pairs=run_pairs), sampling, m)
+            done = _settled(comparisons_now(data, labels, cases, sampling, m, pairs=run_pairs, unguarded=unguarded),
+                            sampling, m)
         for c in cases:
             if not run_pairs or any((base, cand, c.id) not in done for base, cand in run_pairs):
                 items.append((c, m))

@@ -326,6 +326,13 @@ CYCLE_TRIM = 0.2
 #: 5-14 per-cycle SDs in an A/A run. The centre is the median of the earlier sets' unguarded
 #: values (so one glitched set cannot move it, nor a guarded centre feed on itself) and the rule
 #: treats both envs alike, so an A/A run's intervals keep their level.
+#: Pinned sets only (method /5; /4 guarded every set): in sets that ran unpinned, cycles spread
+#: widely around per-process offsets (per-cycle log-ratio SD 0.34-0.42 on the H200), and cutting
+#: them at a centre taken from the earlier sets pulls each set towards those sets' median. The
+#: simulation on the H200 probe's unpinned A/A pseudo-sets (benchmarks/sim_lockstep.py, 2,000 runs
+#: of up to 20 sets): runs with a false faster/slower verdict 9.35 % with the guard vs 1.40 %
+#: without; its pinned and A/A rows were unchanged (benchmarks/results/
+#: sim-lockstep-guard-every-set.txt, method /4; sim-lockstep-guard.txt, /5).
 GLITCH_LOG = math.log(2.0)
 #: The guard starts once this many earlier sets give its centre (the first set has a case's most
 #: cycles, 9 or more, and its trimmed mean).
@@ -427,6 +434,14 @@ def _unglitched(base: dict, cand: dict, center: float) -> tuple[dict, dict, int]
     return kb, kc, dropped
 
 
+def unpinned_sets(sets: list | None) -> frozenset:
+    """Ids of the process sets that ran unpinned (set records' ``pinned`` false: results.json
+    ``sets``, runner records), which the glitch guard leaves whole (:data:`GLITCH_LOG`, method /5).
+    Set ids repeat across the shards or runs of a merged document: an id unpinned in any of them is
+    left whole in all (no guard is method /3's rule, valid as well)."""
+    return frozenset(s.get("set") for s in sets or [] if isinstance(s, dict) and s.get("pinned") is False)
+
+
 def set_delta(base: dict, cand: dict) -> float | None:
     """One process set's observation of candidate - baseline in µs per call: the 20 % trimmed mean
     of the paired per-cycle differences (:func:`_paired`)."""
@@ -483,7 +498,8 @@ def pairs_among(labels: list[str], pairs: list | None = None) -> list[tuple[str,
 def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, family_size: int = 1,
                 family_alpha: float = FAMILY_ALPHA, n_target: int = 8, cycles: bool = True,
                 provisional: bool = False, plain: tuple | None = None, selective: bool = True,
-                pass_target: int | None = PASS_N_TARGET, glitch_guard: bool = True) -> dict | None:
+                pass_target: int | None = PASS_N_TARGET, glitch_guard: bool = True,
+                unguarded_sets: frozenset = frozenset()) -> dict | None:
     """Compare one clock of one case between two envs measured in lockstep process sets.
 
     ``base_sets``/``cand_sets`` map a process-set id to that set's data: with ``cycles`` a dict
@@ -516,7 +532,9 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
     (method /4; False: as runs of methods /1-/3 were judged): in the cycled clocks, from the
     fourth set on, a set's cycles whose log ratio lies more than :data:`GLITCH_LOG` from the median
     of the earlier sets' unguarded values are left out of that set's ratio and delta (a set left
-    with none is not used); ``dropped_cycles`` counts them."""
+    with none is not used); ``dropped_cycles`` counts them. ``unguarded_sets``: ids of sets the guard
+    leaves whole (method /5: the sets that ran unpinned, :data:`GLITCH_LOG`); their values still
+    enter the centre."""
     ids = sorted((s for s in base_sets if s in cand_sets), key=_set_order)
     obs, deltas, used, raw = [], [], [], []
     dropped = 0
@@ -526,7 +544,8 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
         if cycles:
             # the guard's centre: the median of the earlier sets' unguarded values (predictable, and
             # one glitched set among them cannot move it), from the fourth set on
-            ctr = float(np.median(raw)) if glitch_guard and len(raw) >= GLITCH_AFTER else None
+            ctr = (float(np.median(raw)) if glitch_guard and len(raw) >= GLITCH_AFTER and s not in unguarded_sets
+                   else None)
             r0 = set_log_ratio(b, k)
             if r0 is not None:
                 raw.append(r0)

@@ -476,3 +476,23 @@ def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130(monkeypatch, capsys
 def test_run_takes_o_for_its_output_like_report_and_compare():
     from matrix_runner import cli
     assert cli.build_parser().parse_args(["run", "-o", "X", "--versions", "2.6.3"]).output == "X"
+
+
+def test_report_on_a_directory_says_which_runs_it_merges(tmp_path):
+    """`report DIR` merges every run found below DIR (one per tox env); it did so silently, so
+    `report reports/` gave a report of every archived run without a word. It now names them."""
+    import shutil
+    from pathlib import Path
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    runs = tmp_path / "runs"
+    for name in ("h200-aa-59", "h200-aa-60"):
+        shutil.copytree(reports / name, runs / "tox" / name)
+    cp = run_cli("report", str(runs), "-o", str(tmp_path / "merged"))
+    assert cp.returncode == 0, cp.stderr
+    said = " ".join(cp.stdout.split())
+    assert f"{runs}: merging the 2 runs found below it into one report: tox/h200-aa-59, tox/h200-aa-60 " in said, said
+    # one run below the directory: reported alone, nothing to announce
+    shutil.rmtree(runs / "tox" / "h200-aa-60")
+    cp = run_cli("report", str(runs), "-o", str(tmp_path / "one"))
+    assert cp.returncode == 0, cp.stderr
+    assert "merging" not in cp.stdout

@@ -56,7 +56,7 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
     # the config's sampling (conftest.TINY) is what the run used
     st = res["settings"]
     assert (st["max_sets"], st["set_seconds"], st["time_budget_s"]) == (6, 1.0, 120.0)
-    assert st["method"] == results.METHOD == "lockstep-sets/anytime-t-cs/4" and st["workers_per_env"] == 1  # auto: 1
+    assert st["method"] == results.METHOD == "lockstep-sets/anytime-t-cs/5" and st["workers_per_env"] == 1  # auto: 1
     sets = res["sets"]
     assert [s["set"] for s in sets] == list(range(len(sets))) and 2 <= len(sets) <= 6
     assert all(s["status"] == "ok" and s["cycles"] > 0 for s in sets)
@@ -119,6 +119,8 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
     t = res["timing"]
     assert 0 <= t["close_s"] <= t["timing_phase_s"] <= t["total_s"]
     assert 0 <= t["close_reserve_s"] < 10
+    # and for the results put together after the last set (measured on the partial writes)
+    assert 0 < t["finish_reserve_s"] < 10
     assert res["machine"]["cpu_count"] >= 1
 
 

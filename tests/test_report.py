@@ -761,6 +761,9 @@ def test_ratio_definition_states_the_levels_each_kind_of_verdict_was_shown_at():
     guarded = [dict(c, dropped_cycles=1) for c in wall] + [dict(base, metric="host_us", dropped_cycles=2)]
     text = ratio_definition(guarded, "lockstep-sets/anytime-t-cs/4")
     assert "left out as a stall" in text and "14 of the run's wall and host turns" in text
+    assert "a turn whose ratio" in text
+    # method /5: only in pinned sets (an unpinned set's turns spread too widely for the guard)
+    assert "a turn of a pinned set whose ratio" in ratio_definition(guarded, "lockstep-sets/anytime-t-cs/5")
     assert "stall" not in ratio_definition(guarded, "lockstep-sets/anytime-t-cs/3")
 
 
