@@ -489,10 +489,10 @@ def test_report_on_a_directory_says_which_runs_it_merges(tmp_path):
         shutil.copytree(reports / name, runs / "tox" / name)
     cp = run_cli("report", str(runs), "-o", str(tmp_path / "merged"))
     assert cp.returncode == 0, cp.stderr
-    said = " ".join(cp.stdout.split())
+    said = " ".join((cp.stdout + cp.stderr).split())
     assert f"{runs}: merging the 2 runs found below it into one report: tox/h200-aa-59, tox/h200-aa-60 " in said, said
     # one run below the directory: reported alone, nothing to announce
     shutil.rmtree(runs / "tox" / "h200-aa-60")
     cp = run_cli("report", str(runs), "-o", str(tmp_path / "one"))
     assert cp.returncode == 0, cp.stderr
-    assert "merging" not in cp.stdout
+    assert "merging" not in cp.stdout + cp.stderr
