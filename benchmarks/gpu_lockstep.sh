@@ -12,6 +12,9 @@
 #   4. EXTRA="--burst-ms 5" etc.: one more A/A with those options, if time is left (started before
 #      EXTRA_BY s, default 400; EXTRA_SEED=1: and first one more seed comparison with them)
 # Everything comes back as $OUT/lockstep.tgz (results.json, index.html, console logs) + summary.txt.
+# Carry limit: one call carries the tracked tree and .carry/ (64 MiB). reports/ (~51 MB) plus the
+# two slim wheels (15.6 MB) exceed it, so move reports/ out of the tree for the call and back after
+# (mv reports /work/reports-hold; ...; mv /work/reports-hold reports; git status must show no ' D').
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
