@@ -337,6 +337,26 @@ GLITCH_LOG = math.log(2.0)
 #: The guard starts once this many earlier sets give its centre (the first set has a case's most
 #: cycles, 9 or more, and its trimmed mean).
 GLITCH_AFTER = 3
+#: A guard whose reach follows the comparison's own per-cycle spread, measured and NOT adopted
+#: (off: the results methods all reach :data:`GLITCH_LOG`). With it, a cycle is left out when its
+#: log ratio lies more than ``GLITCH_K`` robust SDs of the earlier sets' cycles from the centre
+#: (:func:`glitch_reach`), never nearer than :data:`GLITCH_MIN_LOG` nor farther than
+#: :data:`GLITCH_LOG`, from the second set on (:func:`glitch_centre`). Why it was tried: on the H200
+#: in the CPU's slowest state yet (speed probe ~8 µs, 2026-12-04), single bursts 1.6-1.8x slow (one
+#: batch-512 S150 bwd burst 2,860 µs beside ~1,610, in a set with one cycle of that case) came
+#: through the log 2 guard, and each such set widened an A/A interval (to [0.90, 1.07] where its
+#: sibling intervals had +-1-2 %). Why not: replayed on 58 H200 runs (benchmarks/guard_reach_replay.py,
+#: benchmarks/results/guard-reach-replay-12-04.txt) it made 14 instead of 13 of 33 A/A runs hold
+#: every wall interval inside +-3 %, and in the 25 2.6.3-vs-2.7.0.post2 runs it left out 2.7.0.post2's
+#: slow cycles twice as often as 2.6.3's (344 of 524): the heavier version stalls more often, a cost of its own
+#: that a tighter guard would hide from the ratio.
+GLITCH_ADAPTIVE = False
+#: Robust SDs of reach of the adaptive guard (:func:`glitch_reach`; 6, 10 and 15 replayed).
+GLITCH_K = 10.0
+#: The nearest the adaptive guard (:data:`GLITCH_ADAPTIVE`) reaches: a 10 % step is beyond anything the CPU's speed states
+#: move a batch-512 set's ratio by (B512 S50 fwd 1.12-1.15x in the fast state, 1.16-1.21x in the
+#: slow one), so a quiet comparison's real shifts are never cut.
+GLITCH_MIN_LOG = math.log(1.1)
 #: The sets the mixing of a *pass* clock's confidence sequence (kernel time, CUDA graph: one pass
 #: per worker and set, taken "while undecided", runner._needed) is tuned for, whatever the run plans
 #: for its wall clock. Kernel time hardly moves between processes, so these clocks stop as soon as
@@ -418,20 +438,53 @@ def _paired(base: dict, cand: dict):
             yield b, k
 
 
-def _unglitched(base: dict, cand: dict, center: float) -> tuple[dict, dict, int]:
-    """The glitch guard (:data:`GLITCH_LOG`) on one set's cycles: ``base``/``cand`` (cycle id -> burst
-    median) kept to the paired cycles (:func:`_paired`'s rule) whose log ratio lies within
-    GLITCH_LOG of ``center``, and how many paired cycles it left out."""
+def _unglitched(base: dict, cand: dict, center: float, reach: float = GLITCH_LOG) -> tuple[dict, dict, int]:
+    """The glitch guard on one set's cycles: ``base``/``cand`` (cycle id -> burst median) kept to
+    the paired cycles (:func:`_paired`'s rule) whose log ratio lies within ``reach`` of ``center``
+    (:data:`GLITCH_LOG`; :func:`glitch_reach` with :data:`GLITCH_ADAPTIVE`), and how many paired cycles it left out."""
     kb, kc, dropped = {}, {}, 0
     for cy, b in base.items():
         k = cand.get(cy)
         if not any(True for _ in _paired({cy: b}, {cy: k})):
             continue
-        if abs(math.log(k) - math.log(b) - center) > GLITCH_LOG:
+        if abs(math.log(k) - math.log(b) - center) > reach:
             dropped += 1
         else:
             kb[cy], kc[cy] = b, k
     return kb, kc, dropped
+
+
+def cycle_mad(base: dict, cand: dict) -> float | None:
+    """One set's median absolute deviation of its paired per-cycle log ratios from their median
+    (:func:`_paired`); None with fewer than two pairs. The adaptive guard's scale (:func:`glitch_reach`)."""
+    d = [math.log(k) - math.log(b) for b, k in _paired(base, cand)]
+    if len(d) < 2:
+        return None
+    m = _median(d)
+    return _median([abs(x - m) for x in d])
+
+
+def glitch_reach(mads: list) -> float:
+    """How far from the centre the adaptive glitch guard (:data:`GLITCH_ADAPTIVE`) lets a cycle's log ratio lie: ``GLITCH_K``
+    x 1.4826 x the median of the earlier sets' :func:`cycle_mad` values (1.4826 x MAD estimates a
+    normal SD), clamped to [:data:`GLITCH_MIN_LOG`, :data:`GLITCH_LOG`]; :data:`GLITCH_LOG` while no
+    earlier set had two cycles. Uses earlier sets only, so each set's value stays predictable from
+    the past, and treats both envs alike."""
+    m = [x for x in mads if x is not None and math.isfinite(x)]
+    if not m:
+        return GLITCH_LOG
+    return min(GLITCH_LOG, max(GLITCH_MIN_LOG, GLITCH_K * 1.4826 * _median(m)))
+
+
+def glitch_centre(raw: list, adaptive: bool = True) -> float | None:
+    """The glitch guard's centre for the next set from the earlier sets' unguarded log ratios
+    ``raw`` (in run order): their median once there are :data:`GLITCH_AFTER` (one glitched set
+    among them cannot move it); before that, the adaptive guard (``adaptive``, :data:`GLITCH_ADAPTIVE`)
+    takes the first set's value alone -- the trimmed mean of its 9 or more cycles of the case, which
+    a stalled burst or two cannot move -- and the results methods have no guard yet (None)."""
+    if len(raw) >= GLITCH_AFTER:
+        return float(np.median(raw))
+    return float(raw[0]) if adaptive and raw else None
 
 
 def unpinned_sets(sets: list | None) -> frozenset:
@@ -499,7 +552,7 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
                 family_alpha: float = FAMILY_ALPHA, n_target: int = 8, cycles: bool = True,
                 provisional: bool = False, plain: tuple | None = None, selective: bool = True,
                 pass_target: int | None = PASS_N_TARGET, glitch_guard: bool = True,
-                unguarded_sets: frozenset = frozenset()) -> dict | None:
+                unguarded_sets: frozenset = frozenset(), glitch_adaptive: bool | None = None) -> dict | None:
     """Compare one clock of one case between two envs measured in lockstep process sets.
 
     ``base_sets``/``cand_sets`` map a process-set id to that set's data: with ``cycles`` a dict
@@ -534,9 +587,13 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
     of the earlier sets' unguarded values are left out of that set's ratio and delta (a set left
     with none is not used); ``dropped_cycles`` counts them. ``unguarded_sets``: ids of sets the guard
     leaves whole (method /5: the sets that ran unpinned, :data:`GLITCH_LOG`); their values still
-    enter the centre."""
+    enter the centre. ``glitch_adaptive`` (None: :data:`GLITCH_ADAPTIVE`, off): the guard's reach
+    is :func:`glitch_reach` of the earlier sets' cycles instead of :data:`GLITCH_LOG`, and it starts
+    from the second set (:func:`glitch_centre`) -- measured, not adopted (see GLITCH_ADAPTIVE)."""
+    if glitch_adaptive is None:
+        glitch_adaptive = GLITCH_ADAPTIVE
     ids = sorted((s for s in base_sets if s in cand_sets), key=_set_order)
-    obs, deltas, used, raw = [], [], [], []
+    obs, deltas, used, raw, mads = [], [], [], [], []
     dropped = 0
     pb, pk = plain if plain else (base_sets, cand_sets)
     for s in ids:
@@ -544,14 +601,14 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
         if cycles:
             # the guard's centre: the median of the earlier sets' unguarded values (predictable, and
             # one glitched set among them cannot move it), from the fourth set on
-            ctr = (float(np.median(raw)) if glitch_guard and len(raw) >= GLITCH_AFTER and s not in unguarded_sets
-                   else None)
+            ctr = glitch_centre(raw, glitch_adaptive) if glitch_guard and s not in unguarded_sets else None
             r0 = set_log_ratio(b, k)
             if r0 is not None:
                 raw.append(r0)
             if ctr is not None:
-                b, k, n = _unglitched(b, k, ctr)
+                b, k, n = _unglitched(b, k, ctr, glitch_reach(mads) if glitch_adaptive else GLITCH_LOG)
                 dropped += n
+            mads.append(cycle_mad(base_sets[s], cand_sets[s]))  # after its own guard: earlier sets only
             v = set_log_ratio(b, k)  # None when the guard left no cycle: the set is not used
             dv = (set_delta({cy: (pb.get(s) or {}).get(cy, x) for cy, x in b.items()},
                             {cy: (pk.get(s) or {}).get(cy, x) for cy, x in k.items()}) if plain else set_delta(b, k))

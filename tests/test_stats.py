@@ -426,6 +426,34 @@ def test_glitch_guard_leaves_out_a_stalled_burst_in_a_small_set_and_keeps_real_d
     assert r["dropped_cycles"] == 0 and r["n_sets"] == 10 and r["set_log_ratios"][0] > 1.5
 
 
+def test_adaptive_glitch_guard_reach_and_start():
+    """stats.GLITCH_ADAPTIVE (measured, off by default): the reach is GLITCH_K x 1.4826 x the median
+    of the earlier sets' per-cycle MADs, clamped to [log 1.1, log 2], and the guard starts at the
+    second set, centred on the first set's value. A 1.6x burst (the H200's slowest CPU state) in a
+    quiet comparison passes the log 2 guard but not the adaptive one; off is the results methods'
+    rule (nothing changes unless asked)."""
+    assert stats.GLITCH_ADAPTIVE is False
+    assert stats.glitch_reach([]) == stats.GLITCH_LOG and stats.glitch_reach([None]) == stats.GLITCH_LOG
+    assert stats.glitch_reach([0.0001, 0.0002]) == stats.GLITCH_MIN_LOG
+    assert stats.glitch_reach([0.01, 0.02, 0.03]) == pytest.approx(stats.GLITCH_K * 1.4826 * 0.02)
+    assert stats.glitch_reach([0.5]) == stats.GLITCH_LOG
+    assert stats.cycle_mad({1: 100.0}, {1: 110.0}) is None
+    assert stats.cycle_mad({1: 100.0, 2: 100.0, 3: 100.0}, {1: 100.0, 2: 110.0, 3: 121.0}) == pytest.approx(math.log(1.1))
+    assert stats.glitch_centre([], True) is None and stats.glitch_centre([0.1], False) is None
+    assert stats.glitch_centre([0.1, 0.5], True) == 0.1 and stats.glitch_centre([0.1, 0.5, 0.2], False) == 0.2
+    rng = np.random.default_rng(3)
+    b, k = _glitch_sets(20, 2, 1.0, rng, glitch=(8, 1.6))
+    fixed = stats.set_compare(b, k, family_size=12)
+    adaptive = stats.set_compare(b, k, family_size=12, glitch_adaptive=True)
+    assert fixed["dropped_cycles"] == 0 and adaptive["dropped_cycles"] == 1
+    assert adaptive["set_log_ratios"][8] < 0.05 < fixed["set_log_ratios"][8]
+    assert adaptive["ci_high"] / adaptive["ci_low"] < fixed["ci_high"] / fixed["ci_low"]
+    # from the second set on: a glitch in set 1 is caught by the adaptive guard only
+    b, k = _glitch_sets(10, 3, 1.0, rng, glitch=(1, 3.0))
+    assert stats.set_compare(b, k, glitch_adaptive=True)["dropped_cycles"] == 1
+    assert stats.set_compare(b, k)["dropped_cycles"] == 0
+
+
 def test_glitch_guard_leaves_unpinned_sets_whole():
     """Method /5: the guard cuts cycles in pinned sets only (stats.GLITCH_LOG: in the H200 probe's
     unpinned A/A pseudo-sets it pulled every set towards the earlier sets' median, and 9.35 % of
