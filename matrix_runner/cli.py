@@ -3,8 +3,8 @@
 other subcommands are :mod:`commands`. :func:`main` turns :mod:`errors`' classes into their exit codes.
 
 Exit codes: 0 done; 1 a wall-time regression over ``--fail-on-regression PCT``; 2 usage or config
-error; 3 some env or case failed, or nothing could be timed (results still written); 130
-interrupted (results measured so far written). 1 wins over 3 when both apply.
+error; 3 some env or case failed, or nothing could be timed (results still written); 4 an
+internal error (a bug); 130 interrupted (results measured so far written). 1 wins over 3 when both apply.
 """
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import sys
 
 from . import __version__, commands, pipeline, shard, wheels
 from .config import MAX_CASES
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, MatrixRunError  # noqa: F401 - the codes, for callers
+from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, MatrixRunError  # noqa: F401 - the codes, for callers
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish", "explain")
 EXIT_HELP = ("Exit codes: 0 done; 1 a wall-time regression over --fail-on-regression; 2 usage or config error; "
              "3 some env or case failed, or nothing could be timed (e.g. no GPU; results still written), or "
              "--fail-on-regression could not judge a comparison over its threshold (too few sets); "
+             "4 internal error (a bug: please report it with the traceback printed); "
              "130 interrupted (results so far written). plan: 3 when an env has no way to be obtained.")
 
 
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"internal error: {type(e).__name__}: {e} (please report; traceback follows)", file=sys.stderr)
         traceback.print_exc()
-        return EXIT_FAILED
+        return EXIT_INTERNAL
     ap.print_help()
     return EXIT_USAGE
 

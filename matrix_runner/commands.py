@@ -131,6 +131,7 @@ def cmd_report(args) -> int:
     if args.markdown:  # before anything is read or written (it was found only at the end)
         check_writable_file(Path(args.markdown), "--markdown")
     paths: list[Path] = []
+    noted = False  # the merge is named already (report DIR)
     for a in args.results:
         p = Path(a)
         if p.is_dir():  # e.g. reports/tox: every results.json below it (one per tox env)
@@ -147,6 +148,7 @@ def cmd_report(args) -> int:
                 console.print(f"{p}: merging the {len(below)} runs found below it into one report: "
                               f"{', '.join(names[:REPORT_LIST_MAX])}{more} (give one run's directory or "
                               "results.json to report on it alone)")
+                noted = True
             paths += below
         else:
             paths.append(p)
@@ -154,6 +156,8 @@ def cmd_report(args) -> int:
     if args.min_effect is not None and not 0 < args.min_effect < 1:
         raise UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
     runs = [results.load(p) for p in args.results]
+    if len(runs) > 1:
+        _merge_notes([Path(a) for a in args.results], runs, noted)
     res = results.merge(runs, args.min_effect)
     out = Path(args.output)
     # a run's results there, plain or archived (.gz: a results.json written beside it would be read
@@ -186,6 +190,25 @@ def cmd_report(args) -> int:
     report.terminal_table(res, Console())
     console.print(f"report: {p}")
     return EXIT_OK
+
+
+def _merge_notes(paths: list[Path], runs: list[dict], noted: bool) -> None:
+    """What ``report`` says before it merges several runs into one report: which runs (unless
+    ``report DIR`` named them already: ``noted``), and, on stderr, each run whose machine differs from
+    the first one's where it moves every ratio (:func:`machine_differences`: another device or GPU,
+    or the CPU at another speed), as ``compare`` warns (new-user trial 2026-12-04: a CPU run merged
+    with an H200 run, and two H200 runs whose probes read 3.74 and 6.42 µs, merged without a word).
+    At most :data:`REPORT_LIST_MAX` runs or warnings are named; the rest are counted."""
+    names = [(p.parent.name if p.name in results.NAMES else p.as_posix()) or p.as_posix() for p in paths]
+    if not noted:
+        more = f" and {len(names) - REPORT_LIST_MAX} more" if len(names) > REPORT_LIST_MAX else ""
+        console.print(f"merging {len(runs)} runs into one report: {', '.join(names[:REPORT_LIST_MAX])}{more}")
+    warns = [f"{names[0]} (A) and {names[i]} (B): {why}" for i in range(1, len(runs))
+             for why in machine_differences(runs[0], runs[i])]
+    for w in warns[:REPORT_LIST_MAX]:
+        print(f"warning: {w}; the merged report pools them", file=sys.stderr)
+    if len(warns) > REPORT_LIST_MAX:
+        print(f"warning: and {len(warns) - REPORT_LIST_MAX} more such differences among the merged runs", file=sys.stderr)
 
 
 def _results_path(a: str) -> Path:

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 #: Exit codes of ``matrix-run`` (``matrix-run --help`` lists them).
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: An unexpected error: a bug of matrix-run's (cli.main prints it with its traceback). Its own code, so
+#: that CI can tell it from 3, a failed env or case (new-user trial 2026-12-04).
+EXIT_INTERNAL = 4
 
 
 class MatrixRunError(Exception):

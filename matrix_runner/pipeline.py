@@ -67,7 +67,12 @@ def options(args) -> envmod.Options:
     """The env settings of ``plan`` and ``run`` (:class:`envs.Options`) from their command line;
     UsageError for bad ``--archs``, ``--torch``, ``--torch-index``, ``--find-links``."""
     envs_dir = Path(args.envs_dir).expanduser()
-    envs_dir.mkdir(parents=True, exist_ok=True)
+    if envs_dir.exists() and not envs_dir.is_dir():  # it said "afile: File exists" (new-user trial)
+        raise UsageError(f"--envs-dir {args.envs_dir}: is a file, not a directory: give a directory for the envs")
+    try:
+        envs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--envs-dir {args.envs_dir}: cannot create it ({e.strerror or e})") from None
     archs = None
     if args.archs:
         archs = [a.strip().replace(".", "").replace("sm_", "") for a in args.archs.split(",") if a.strip()]
@@ -388,6 +393,11 @@ class Run:
             raise UsageError(str(ex)) from None
         reqs = envmod.parse_versions(args.versions)
         opts = options(args)
+        if args.fail_on_regression is not None and len(envmod.cross_torch(reqs, opts.torches)) < 2:
+            # a gate that compared nothing said "passed" (new-user trial 2026-12-04)
+            raise UsageError(f"--fail-on-regression with one env ({reqs[0].label}): nothing is compared, so the "
+                             "gate could never fail; give two or more --versions (e.g. 2.6.3,2.7.0.post2) or drop "
+                             "--fail-on-regression")
         if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error
             for w in envmod.check_versions(reqs, opts):
                 warn(w)

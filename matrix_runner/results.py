@@ -356,15 +356,48 @@ def load(path: str | Path) -> dict:
     except OSError as e:
         raise ResultsError(f"{p}: cannot read ({e.strerror or e})") from None
     except EOFError:
-        raise ResultsError(f"{p}: the compressed file is cut short: restore it from git") from None
+        raise ResultsError(f"{p}: the compressed file is cut short (damaged): rerun it, or restore the file "
+                           "(a committed run's from git)") from None
     except ValueError as e:
         raise ResultsError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("schema") not in READABLE:
         raise ResultsError(f"{p}: schema {data.get('schema') if isinstance(data, dict) else None!r} is not "
                            f"one of {', '.join(READABLE)}")
+    _check_structure(p, data)
     for note in _check_metrics(p, data):
         print(f"note: {note}", file=sys.stderr)
     return data
+
+
+#: Comparison fields every reader takes as numbers (or null: not measured, no interval yet).
+_COMPARISON_NUMBERS = ("ratio", "ci_low", "ci_high", "base_median", "cand_median", "delta_us", "delta_ci_low",
+                       "delta_ci_high", "alpha", "p_value")
+
+
+def _check_structure(p: Path, data: dict) -> None:
+    """The top-level records the readers rely on: ``envs`` a list of objects with a string ``label``,
+    ``comparisons`` (where present) a list of objects whose :data:`_COMPARISON_NUMBERS` are numbers or
+    null, ``sets`` (where present) a list. Raises ResultsError naming the file and the field (a
+    hand-edited file gave an internal error: StopIteration without envs, TypeError for a ratio "x";
+    new-user trial 2026-12-04)."""
+    envs = data.get("envs")
+    if not isinstance(envs, list):
+        raise ResultsError(f"{p}: envs is {'missing' if envs is None else type(envs).__name__ + ', not a list'}: "
+                           "every run records its envs; restore the file from its run")
+    for i, e in enumerate(envs):
+        if not isinstance(e, dict) or not isinstance(e.get("label"), str):
+            raise ResultsError(f"{p}: envs[{i}] has no label: restore the file from its run")
+    for key in ("comparisons", "sets"):
+        v = data.get(key)
+        if v is not None and not isinstance(v, list):
+            raise ResultsError(f"{p}: {key} is {type(v).__name__}, not a list: restore the file from its run")
+    for i, c in enumerate(data.get("comparisons") or []):
+        if not isinstance(c, dict):
+            raise ResultsError(f"{p}: comparisons[{i}] is {type(c).__name__}, not an object: restore the file from its run")
+        for f in _COMPARISON_NUMBERS:
+            v = c.get(f)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ResultsError(f"{p}: comparisons[{i}].{f} is {v!r}, not a number: restore the file from its run")
 
 
 def _path(parts: list) -> str:

@@ -496,3 +496,92 @@ def test_report_on_a_directory_says_which_runs_it_merges(tmp_path):
     cp = run_cli("report", str(runs), "-o", str(tmp_path / "one"))
     assert cp.returncode == 0, cp.stderr
     assert "merging" not in cp.stdout + cp.stderr
+
+
+def test_report_of_named_runs_names_them_and_warns_when_their_machines_differ(tmp_path):
+    """`report RUN RUN` merged silently, even a CPU run with an H200 run or two H200 runs whose CPU
+    speed probes read 3.74 and 6.42 µs (new-user trial 2026-12-04); it now names the runs and warns as
+    `compare` does, and the merge still succeeds."""
+    from pathlib import Path
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    fast, slow = (reports / f"h200-2.6.3-vs-2.7.0.post2-12-04-{n}" for n in (16, 17))
+    cp = run_cli("report", str(fast), str(slow), "-o", str(tmp_path / "merged"))
+    assert cp.returncode == 0, cp.stderr
+    out = " ".join((cp.stdout + cp.stderr).split())
+    assert ("merging 2 runs into one report: h200-2.6.3-vs-2.7.0.post2-12-04-16, "
+            "h200-2.6.3-vs-2.7.0.post2-12-04-17") in out, out
+    err = " ".join(cp.stderr.split())
+    assert ("warning: h200-2.6.3-vs-2.7.0.post2-12-04-16 (A) and h200-2.6.3-vs-2.7.0.post2-12-04-17 (B): the CPU "
+            "ran at another speed: the speed probe (the same Python work in every worker) read a median of 3.74 µs "
+            "in A and 6.42 µs in B (72% apart)") in err, err
+    assert err.count("warning:") == 1 and "the merged report pools them" in err
+    # runs of one CPU state: named, no warning
+    cp = run_cli("report", str(reports / "h200-aa-81"), str(reports / "h200-aa-82"), "-o", str(tmp_path / "same"))
+    assert cp.returncode == 0 and "merging 2 runs into one report: h200-aa-81, h200-aa-82" in " ".join(
+        (cp.stdout + cp.stderr).split())
+    assert "warning" not in cp.stderr, cp.stderr
+
+
+def test_a_hand_damaged_results_file_is_a_usage_error_not_an_internal_one(tmp_path):
+    """A schema-valid results.json without `envs` gave `internal error: StopIteration`, and a ratio "x"
+    a TypeError, exit 3 (new-user trial 2026-12-04): each is now named, exit 2, and nothing is written."""
+    import gzip
+    from pathlib import Path
+
+    from matrix_runner import results
+    doc = json.loads(gzip.decompress((Path(__file__).resolve().parents[1] / "reports" / "h200-aa-82" /
+                                      "results.json.gz").read_bytes()))
+    cases = {"no-envs": lambda d: d.pop("envs"), "ratio-x": lambda d: d["comparisons"][0].update(ratio="x"),
+             "env-label": lambda d: d["envs"][1].pop("label"), "sets-dict": lambda d: d.update(sets={})}
+    said = {}
+    for name, damage in cases.items():
+        d = json.loads(json.dumps(doc))
+        damage(d)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(d))
+        with pytest.raises(results.ResultsError) as ei:
+            results.load(tmp_path / name)
+        said[name] = str(ei.value).split(": ", 1)[1]
+    assert said == {"no-envs": "envs is missing: every run records its envs; restore the file from its run",
+                    "ratio-x": "comparisons[0].ratio is 'x', not a number: restore the file from its run",
+                    "env-label": "envs[1] has no label: restore the file from its run",
+                    "sets-dict": "sets is dict, not a list: restore the file from its run"}
+    cp = run_cli("report", str(tmp_path / "no-envs"), "-o", str(tmp_path / "out"))
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr and "envs is missing" in cp.stderr, cp.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_internal_error_has_its_own_exit_code(monkeypatch, capsys):
+    """A bug of ours exited 3, which --help gives to a failed env or case: CI could not tell them apart."""
+    from matrix_runner import cli, errors
+
+    def boom(args):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(cli.commands, "cmd_plan", boom)
+    assert cli.main(["plan", "--versions", "2.6.3"]) == errors.EXIT_INTERNAL == 4
+    err = capsys.readouterr().err
+    assert err.startswith("internal error: RuntimeError: a bug (please report; traceback follows)")
+    assert "4 internal error" in cli.EXIT_HELP
+
+
+def test_fail_on_regression_with_one_env_is_refused_before_anything_runs(tmp_path):
+    """One version, --fail-on-regression: nothing compared, yet the gate printed "passed" and exited 0."""
+    cp = run_cli("--versions", "2.6.3", "--backend", "here", "--fail-on-regression", "5", "-o", str(tmp_path / "o"),
+                 "--envs-dir", str(tmp_path / "envs"))
+    assert cp.returncode == 2, cp.stderr
+    assert ("--fail-on-regression with one env (2.6.3): nothing is compared, so the gate could never fail; give two "
+            "or more --versions") in " ".join(cp.stderr.split())
+    assert not (tmp_path / "o").exists()
+
+
+def test_version_and_envs_dir_errors_name_the_real_problem(tmp_path):
+    from matrix_runner import envs
+    with pytest.raises(envs.UsageError, match=r"'=2.6.3' has an empty label before '='; write LABEL=VERSION \(e.g. "
+                                              r"a=2.6.3\) or the version alone \(2.6.3\)"):
+        envs.parse_versions("=2.6.3,b=2.7.0.post2")
+    with pytest.raises(envs.UsageError, match=">=2.6' is a version specifier"):
+        envs.parse_versions(">=2.6")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    cp = run_cli("plan", "--versions", "2.6.3", "--envs-dir", str(afile))
+    assert cp.returncode == 2 and f"--envs-dir {afile}: is a file, not a directory" in cp.stderr, cp.stderr

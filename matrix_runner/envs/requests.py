@@ -80,6 +80,9 @@ def parse_versions(text: str) -> list[EnvRequest]:
         raise UsageError("--versions: give at least one flash-attn version, e.g. --versions 2.6.3,2.7.0.post2")
     for it in items:
         package = subjects.DEFAULT
+        if re.match(r"=[^=]", it):  # "=2.6.3": LABEL=VERSION with the label left out (new-user trial)
+            raise UsageError(f"--versions: {it!r} has an empty label before '='; write LABEL=VERSION (e.g. "
+                             f"a{it}) or the version alone ({it[1:]})")
         if re.match(r"\s*(~=|!=|[<>]=?|=)", it):  # ">=2.6": a specifier, which would read as label '>'
             raise UsageError(f"--versions: {it!r} is a version specifier; matrix-run times exact versions: write each "
                              "one, e.g. --versions 2.6.3,2.7.0.post2")
