@@ -781,6 +781,10 @@ def terminal_table(res: dict, console=None) -> None:
         console.print("[dim]µs: the bursts' plain medians; ratio: paired cycle by cycle and taken at one CPU speed, "
                       "so it can differ from the ratio of the µs shown (on the H200 by up to ~10 % where a version's "
                       "set medians fall into two groups; far more where few sets met unequal loads)[/]")
+        if any(c.get("paired") is False for c in res.get("comparisons") or []):  # a merged report (new-user trial)
+            console.print("[dim]merged runs: an env from another run than the baseline's (its label marked ') is "
+                          "not paired with it: its rows compare the sets as independent groups, and its "
+                          "intervals hold the two runs' machine states too[/]")
     note = level_note(res.get("comparisons") or [])
     if note:
         console.print(f"[dim]{escape(note)}[/]")

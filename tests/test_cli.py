@@ -515,6 +515,8 @@ def test_report_of_named_runs_names_them_and_warns_when_their_machines_differ(tm
             "ran at another speed: the speed probe (the same Python work in every worker) read a median of 3.74 µs "
             "in A and 6.42 µs in B (72% apart)") in err, err
     assert err.count("warning:") == 1 and "the merged report pools them" in err
+    assert ("merged runs: an env from another run than the baseline's (its label marked ') is not paired with it"
+            in out), out
     # runs of one CPU state: named, no warning
     cp = run_cli("report", str(reports / "h200-aa-81"), str(reports / "h200-aa-82"), "-o", str(tmp_path / "same"))
     assert cp.returncode == 0 and "merging 2 runs into one report: h200-aa-81, h200-aa-82" in " ".join(
