@@ -123,7 +123,8 @@ def cmd_envs(args) -> int:
     return EXIT_FAILED if busy else EXIT_OK
 
 
-#: Runs named when ``report DIR`` merges the runs found below DIR (the rest are counted).
+#: Runs (and machine warnings) named when ``report`` merges several runs (``report DIR``, ``report RUN
+#: RUN ...``); the rest are counted.
 REPORT_LIST_MAX = 8
 
 
@@ -131,7 +132,6 @@ def cmd_report(args) -> int:
     if args.markdown:  # before anything is read or written (it was found only at the end)
         check_writable_file(Path(args.markdown), "--markdown")
     paths: list[Path] = []
-    noted = False  # the merge is named already (report DIR)
     for a in args.results:
         p = Path(a)
         if p.is_dir():  # e.g. reports/tox: every results.json below it (one per tox env)
@@ -148,10 +148,10 @@ def cmd_report(args) -> int:
                 console.print(f"{p}: merging the {len(below)} runs found below it into one report: "
                               f"{', '.join(names[:REPORT_LIST_MAX])}{more} (give one run's directory or "
                               "results.json to report on it alone)")
-                noted = True
             paths += below
         else:
             paths.append(p)
+    noted = len(args.results) == 1  # one DIR: its runs are named above
     args.results = [str(p) for p in paths]
     if args.min_effect is not None and not 0 < args.min_effect < 1:
         raise UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")

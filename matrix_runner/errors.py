@@ -2,9 +2,9 @@
 
 Every such error derives from :class:`MatrixRunError` and names its exit code; ``cli.main`` prints
 ``error: <message>`` and returns that code for any of them (anything else is a bug of ours: "internal
-error", exit 3, with the traceback). The classes live beside the stage that raises them and derive
-from one of these (they also keep ``ValueError``/``RuntimeError`` as before, so older ``except``
-clauses still hold):
+error", exit 4, :data:`EXIT_INTERNAL`, with the traceback). The classes live beside the stage that
+raises them and derive from one of these (they also keep ``ValueError``/``RuntimeError`` as before, so
+older ``except`` clauses still hold):
 
 ====================  ===========================  ==========================================  ====
 class                 module                       what                                        exit

@@ -395,9 +395,10 @@ class Run:
         opts = options(args)
         if args.fail_on_regression is not None and len(envmod.cross_torch(reqs, opts.torches)) < 2:
             # a gate that compared nothing said "passed" (new-user trial 2026-12-04)
+            how = ("--backend here times one env: use --backend uv with two or more --versions"
+                   if args.backend == "here" else "give two or more --versions (e.g. 2.6.3,2.7.0.post2)")
             raise UsageError(f"--fail-on-regression with one env ({reqs[0].label}): nothing is compared, so the "
-                             "gate could never fail; give two or more --versions (e.g. 2.6.3,2.7.0.post2) or drop "
-                             "--fail-on-regression")
+                             f"gate could never fail; {how}, or drop --fail-on-regression")
         if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error
             for w in envmod.check_versions(reqs, opts):
                 warn(w)

@@ -356,8 +356,8 @@ def load(path: str | Path) -> dict:
     except OSError as e:
         raise ResultsError(f"{p}: cannot read ({e.strerror or e})") from None
     except EOFError:
-        raise ResultsError(f"{p}: the compressed file is cut short (damaged): rerun it, or restore the file "
-                           "(a committed run's from git)") from None
+        raise ResultsError(f"{p}: the compressed file is cut short (damaged): run that run again, or restore "
+                           "the file from a copy (from git if it is a committed run)") from None
     except ValueError as e:
         raise ResultsError(f"{p}: not valid JSON ({e})") from None
     if not isinstance(data, dict) or data.get("schema") not in READABLE:
@@ -375,25 +375,35 @@ _COMPARISON_NUMBERS = ("ratio", "ci_low", "ci_high", "base_median", "cand_median
 
 
 def _check_structure(p: Path, data: dict) -> None:
-    """The top-level records the readers rely on: ``envs`` a list of objects with a string ``label``,
+    """The top-level records the readers rely on: ``envs`` a list of objects with a string ``label``
+    and ``status``; ``cases`` a list of objects with a string ``id``, ``env`` and ``status``;
     ``comparisons`` (where present) a list of objects whose :data:`_COMPARISON_NUMBERS` are numbers or
-    null, ``sets`` (where present) a list. Raises ResultsError naming the file and the field (a
-    hand-edited file gave an internal error: StopIteration without envs, TypeError for a ratio "x";
-    new-user trial 2026-12-04)."""
-    envs = data.get("envs")
-    if not isinstance(envs, list):
-        raise ResultsError(f"{p}: envs is {'missing' if envs is None else type(envs).__name__ + ', not a list'}: "
-                           "every run records its envs; restore the file from its run")
-    for i, e in enumerate(envs):
-        if not isinstance(e, dict) or not isinstance(e.get("label"), str):
-            raise ResultsError(f"{p}: envs[{i}] has no label: restore the file from its run")
-    for key in ("comparisons", "sets"):
+    null; ``sets`` (where present) a list; ``settings`` and ``machine`` (where present) objects.
+    Raises ResultsError naming the file and the field (a hand-edited file gave an internal error:
+    StopIteration without envs, TypeError for a ratio "x"; new-user trial 2026-12-04)."""
+    def kind(v, what: str) -> str:
+        return "missing" if v is None else f"{type(v).__name__}, not {what}"
+
+    for key, fields in (("envs", ("label", "status")), ("cases", ("id", "env", "status"))):
         v = data.get(key)
-        if v is not None and not isinstance(v, list):
-            raise ResultsError(f"{p}: {key} is {type(v).__name__}, not a list: restore the file from its run")
+        if not isinstance(v, list):
+            raise ResultsError(f"{p}: {key} is {kind(v, 'a list')}: every run records its {key}; restore the "
+                               "file from its run")
+        for i, r in enumerate(v):
+            if not isinstance(r, dict):
+                raise ResultsError(f"{p}: {key}[{i}] is {kind(r, 'an object')}: restore the file from its run")
+            for f in fields:
+                if not isinstance(r.get(f), str):
+                    raise ResultsError(f"{p}: {key}[{i}].{f} is {kind(r.get(f), 'a string')}: restore the file "
+                                       "from its run")
+    for key, typ, what in (("comparisons", list, "a list"), ("sets", list, "a list"), ("settings", dict, "an object"),
+                           ("machine", dict, "an object")):
+        v = data.get(key)
+        if v is not None and not isinstance(v, typ):
+            raise ResultsError(f"{p}: {key} is {kind(v, what)}: restore the file from its run")
     for i, c in enumerate(data.get("comparisons") or []):
         if not isinstance(c, dict):
-            raise ResultsError(f"{p}: comparisons[{i}] is {type(c).__name__}, not an object: restore the file from its run")
+            raise ResultsError(f"{p}: comparisons[{i}] is {kind(c, 'an object')}: restore the file from its run")
         for f in _COMPARISON_NUMBERS:
             v = c.get(f)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):

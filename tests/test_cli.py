@@ -500,28 +500,49 @@ def test_report_on_a_directory_says_which_runs_it_merges(tmp_path):
 
 def test_report_of_named_runs_names_them_and_warns_when_their_machines_differ(tmp_path):
     """`report RUN RUN` merged silently, even a CPU run with an H200 run or two H200 runs whose CPU
-    speed probes read 3.74 and 6.42 µs (new-user trial 2026-12-04); it now names the runs and warns as
-    `compare` does, and the merge still succeeds."""
+    speed probes read 3.74 and 6.42 µs (new-user trial 2026-12-04); it now names the runs (stderr) and
+    warns as `compare` does (commands.machine_differences), and the merge still succeeds (exit 0)."""
+    import gzip
     from pathlib import Path
+
+    from matrix_runner import results
     reports = Path(__file__).resolve().parents[1] / "reports"
     fast, slow = (reports / f"h200-2.6.3-vs-2.7.0.post2-12-04-{n}" for n in (16, 17))
     cp = run_cli("report", str(fast), str(slow), "-o", str(tmp_path / "merged"))
     assert cp.returncode == 0, cp.stderr
-    out = " ".join((cp.stdout + cp.stderr).split())
-    assert ("merging 2 runs into one report: h200-2.6.3-vs-2.7.0.post2-12-04-16, "
-            "h200-2.6.3-vs-2.7.0.post2-12-04-17") in out, out
     err = " ".join(cp.stderr.split())
+    assert ("merging 2 runs into one report: h200-2.6.3-vs-2.7.0.post2-12-04-16, "
+            "h200-2.6.3-vs-2.7.0.post2-12-04-17") in err, err
     assert ("warning: h200-2.6.3-vs-2.7.0.post2-12-04-16 (A) and h200-2.6.3-vs-2.7.0.post2-12-04-17 (B): the CPU "
             "ran at another speed: the speed probe (the same Python work in every worker) read a median of 3.74 µs "
             "in A and 6.42 µs in B (72% apart)") in err, err
     assert err.count("warning:") == 1 and "the merged report pools them" in err
     assert ("merged runs: an env from another run than the baseline's (its label marked ') is not paired with it"
-            in out), out
+            in " ".join(cp.stdout.split())), cp.stdout
+    assert results.load(tmp_path / "merged")["merged_from"] == [results.load(r)["run_id"] for r in (fast, slow)]
     # runs of one CPU state: named, no warning
     cp = run_cli("report", str(reports / "h200-aa-81"), str(reports / "h200-aa-82"), "-o", str(tmp_path / "same"))
     assert cp.returncode == 0 and "merging 2 runs into one report: h200-aa-81, h200-aa-82" in " ".join(
-        (cp.stdout + cp.stderr).split())
+        cp.stderr.split()), cp.stderr
     assert "warning" not in cp.stderr, cp.stderr
+    # a run on the CPU merged with one on the H200: another device (aa-81's probe reads as aa-82's)
+    doc = json.loads(gzip.decompress((reports / "h200-aa-81" / "results.json.gz").read_bytes()))
+    doc["settings"]["device"], doc["machine"]["gpu"] = "cpu", None
+    results.write_json(tmp_path / "cpu-run" / "results.json", doc)
+    cp = run_cli("report", str(reports / "h200-aa-82"), str(tmp_path / "cpu-run"), "-o", str(tmp_path / "mixed"))
+    assert cp.returncode == 0, cp.stderr
+    err = " ".join(cp.stderr.split())
+    assert "merging 2 runs into one report: h200-aa-82, cpu-run" in err, err
+    assert ("warning: h200-aa-82 (A) and cpu-run (B): A ran on cuda, B on cpu; the merged report pools them"
+            in err and err.count("warning:") == 1), err
+    # a DIR with more runs named beside it: the DIR's note names its own, the merge note every run
+    runs = tmp_path / "runs"
+    for name in ("h200-aa-59", "h200-aa-60"):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "results.json.gz").write_bytes((reports / name / "results.json.gz").read_bytes())
+    cp = run_cli("report", str(runs), str(reports / "h200-aa-81"), "-o", str(tmp_path / "dir-and-run"))
+    assert cp.returncode == 0, cp.stderr
+    assert "merging 3 runs into one report: h200-aa-59, h200-aa-60, h200-aa-81" in " ".join(cp.stderr.split())
 
 
 def test_a_hand_damaged_results_file_is_a_usage_error_not_an_internal_one(tmp_path):
@@ -534,7 +555,11 @@ def test_a_hand_damaged_results_file_is_a_usage_error_not_an_internal_one(tmp_pa
     doc = json.loads(gzip.decompress((Path(__file__).resolve().parents[1] / "reports" / "h200-aa-82" /
                                       "results.json.gz").read_bytes()))
     cases = {"no-envs": lambda d: d.pop("envs"), "ratio-x": lambda d: d["comparisons"][0].update(ratio="x"),
-             "env-label": lambda d: d["envs"][1].pop("label"), "sets-dict": lambda d: d.update(sets={})}
+             "env-label": lambda d: d["envs"][1].pop("label"), "sets-dict": lambda d: d.update(sets={}),
+             "no-cases": lambda d: d.pop("cases"), "case-str": lambda d: d["cases"].__setitem__(3, "x"),
+             "case-id": lambda d: d["cases"][0].update(id=7), "env-status": lambda d: d["envs"][0].pop("status"),
+             "comparison-list": lambda d: d["comparisons"].__setitem__(2, []),
+             "settings-str": lambda d: d.update(settings="cuda")}
     said = {}
     for name, damage in cases.items():
         d = json.loads(json.dumps(doc))
@@ -543,13 +568,24 @@ def test_a_hand_damaged_results_file_is_a_usage_error_not_an_internal_one(tmp_pa
         (tmp_path / name / "results.json").write_text(json.dumps(d))
         with pytest.raises(results.ResultsError) as ei:
             results.load(tmp_path / name)
+        assert str(ei.value).startswith(f"{tmp_path / name / 'results.json'}: ")
         said[name] = str(ei.value).split(": ", 1)[1]
     assert said == {"no-envs": "envs is missing: every run records its envs; restore the file from its run",
                     "ratio-x": "comparisons[0].ratio is 'x', not a number: restore the file from its run",
-                    "env-label": "envs[1] has no label: restore the file from its run",
-                    "sets-dict": "sets is dict, not a list: restore the file from its run"}
-    cp = run_cli("report", str(tmp_path / "no-envs"), "-o", str(tmp_path / "out"))
-    assert cp.returncode == 2 and "Traceback" not in cp.stderr and "envs is missing" in cp.stderr, cp.stderr
+                    "env-label": "envs[1].label is missing: restore the file from its run",
+                    "sets-dict": "sets is dict, not a list: restore the file from its run",
+                    "no-cases": "cases is missing: every run records its cases; restore the file from its run",
+                    "case-str": "cases[3] is str, not an object: restore the file from its run",
+                    "case-id": "cases[0].id is int, not a string: restore the file from its run",
+                    "env-status": "envs[0].status is missing: restore the file from its run",
+                    "comparison-list": "comparisons[2] is list, not an object: restore the file from its run",
+                    "settings-str": "settings is str, not an object: restore the file from its run"}
+    for cmd in (["report", str(tmp_path / "no-envs"), "-o", str(tmp_path / "out")],
+                ["report", str(tmp_path / "ratio-x"), "-o", str(tmp_path / "out")],
+                ["compare", str(tmp_path / "no-cases"), str(tmp_path / "case-id")]):
+        cp = run_cli(*cmd)
+        assert cp.returncode == 2, cp.stderr
+        assert cp.stderr.startswith(f"error: {cmd[1]}/results.json: ") and "Traceback" not in cp.stderr, cp.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -567,12 +603,22 @@ def test_an_internal_error_has_its_own_exit_code(monkeypatch, capsys):
 
 
 def test_fail_on_regression_with_one_env_is_refused_before_anything_runs(tmp_path):
-    """One version, --fail-on-regression: nothing compared, yet the gate printed "passed" and exited 0."""
-    cp = run_cli("--versions", "2.6.3", "--backend", "here", "--fail-on-regression", "5", "-o", str(tmp_path / "o"),
+    """One version, --fail-on-regression: nothing compared, yet the gate printed "passed" and exited 0
+    (new-user trial 2026-12-04). Now exit 2 before anything is built or timed, saying why and what to do."""
+    cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--fail-on-regression", "5", "--offline",
+                 "-o", str(tmp_path / "o"), "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "c"))
+    assert cp.returncode == 2, cp.stderr
+    assert cp.stderr.strip() == ("error: --fail-on-regression with one env (2.6.3): nothing is compared, so the gate "
+                                 "could never fail; give two or more --versions (e.g. 2.6.3,2.7.0.post2), or drop "
+                                 "--fail-on-regression"), cp.stderr
+    assert not (tmp_path / "o").exists() and not (tmp_path / "c").exists() and not any((tmp_path / "envs").iterdir())
+    # --backend here always times one env: the advice is another backend, not more --versions
+    cp = run_cli("--versions", "x=2.6.3", "--backend", "here", "--fail-on-regression", "5", "-o", str(tmp_path / "o"),
                  "--envs-dir", str(tmp_path / "envs"))
     assert cp.returncode == 2, cp.stderr
-    assert ("--fail-on-regression with one env (2.6.3): nothing is compared, so the gate could never fail; give two "
-            "or more --versions") in " ".join(cp.stderr.split())
+    assert ("--fail-on-regression with one env (x): nothing is compared, so the gate could never fail; --backend here "
+            "times one env: use --backend uv with two or more --versions, or drop --fail-on-regression"
+            ) in " ".join(cp.stderr.split()), cp.stderr
     assert not (tmp_path / "o").exists()
 
 

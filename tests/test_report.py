@@ -906,8 +906,11 @@ def test_an_archived_run_is_read_published_and_compared_like_a_plain_one(tmp_pat
     assert 'href="results.json.gz"' in (arch / "index.html").read_text() and not (arch / "results.json").exists()
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "results.json.gz").write_bytes(gzip.compress(raw)[:5000])
-    with pytest.raises(results.ResultsError, match="results.json.gz: the compressed file is cut short"):
+    with pytest.raises(results.ResultsError) as ei:
         results.load(tmp_path / "cut")
+    # a user's own run is in no git: "restore it from git" was the wrong advice (new-user trial 2026-12-04)
+    assert str(ei.value) == (f"{tmp_path / 'cut' / 'results.json.gz'}: the compressed file is cut short (damaged): "
+                             "run that run again, or restore the file from a copy (from git if it is a committed run)")
 
 
 def test_a_provisional_ratio_of_one_process_set_shows_no_interval_and_the_terminal_keeps_the_text():
