@@ -24,21 +24,18 @@ from widths import excluding_one, hw, inside  # noqa: E402
 from matrix_runner import results, stats  # noqa: E402
 
 OLD, NEW = False, True  # stats.GLITCH_ADAPTIVE
-#: (run name, deviation from the centre) of every cycle a guard left out, recorded by _recording
+#: The log-ratio deviation from the centre of every cycle a guard left out, recorded by _recording
 LEFT_OUT: list = []
 _unglitched = stats._unglitched
 
 
 def _recording(base: dict, cand: dict, center: float, reach: float = stats.GLITCH_LOG):
     """stats._unglitched, recording the log-ratio deviation of each cycle it leaves out (> 0: the
-    candidate's burst was the slow one)."""
-    for cy, b in base.items():
-        k = cand.get(cy)
-        if b and k and b > 0 and k > 0 and math.isfinite(b) and math.isfinite(k):
-            dev = math.log(k) - math.log(b) - center
-            if abs(dev) > reach:
-                LEFT_OUT.append(dev)
-    return _unglitched(base, cand, center, reach)
+    candidate's burst was the slow one): the paired cycles (stats._paired) it did not keep."""
+    kb, kc, dropped = _unglitched(base, cand, center, reach)
+    LEFT_OUT.extend(math.log(k) - math.log(b) - center
+                    for b, k in stats._paired({cy: b for cy, b in base.items() if cy not in kb}, cand))
+    return kb, kc, dropped
 
 
 stats._unglitched = _recording
@@ -57,7 +54,7 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["--k"]:
         stats.GLITCH_K = float(argv[1])
         argv = argv[2:]
-    print(f"# adaptive guard, GLITCH_K {stats.GLITCH_K:g} (reach within log {2.718281828 ** stats.GLITCH_MIN_LOG:.2f} .. "
+    print(f"# adaptive guard, GLITCH_K {stats.GLITCH_K:g} (reach within log {math.exp(stats.GLITCH_MIN_LOG):.2f} .. "
           f"log 2), vs method /5's (log 2); per run: adaptive / method /5")
     tot = {"runs": 0, "changed": 0, "drop_old": 0, "drop_new": 0, "miss_old": 0, "miss_new": 0,
            "in_old": 0, "in_new": 0, "aa_runs": 0, "aa_all_old": 0, "aa_all_new": 0,

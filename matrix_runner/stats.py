@@ -608,7 +608,8 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
             if ctr is not None:
                 b, k, n = _unglitched(b, k, ctr, glitch_reach(mads) if glitch_adaptive else GLITCH_LOG)
                 dropped += n
-            mads.append(cycle_mad(base_sets[s], cand_sets[s]))  # after its own guard: earlier sets only
+            if glitch_adaptive:  # the reach's scale, after this set's own guard: earlier sets only
+                mads.append(cycle_mad(base_sets[s], cand_sets[s]))
             v = set_log_ratio(b, k)  # None when the guard left no cycle: the set is not used
             dv = (set_delta({cy: (pb.get(s) or {}).get(cy, x) for cy, x in b.items()},
                             {cy: (pk.get(s) or {}).get(cy, x) for cy, x in k.items()}) if plain else set_delta(b, k))
