@@ -41,6 +41,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       prefetch_depth: auto  # sets whose workers start ahead of their turn (auto: Sampling.depth_for, 2-4 where spare cores hold them, else 1)
       preimport: true       # later sets' workers import, while they start, the modules earlier sets' set-ups loaded
       cuda_at_start: false  # later sets' workers create their CUDA context while they start, not in their set's set-up
+      cpu_state: all        # cycles a wall/host ratio counts: all, or usual (both bursts at the run's usual CPU speed)
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
 (batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
@@ -337,6 +338,18 @@ class Sampling:
     #: beside a set's cycles disturbed the batch-512 bursts: A/A batch-512 fwd median +-1.79 % vs
     #: +-0.98 %, seed batch-512 bwd +-2.66 % vs +-1.46 %, 4 "ambiguous" A/A verdicts vs none.
     cuda_at_start: bool = False
+    #: Which lockstep cycles a wall/host comparison counts: ``all`` (default), or ``usual`` -- only
+    #: the cycles whose two bursts both ran at the comparison's usual CPU speed (the speed probe
+    #: within 1.3x of the shorth mode of the earlier sets' readings: stats.usual_speed,
+    #: stats.STATE_REACH); the others are left out and counted (``state_dropped``). Why: the H200
+    #: machine's vCPU runs at two speeds (probe ~3.4 and ~7.5 µs), and a call whose wall time is part
+    #: host, part kernel has a different ratio in each (batch-512 S50 fwd 2.7.0.post2/2.6.3: 1.11 in
+    #: the fast state, 1.15-1.22 in the slow one), so a set's value moves with the share of its cycles
+    #: that hit the slow state: most of the batch-512 fwd set spread. With ``usual`` the ratio is the
+    #: one at the run's usual speed. Replayed on the 43 H200 runs of 2026-12-04
+    #: (benchmarks/cpu_state_replay.py; see benchmarks/results/cpu-state-replay-12-04.txt for what it
+    #: gained and cost). Not the default: see that file and benchmarks/HISTORY.md.
+    cpu_state: str = "all"
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
     #: (H200, 2026-12-02, default config, 60 s; benchmarks/results/h200-lockstep-runs-12-02.txt):
@@ -484,7 +497,7 @@ _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", 
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
                   "host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport",
-                  "prefetch_depth", "host_precision", "cuda_at_start"}
+                  "prefetch_depth", "host_precision", "cuda_at_start", "cpu_state"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -922,6 +935,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         prefetch_spawn=sd.get("prefetch_spawn", Sampling.prefetch_spawn),
         preimport=_bool("sampling.preimport", sd.get("preimport", Sampling.preimport)),
         cuda_at_start=_bool("sampling.cuda_at_start", sd.get("cuda_at_start", Sampling.cuda_at_start)),
+        cpu_state=sd.get("cpu_state", Sampling.cpu_state),
         prefetch_depth=_prefetch_depth(sd.get("prefetch_depth")),
         host_precision=_pos_number("sampling.host_precision", sd.get("host_precision", Sampling.host_precision)),
     )
@@ -948,6 +962,8 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         raise _err("sampling.set_seconds", sampling.set_seconds,
                    f"must be at most half of sampling.time_budget_s ({sampling.time_budget_s:g} s): an interval "
                    "needs at least two process sets")
+    if sampling.cpu_state not in ("all", "usual"):
+        raise _err("sampling.cpu_state", sampling.cpu_state, "must be all or usual")
     if sampling.prefetch_spawn not in ("cycles", "after"):
         raise _err("sampling.prefetch_spawn", sampling.prefetch_spawn, "must be cycles or after")
     if not 0 < sampling.min_effect < 1:

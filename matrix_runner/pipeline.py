@@ -344,7 +344,7 @@ class Run:
         if prior is not None:  # the sampling rules the run was started with, where today's defaults differ
             st = prior.get("settings") or {}
             for key in ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth",
-                        "host_precision"):
+                        "host_precision", "cpu_state"):
                 if st.get(key) is not None:
                     setattr(samp, key, st[key])
             if st and "host_precision" not in st:  # a run from before the setting: host items cycled to 1 %
@@ -528,7 +528,7 @@ class Run:
                     "set_seconds": samp.quick_set_seconds if args.quick else samp.set_seconds,
                     "burst_ms": samp.burst_ms, "workers_per_env": samp.workers_per_env,
                     "host_every": samp.host_every, "max_repeats": samp.max_repeats, "host_precision": samp.host_precision,
-                    "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn,
+                    "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn, "cpu_state": samp.cpu_state,
                     "preimport": samp.preimport, "prefetch_depth": samp.prefetch_depth, "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                     "fail_on_regression": args.fail_on_regression,
                     "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,

@@ -328,6 +328,11 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
             pinned = "" if method in results.GUARD_EVERY_SET_METHODS else " of a pinned set"  # /5: pinned sets only
             glitch = (f" (from the fourth set on, a turn{pinned} whose ratio is twice or half the comparison's ratio in "
                       f"the earlier sets is left out as a stall, not a version's cost: {n} of the run's wall and host turns)")
+        if any("state_dropped" in x for x in comparisons):  # sampling.cpu_state: usual
+            n = sum(x.get("state_dropped") or 0 for x in comparisons if x.get("metric") in ("wall_us", "host_us"))
+            glitch += (f"; only turns in which both versions ran at the CPU's usual speed count (the speed probe within "
+                       f"1.3x of its most common reading), so each ratio is the one at that speed: {n} of the run's wall "
+                       f"and host turns ran at another speed and were left out")
         how = (f"each process set (fresh workers of every version, all pinned to one CPU core) timed every case in "
                f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
                f"other{speed}; per set, the trimmed mean of those paired ratios{glitch}; the interval is an "

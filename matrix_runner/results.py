@@ -170,6 +170,19 @@ def _by_set(metric: dict) -> dict | None:
     return out
 
 
+def _probes(mb: dict, mk: dict) -> tuple | None:
+    """The two metrics' speed-probe readings (``ref_by_set``: set id -> cycle id -> µs, int keys) for
+    stats.set_compare ``probes``; None when either lacks them (nothing to judge the cycles by)."""
+    out = []
+    for m in (mb, mk):
+        by = m.get("ref_by_set")
+        if not isinstance(by, dict) or not by:
+            return None
+        out.append({int(sid): {int(c): x for c, x in v.items() if isinstance(x, (int, float))}
+                    for sid, v in by.items() if isinstance(v, dict)})
+    return tuple(out)
+
+
 def env_pairs(envs: list[dict]) -> list[tuple[str, str]]:
     """The (baseline, candidate) pairs a run's ok ``envs`` (results.json entries) are compared in
     (stats.comparison_pairs: each against the first, or within each torch and within each version
@@ -211,7 +224,8 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
         b, k = by[(base, cid)], by[(cand, cid)]
         per, _, _ = compare_case(b, k, min_effect, paired=paired, seed_key=cid, family=family, alpha=alpha,
                                  n_target=n_target, quick=quick, selective=selective, pass_target=pass_target,
-                                 glitch_guard=guard, unguarded_sets=unguarded)
+                                 glitch_guard=guard, unguarded_sets=unguarded,
+                                 cpu_state=settings.get("cpu_state") or "all")
         rows.append((base, cand, cid, per))
     if selective:
         for m in METRICS:
@@ -235,7 +249,8 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
                  metrics: tuple = METRICS, family: dict | None = None, alpha: float = 0.05, n_target: int = 8,
                  quick: bool = False, selective: bool = True,
                  pass_target: int | None = stats.PASS_N_TARGET,
-                 glitch_guard: bool = True, unguarded_sets: frozenset = frozenset()) -> tuple[dict, str | None, str | None]:
+                 glitch_guard: bool = True, unguarded_sets: frozenset = frozenset(),
+                 cpu_state: str = "all") -> tuple[dict, str | None, str | None]:
     """One case's comparison, candidate record ``k`` against baseline record ``b`` (results.json case
     records of one case id): per metric of ``metrics`` that both hold, the comparison dict (ratio
     k/b, interval, verdict), and the attribution of the wall-time difference (host, device, mixed)
@@ -245,7 +260,8 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
     ``paired`` and results/2 data (``by_set``): :func:`stats.set_compare` -- process sets paired by
     set id, an anytime-valid interval at level ``alpha`` over ``family[metric]`` comparisons,
     tuned for ``n_target`` sets (a pass clock for ``pass_target``; ``selective``: for e-BY,
-    stats.set_compare; ``glitch_guard``: stats.GLITCH_LOG, not in ``unguarded_sets``), provisional when
+    stats.set_compare; ``glitch_guard``: stats.GLITCH_LOG, not in ``unguarded_sets``; ``cpu_state``
+    "usual": only the cycles at the comparison's usual CPU speed, stats.set_compare ``probes``), provisional when
     ``quick``; this is each comparison alone (Bonferroni): :func:`comparisons` narrows the decided
     ones of a run together (stats.select_family). Else :func:`stats.compare` on the
     per-set (per-round) values as independent groups (``paired=False``: separate runs), or paired by
@@ -263,7 +279,7 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
                                        family_alpha=alpha, n_target=n_target, cycles=m in CYCLED,
                                        provisional=quick, plain=(rb, rk) if rb and rk else None,
                                        selective=selective, pass_target=pass_target, glitch_guard=glitch_guard,
-                                       unguarded_sets=unguarded_sets)
+                                       unguarded_sets=unguarded_sets, probes=_probes(mb, mk_) if cpu_state == "usual" else None)
         else:
             sb, sk = mb.get("samples"), mk_.get("samples")
             if not (sb and sk):

@@ -210,7 +210,9 @@ def comparisons_now(data: dict, labels: list[str], cases: list[Case], sampling: 
         out[(base, cand, c.id)] = stats.set_compare(b, k, min_effect=sampling.min_effect, family_size=len(todo) + family_extra,
                                               family_alpha=sampling.alpha, n_target=sampling.planned_sets,
                                               cycles=metric in CYCLED, provisional=quick,
-                                              plain=(rb, rk) if rb and rk else None, unguarded_sets=unguarded)
+                                              plain=(rb, rk) if rb and rk else None, unguarded_sets=unguarded,
+                                              probes=((data[(base, c.id)].refs.get(metric), data[(cand, c.id)].refs.get(metric))
+                                                      if sampling.cpu_state == "usual" and metric in CYCLED else None))
     stats.select_family(list(out.values()), family_alpha=sampling.alpha, family_size=len(todo) + family_extra,
                         min_effect=sampling.min_effect)
     return out

@@ -421,6 +421,48 @@ def t_cs(x, alpha: float, c: float) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
+#: ``sampling.cpu_state: usual`` (off by default; measured, see config.Sampling.cpu_state): a cycle
+#: counts only when both of its bursts' speed-probe readings (``ref_by_set``, µs) lie within this
+#: log distance of the comparison's usual CPU speed (:func:`usual_speed`). The H200 machine's vCPU
+#: reads the probe at two levels, ~3.0-4.5 µs and ~6-9 µs, with almost nothing between 4.5 and 5.5
+#: (43 runs of 2026-12-04, benchmarks/cpu_state_replay.py); log 1.3 holds one level and none of the other.
+STATE_REACH = math.log(1.3)
+
+
+def usual_speed(readings: list) -> float | None:
+    """The CPU's usual speed-probe reading, µs: the middle (median) of the shortest window of log
+    readings that holds half of them (the shorth; Rousseeuw & Leroy 1988, a mode estimator that a
+    second speed level holding fewer readings cannot move); None without a finite reading > 0."""
+    x = sorted(math.log(v) for v in readings if isinstance(v, (int, float)) and math.isfinite(v) and v > 0)
+    if not x:
+        return None
+    h = (len(x) + 1) // 2
+    i = min(range(len(x) - h + 1), key=lambda j: x[j + h - 1] - x[j])
+    return math.exp(_median(x[i:i + h]))
+
+
+def _in_state(base: dict, cand: dict, bprobe: dict, kprobe: dict, usual: float,
+              reach: float = STATE_REACH) -> tuple[dict, dict, int]:
+    """One set's cycles (``base``/``cand``: cycle id -> burst median) kept to those whose two bursts'
+    probe readings (``bprobe``/``kprobe``: cycle id -> µs) both lie within ``reach`` of ``usual``
+    (log distance); a cycle without both readings is kept (nothing to judge it by). Returns the kept
+    dicts and how many paired cycles (:func:`_paired`) were left out. Treats both envs alike, so an
+    A/A comparison stays centred on 1."""
+    kb, kc, left = {}, {}, 0
+    lu = math.log(usual)
+    for cy, b in base.items():
+        k = cand.get(cy)
+        pb, pk = bprobe.get(cy), kprobe.get(cy)
+        judged = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (pb, pk))
+        if judged and (abs(math.log(pb) - lu) > reach or abs(math.log(pk) - lu) > reach):
+            left += any(True for _ in _paired({cy: b}, {cy: k}))
+            continue
+        kb[cy] = b
+        if k is not None:
+            kc[cy] = k
+    return kb, kc, left
+
+
 def _trimmed_mean(d: list) -> float | None:
     if not d:
         return None
@@ -552,7 +594,8 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
                 family_alpha: float = FAMILY_ALPHA, n_target: int = 8, cycles: bool = True,
                 provisional: bool = False, plain: tuple | None = None, selective: bool = True,
                 pass_target: int | None = PASS_N_TARGET, glitch_guard: bool = True,
-                unguarded_sets: frozenset = frozenset(), glitch_adaptive: bool | None = None) -> dict | None:
+                unguarded_sets: frozenset = frozenset(), glitch_adaptive: bool | None = None,
+                probes: tuple | None = None) -> dict | None:
     """Compare one clock of one case between two envs measured in lockstep process sets.
 
     ``base_sets``/``cand_sets`` map a process-set id to that set's data: with ``cycles`` a dict
@@ -589,19 +632,35 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
     leaves whole (method /5: the sets that ran unpinned, :data:`GLITCH_LOG`); their values still
     enter the centre. ``glitch_adaptive`` (None: :data:`GLITCH_ADAPTIVE`, off): the guard's reach
     is :func:`glitch_reach` of the earlier sets' cycles instead of :data:`GLITCH_LOG`, and it starts
-    from the second set (:func:`glitch_centre`) -- measured, not adopted (see GLITCH_ADAPTIVE)."""
+    from the second set (:func:`glitch_centre`) -- measured, not adopted (see GLITCH_ADAPTIVE).
+    ``probes``: (baseline, candidate) sets of the bursts' speed-probe readings (set id -> cycle id ->
+    µs; ``ref_by_set``) for ``sampling.cpu_state: usual``: in the cycled clocks, before the guard, a
+    set keeps only the cycles whose two bursts both ran at the comparison's usual CPU speed
+    (:func:`_in_state`: within :data:`STATE_REACH` of :func:`usual_speed` of the earlier sets'
+    readings, the first set's own for the first set: predictable, and the readings are not the
+    timings); ``state_dropped`` counts what it left out. The ratio is then the one at that speed."""
     if glitch_adaptive is None:
         glitch_adaptive = GLITCH_ADAPTIVE
     ids = sorted((s for s in base_sets if s in cand_sets), key=_set_order)
     obs, deltas, used, raw, mads = [], [], [], [], []
-    dropped = 0
+    dropped = state_dropped = 0
+    seen: list = []  # the earlier sets' probe readings (probes: the usual CPU speed)
     pb, pk = plain if plain else (base_sets, cand_sets)
     for s in ids:
         b, k = base_sets[s], cand_sets[s]
+        if cycles and probes:
+            bp, kp = (probes[0] or {}).get(s) or {}, (probes[1] or {}).get(s) or {}
+            own = [v for p in (bp, kp) for cy, v in p.items() if cy in b and cy in k]
+            usual = usual_speed(seen or own)
+            seen.extend(own)
+            if usual is not None:
+                b, k, n = _in_state(b, k, bp, kp, usual)
+                state_dropped += n
         if cycles:
             # the guard's centre: the median of the earlier sets' unguarded values (predictable, and
             # one glitched set among them cannot move it), from the fourth set on
             ctr = glitch_centre(raw, glitch_adaptive) if glitch_guard and s not in unguarded_sets else None
+            b0, k0 = b, k
             r0 = set_log_ratio(b, k)
             if r0 is not None:
                 raw.append(r0)
@@ -609,7 +668,7 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
                 b, k, n = _unglitched(b, k, ctr, glitch_reach(mads) if glitch_adaptive else GLITCH_LOG)
                 dropped += n
             if glitch_adaptive:  # the reach's scale, after this set's own guard: earlier sets only
-                mads.append(cycle_mad(base_sets[s], cand_sets[s]))
+                mads.append(cycle_mad(b0, k0))
             v = set_log_ratio(b, k)  # None when the guard left no cycle: the set is not used
             dv = (set_delta({cy: (pb.get(s) or {}).get(cy, x) for cy, x in b.items()},
                             {cy: (pk.get(s) or {}).get(cy, x) for cy, x in k.items()}) if plain else set_delta(b, k))
@@ -645,6 +704,8 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
         "provisional": bool(provisional or len(obs) < 2), "selection": None, "selected": None,
         "dropped_cycles": dropped,
     }
+    if probes:
+        out["state_dropped"] = state_dropped
     out.update(_at_level(out, alpha, min_effect))
     return out
 

@@ -304,3 +304,11 @@ def test_explain_settings_from_the_config():
                      ({"explain": 0}, "explain = 0: must be a mapping")):
         with pytest.raises(ConfigError, match=why):
             parse_config(bad)
+
+
+def test_cpu_state_setting():
+    """sampling.cpu_state: all (default) or usual; anything else is named with what it may be."""
+    assert parse_config({}).sampling.cpu_state == "all"
+    assert parse_config({"sampling": {"cpu_state": "usual"}}).sampling.cpu_state == "usual"
+    with pytest.raises(ConfigError, match="sampling.cpu_state = 'fast': must be all or usual"):
+        parse_config({"sampling": {"cpu_state": "fast"}})

@@ -497,3 +497,93 @@ def test_results_judge_the_guard_by_method_and_the_sets_pinning():
     assert dropped(results.METHOD, [dict(r, pinned=True) for r in recs]) == 1
     assert dropped("lockstep-sets/anytime-t-cs/4", recs) == 1
     assert dropped("lockstep-sets/anytime-t-cs/3", recs) == 0
+
+
+def _two_speed_sets(n_sets, per_set, rng, fast_ratio=1.11, slow_ratio=1.20):
+    """Sets of paired cycles on a CPU with two speeds (the H200's vCPU: speed probe ~3.4 or ~7.5 µs,
+    switching within a set): in each set a random share of the cycles (0-100 %) ran slow, where the
+    candidate's ratio is ``slow_ratio`` instead of ``fast_ratio`` (a call part host, part kernel).
+    The first set runs mostly fast (it alone says what the usual speed is for itself).
+    Returns (base, cand, base probes, cand probes, slow cycles)."""
+    base, cand, pb, pk = {}, {}, {}, {}
+    slow = 0
+    cy = 0
+    for s in range(n_sets):
+        share = rng.uniform(0, 1) if s else 0.2
+        base[s], cand[s], pb[s], pk[s] = {}, {}, {}, {}
+        for _ in range(per_set):
+            is_slow = rng.uniform() < share
+            slow += is_slow
+            level = 7.5 if is_slow else 3.4
+            b = 180.0 * math.exp(rng.normal(0, 0.02))
+            base[s][cy] = b
+            cand[s][cy] = b * (slow_ratio if is_slow else fast_ratio) * math.exp(rng.normal(0, 0.01))
+            pb[s][cy], pk[s][cy] = level * math.exp(rng.normal(0, 0.04)), level * math.exp(rng.normal(0, 0.04))
+            cy += 1
+    return base, cand, pb, pk, slow
+
+
+def test_usual_speed_is_the_mode_that_holds_most_readings():
+    """stats.usual_speed: the shorth's median in log -- the level holding most readings, whichever
+    of the H200's two speed levels that is; a minority level cannot move it."""
+    rng = np.random.default_rng(3)
+    fast = list(3.4 * np.exp(rng.normal(0, 0.04, 60)))
+    slow = list(7.5 * np.exp(rng.normal(0, 0.06, 40)))
+    assert 3.3 < stats.usual_speed(fast + slow) < 3.5
+    assert 7.2 < stats.usual_speed(fast[:20] + slow) < 7.8
+    assert stats.usual_speed([]) is None and stats.usual_speed([math.nan, -1.0, None]) is None
+    assert stats.usual_speed([5.0]) == pytest.approx(5.0)
+
+
+def test_cpu_state_usual_counts_the_cycles_at_the_usual_speed_only():
+    """sampling.cpu_state: usual (stats.set_compare ``probes``): a call part host, part kernel has
+    one ratio when the CPU runs fast and another when it runs slow, and a set's value then moves
+    with its share of slow cycles (all cycles: the mixture, wide). Counting only the cycles whose
+    two bursts both ran at the usual speed gives that speed's ratio, narrower; the cycles left out
+    are counted, a cycle without probe readings is kept, and an A/A comparison stays centred on 1."""
+    rng = np.random.default_rng(21)
+    b, k, pb, pk, slow = _two_speed_sets(30, 8, rng)
+    every = stats.set_compare(b, k, family_size=12, n_target=30)
+    usual = stats.set_compare(b, k, family_size=12, n_target=30, probes=(pb, pk))
+    assert "state_dropped" not in every and usual["state_dropped"] == slow
+    assert 1.13 < every["ratio"] < 1.18  # the mixture of 1.11 and 1.20
+    assert usual["ci_low"] < 1.11 < usual["ci_high"] and usual["ci_high"] / usual["ci_low"] < 1.02
+    assert (usual["ci_high"] / usual["ci_low"]) < 0.5 * (every["ci_high"] / every["ci_low"] - 1) + 1
+    # a set's cycles without probe readings are kept whole (nothing to judge them by)
+    pb2 = {s: ({} if s == 3 else v) for s, v in pb.items()}
+    part = stats.set_compare(b, k, family_size=12, n_target=30, probes=(pb2, pk))
+    slow3 = sum(1 for cy in b[3] if pb[3][cy] > 5)
+    assert part["state_dropped"] == slow - slow3
+    # A/A on the same two-speed CPU: centred on 1, no verdict other than "same"
+    b, k, pb, pk, _ = _two_speed_sets(30, 8, rng, fast_ratio=1.0, slow_ratio=1.0)
+    aa = stats.set_compare(b, k, family_size=12, n_target=30, probes=(pb, pk))
+    assert aa["ci_low"] < 1.0 < aa["ci_high"] and aa["verdict"] == "same"
+
+
+def test_results_judge_cpu_state_by_the_runs_setting():
+    """results.comparisons counts only the usual-speed cycles when the run's settings say
+    ``cpu_state: usual`` (the probe readings are the metric's ``ref_by_set``), and every cycle for
+    runs without the setting; the report's method line says so and how many were left out."""
+    from matrix_runner import report, results
+
+    rng = np.random.default_rng(8)
+    b, k, pb, pk, slow = _two_speed_sets(20, 6, rng)
+
+    def case(env, sets, probes):
+        by = {str(s): {str(cy): v for cy, v in d.items()} for s, d in sets.items()}
+        ref = {str(s): {str(cy): v for cy, v in d.items()} for s, d in probes.items()}
+        return {"env": env, "id": "fwd-x", "label": "X", "op": "fwd", "status": "ok", "host_bound": False,
+                "metrics": {"wall_us": {"by_set": by, "ref_by_set": ref, "samples": [1.0]}}}
+
+    cases = [case("a", b, pb), case("b", k, pk)]
+
+    def wall(**extra):
+        out = results.comparisons(cases, ["a", "b"], 0.05, settings={"method": results.METHOD, "planned_sets": 20, **extra})
+        return [c for c in out if c["metric"] == "wall_us"]
+
+    assert "state_dropped" not in wall()[0] and "state_dropped" not in wall(cpu_state="all")[0]
+    usual = wall(cpu_state="usual")
+    assert usual[0]["state_dropped"] == slow and abs(usual[0]["ratio"] / 1.11 - 1) < 0.005
+    line = report.ratio_definition(usual, results.METHOD, True)
+    assert "usual speed" in line and f"{slow} of the run's wall and host turns" in line
+    assert "usual speed" not in report.ratio_definition(wall(), results.METHOD, True)
