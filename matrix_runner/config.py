@@ -346,9 +346,14 @@ class Sampling:
     #: host, part kernel has a different ratio in each (batch-512 S50 fwd 2.7.0.post2/2.6.3: 1.11 in
     #: the fast state, 1.15-1.22 in the slow one), so a set's value moves with the share of its cycles
     #: that hit the slow state: most of the batch-512 fwd set spread. With ``usual`` the ratio is the
-    #: one at the run's usual speed. Replayed on the 43 H200 runs of 2026-12-04
-    #: (benchmarks/cpu_state_replay.py; see benchmarks/results/cpu-state-replay-12-04.txt for what it
-    #: gained and cost). Not the default: see that file and benchmarks/HISTORY.md.
+    #: one at the run's usual speed. Replayed on the 54 H200 runs of 2026-12-04
+    #: (benchmarks/cpu_state_replay.py, benchmarks/results/cpu-state-replay-12-04.txt): in the 7
+    #: fast-state seed runs the batch-512 fwd intervals narrowed from a median of +-1.21 % to +-0.61 %
+    #: (<= 1 % in 15 of 21 instead of 5), but the A/A runs lost the turns left out (fast state: all
+    #: 12 wall intervals inside +-3 % in 2 of 10 runs instead of 8), and in the slow state it gained
+    #: nothing (seed +-2.03 % vs +-1.88 %). Live, alternated with the default (H200, 2026-12-04
+    #: afternoon, 22 runs, all in the slow state, benchmarks/results/h200-runs-12-04-d.txt): seed
+    #: batch-512 fwd median +-1.94 % vs +-2.10 %, batch-2 fwd +-4.37 % vs +-3.67 %. Not the default.
     cpu_state: str = "all"
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side

@@ -722,3 +722,30 @@ def test_cuda_at_start_reports_its_seconds_or_the_error_and_is_only_asked_for_cu
                                 work=tmp_path / str(i), case_timeout=5.0, stop=threading.Event(), data={}, sets=[])
         assert "Stop" in reason
     assert [bool((e or {}).get(worker.CUDA_AT_START_ENV)) for e in seen] == [True, False, False]
+
+
+def test_the_runners_comparisons_count_only_usual_speed_cycles_with_cpu_state_usual():
+    """runner.comparisons_now (what decides when to stop) judges a run as results.comparisons will:
+    with ``sampling.cpu_state: usual`` the probe readings each worker sent (CaseData.refs) leave out
+    the cycles at the other CPU speed, and the result counts them; ``all`` counts every cycle."""
+    import numpy as np
+
+    from matrix_runner.config import Case, Sampling
+    from matrix_runner.runner import CaseData, comparisons_now
+
+    case = Case(op="fwd", batch=512, seqlen_q=50, seqlen_k=50, nheads=16, nheads_k=16, head_dim=16)
+    rng = np.random.default_rng(4)
+    data = {(e, case.id): CaseData(env=e, case=case, status="ok") for e in ("a", "b")}
+    slow_cycles = 0
+    for s in range(12):
+        for cy in range(8):
+            slow = cy % 4 == 0 and s % 2 == 0
+            slow_cycles += slow
+            b = 180.0 * float(np.exp(rng.normal(0, 0.02)))
+            for e, v in (("a", b), ("b", b * (1.20 if slow else 1.11) * float(np.exp(rng.normal(0, 0.005))))):
+                data[(e, case.id)].sets["wall_us"].setdefault(s, {})[cy] = v
+                data[(e, case.id)].refs["wall_us"].setdefault(s, {})[cy] = 7.5 if slow else 3.4
+    every = comparisons_now(data, ["a", "b"], [case], Sampling(), "wall_us")[("a", "b", case.id)]
+    usual = comparisons_now(data, ["a", "b"], [case], Sampling(cpu_state="usual"), "wall_us")[("a", "b", case.id)]
+    assert "state_dropped" not in every and every["ratio"] > 1.115
+    assert usual["state_dropped"] == slow_cycles == 12 and abs(usual["ratio"] / 1.11 - 1) < 0.003
