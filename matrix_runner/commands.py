@@ -204,7 +204,7 @@ def _merge_notes(paths: list[Path], runs: list[dict], noted: bool) -> None:
         more = f" and {len(names) - REPORT_LIST_MAX} more" if len(names) > REPORT_LIST_MAX else ""
         console.print(f"merging {len(runs)} runs into one report: {', '.join(names[:REPORT_LIST_MAX])}{more}")
     warns = [f"{names[0]} (A) and {names[i]} (B): {why}" for i in range(1, len(runs))
-             for why in machine_differences(runs[0], runs[i])]
+             for why in machine_differences(runs[0], runs[i]) + setting_differences(runs[0], runs[i])]
     for w in warns[:REPORT_LIST_MAX]:
         print(f"warning: {w}; the merged report pools them", file=sys.stderr)
     if len(warns) > REPORT_LIST_MAX:
@@ -236,6 +236,18 @@ def machine_differences(a: dict, b: dict) -> list[str]:
     return out
 
 
+def setting_differences(a: dict, b: dict) -> list[str]:
+    """Sampling settings of runs ``a`` and ``b`` that make their version ratios answer different
+    questions: ``cpu_state`` (usual: the ratio at one CPU speed; all: averaged over the speeds the run
+    met; new-user trial 2026-12-04: a usual run compared with an all run without a word)."""
+    sa, sb = ((d.get("settings") or {}).get("cpu_state") or "all" for d in (a, b))
+    if sa == sb:
+        return []
+    what = {"usual": "only the turns at its CPU's usual speed", "all": "every turn"}
+    return [f"A's version ratios count {what.get(sa, sa)} (sampling.cpu_state: {sa}), B's {what.get(sb, sb)} "
+            f"(sampling.cpu_state: {sb}): where a call is part host work, they are ratios at different CPU speeds"]
+
+
 def cmd_compare(args) -> int:
     if args.markdown:
         check_writable_file(Path(args.markdown), "--markdown")
@@ -248,6 +260,8 @@ def cmd_compare(args) -> int:
               "by construction, not a measured A/A", file=sys.stderr)
     for why in machine_differences(a, b):  # new-user trial: an H200 run against a CPU stand-in, no word
         print(f"warning: {why}: the ratios B/A below compare machines as much as versions", file=sys.stderr)
+    for why in setting_differences(a, b):
+        print(f"warning: {why}", file=sys.stderr)
     cmp = report.compare_runs(a, b, args.min_effect, str(pa), str(pb))
     if not cmp["pairs"]:
         def envs_of(doc: dict) -> str:

@@ -41,7 +41,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       prefetch_depth: auto  # sets whose workers start ahead of their turn (auto: Sampling.depth_for, 2-4 where spare cores hold them, else 1)
       preimport: true       # later sets' workers import, while they start, the modules earlier sets' set-ups loaded
       cuda_at_start: false  # later sets' workers create their CUDA context while they start, not in their set's set-up
-      cpu_state: all        # cycles a wall/host ratio counts: all, or usual (both bursts at the run's usual CPU speed)
+      cpu_state: all        # turns a wall/host ratio counts: all, or usual (both bursts at the CPU speed most of the first set ran at)
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
 (batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
@@ -340,13 +340,14 @@ class Sampling:
     cuda_at_start: bool = False
     #: Which lockstep cycles a wall/host comparison counts: ``all`` (default), or ``usual`` -- only
     #: the cycles whose two bursts both ran at the comparison's usual CPU speed (the speed probe
-    #: within 1.3x of the shorth mode of the earlier sets' readings: stats.usual_speed,
-    #: stats.STATE_REACH); the others are left out and counted (``state_dropped``). Why: the H200
+    #: within 1.3x of the shorth mode of its first set's readings: stats.usual_speed,
+    #: stats.STATE_REACH; needs ``speed_adjust``, which takes the readings); the others are left out and counted (``state_dropped``). Why: the H200
     #: machine's vCPU runs at two speeds (probe ~3.4 and ~7.5 µs), and a call whose wall time is part
-    #: host, part kernel has a different ratio in each (batch-512 S50 fwd 2.7.0.post2/2.6.3: 1.11 in
-    #: the fast state, 1.15-1.22 in the slow one), so a set's value moves with the share of its cycles
-    #: that hit the slow state: most of the batch-512 fwd set spread. With ``usual`` the ratio is the
-    #: one at the run's usual speed. Replayed on the 54 H200 runs of 2026-12-04
+    #: host, part kernel has a different ratio in each (batch-512 S50 fwd 2.7.0.post2/2.6.3, the
+    #: turns of the 27 seed runs of 2026-12-04: median 1.114 where both versions ran fast, 1.199 where
+    #: both ran slow), so a set's value moves with the share of its turns that hit the slow state:
+    #: most of the batch-512 fwd set spread. With ``usual`` the ratio is the one at the speed most of
+    #: the comparison's first set ran at (fixed for the run). Replayed on the 54 H200 runs of 2026-12-04
     #: (benchmarks/cpu_state_replay.py, benchmarks/results/cpu-state-replay-12-04.txt): in the 7
     #: fast-state seed runs the batch-512 fwd intervals narrowed from a median of +-1.21 % to +-0.61 %
     #: (<= 1 % in 15 of 21 instead of 5), but the A/A runs lost the turns left out (fast state: all
@@ -968,7 +969,11 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
                    f"must be at most half of sampling.time_budget_s ({sampling.time_budget_s:g} s): an interval "
                    "needs at least two process sets")
     if sampling.cpu_state not in ("all", "usual"):
-        raise _err("sampling.cpu_state", sampling.cpu_state, "must be all or usual")
+        raise _err("sampling.cpu_state", sampling.cpu_state,
+                   "must be all (every turn counts, the default) or usual (only the turns at the CPU's usual speed)")
+    if sampling.cpu_state == "usual" and not sampling.speed_adjust:
+        raise ConfigError("sampling.cpu_state: usual needs sampling.speed_adjust: true -- the speed probe's "
+                          "readings it judges each turn by are taken only with it; remove one of the two")
     if sampling.prefetch_spawn not in ("cycles", "after"):
         raise _err("sampling.prefetch_spawn", sampling.prefetch_spawn, "must be cycles or after")
     if not 0 < sampling.min_effect < 1:

@@ -308,6 +308,27 @@ def level_note(comparisons: list[dict]) -> str:
     return "interval levels (e-BY over the wall-time comparisons of the run): " + level_groups(wall)
 
 
+def cpu_state_note(comparisons: list[dict]) -> str:
+    """What ``sampling.cpu_state: usual`` did to a run's comparisons (their ``state_dropped`` and
+    ``usual_probe_us``, stats.set_compare ``probes``), in a sentence; "" for a run that counted every
+    turn. The speed is each comparison's own (its first set's most common probe reading), so the
+    sentence gives their range."""
+    cyc = [x for x in comparisons if x.get("metric") in ("wall_us", "host_us") and "state_dropped" in x]
+    if not cyc:
+        return ""
+    n = sum(x.get("state_dropped") or 0 for x in cyc)
+    us = sorted(x["usual_probe_us"] for x in cyc if isinstance(x.get("usual_probe_us"), (int, float)))
+    if us:
+        where = ("the CPU speed most of the comparison's first set ran at (the speed probe reading "
+                 + f"{us[0]:.2f} µs" + (f" to {us[-1]:.2f} µs" if us[-1] > us[0] * 1.005 else "") + ")")
+    else:  # runs of 2026-12-04 15:16-15:44 UTC: the level taken from every earlier set, not recorded
+        where = "the CPU speed most of the comparison's earlier sets ran at (set by set, so it can change within a run)"
+    return (f"only the turns in which both versions ran at {where} count (sampling.cpu_state: usual, within 1.3x "
+            f"of it), so {'each ratio' if us else 'each set ratio'} is the one at that speed: "
+            f"{n} of the run's wall and host turns ran at another speed and were left out; the µs shown are over "
+            f"every turn")
+
+
 def ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None) -> str:
     """How the run's ratios were computed: lockstep process sets with an anytime-valid interval (current
     method; ``method`` = the results' ``settings.method``, which names it even when nothing was compared
@@ -328,11 +349,9 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
             pinned = "" if method in results.GUARD_EVERY_SET_METHODS else " of a pinned set"  # /5: pinned sets only
             glitch = (f" (from the fourth set on, a turn{pinned} whose ratio is twice or half the comparison's ratio in "
                       f"the earlier sets is left out as a stall, not a version's cost: {n} of the run's wall and host turns)")
-        if any("state_dropped" in x for x in comparisons):  # sampling.cpu_state: usual
-            n = sum(x.get("state_dropped") or 0 for x in comparisons if x.get("metric") in ("wall_us", "host_us"))
-            glitch += (f"; only turns in which both versions ran at the CPU's usual speed count (the speed probe within "
-                       f"1.3x of its most common reading), so each ratio is the one at that speed: {n} of the run's wall "
-                       f"and host turns ran at another speed and were left out")
+        state = cpu_state_note(comparisons)
+        if state:
+            glitch += "; " + state
         how = (f"each process set (fresh workers of every version, all pinned to one CPU core) timed every case in "
                f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
                f"other{speed}; per set, the trimmed mean of those paired ratios{glitch}; the interval is an "
@@ -783,9 +802,13 @@ def terminal_table(res: dict, console=None) -> None:
             labels = [lab for lab in pair if lab in vm["table_labels"]]
             console.print(table(labels, [i], ("wall_us",), title if i == 0 else ""))
     if vm["candidates"] and str((res.get("settings") or {}).get("method") or "").startswith("lockstep"):
-        console.print("[dim]µs: the bursts' plain medians; ratio: paired cycle by cycle and taken at one CPU speed, "
+        at_speed = " and taken at one CPU speed" if (res.get("settings") or {}).get("speed_adjust", True) else ""
+        console.print(f"[dim]µs: the bursts' plain medians; ratio: paired cycle by cycle{at_speed}, "
                       "so it can differ from the ratio of the µs shown (on the H200 by up to ~10 % where a version's "
                       "set medians fall into two groups; far more where few sets met unequal loads)[/]")
+        state = cpu_state_note(res.get("comparisons") or [])
+        if state:
+            console.print(f"[dim]{escape(state[0].upper() + state[1:])}[/]")
         if any(c.get("paired") is False for c in res.get("comparisons") or []):  # a merged report (new-user trial)
             console.print("[dim]merged runs: an env from another run than the baseline's (its label marked ') is "
                           "not paired with it: its rows compare the sets as independent groups, and its "

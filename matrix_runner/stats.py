@@ -423,7 +423,7 @@ def t_cs(x, alpha: float, c: float) -> tuple[float, float, float]:
 
 #: ``sampling.cpu_state: usual`` (off by default; measured, see config.Sampling.cpu_state): a cycle
 #: counts only when both of its bursts' speed-probe readings (``ref_by_set``, µs) lie within this
-#: log distance of the comparison's usual CPU speed (:func:`usual_speed`). The H200 machine's vCPU
+#: log distance of the comparison's usual CPU speed (:func:`usual_speed` of its first set's readings). The H200 machine's vCPU
 #: reads the probe at two levels, ~3.0-4.5 µs and ~6-9 µs, with almost nothing between 4.5 and 5.5
 #: (43 runs of 2026-12-04, benchmarks/cpu_state_replay.py); log 1.3 holds one level and none of the other.
 STATE_REACH = math.log(1.3)
@@ -636,23 +636,25 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
     ``probes``: (baseline, candidate) sets of the bursts' speed-probe readings (set id -> cycle id ->
     µs; ``ref_by_set``) for ``sampling.cpu_state: usual``: in the cycled clocks, before the guard, a
     set keeps only the cycles whose two bursts both ran at the comparison's usual CPU speed
-    (:func:`_in_state`: within :data:`STATE_REACH` of :func:`usual_speed` of the earlier sets'
-    readings, the first set's own for the first set: predictable, and the readings are not the
-    timings); ``state_dropped`` counts what it left out. The ratio is then the one at that speed."""
+    (:func:`_in_state`: within :data:`STATE_REACH` of ``usual_probe_us``, :func:`usual_speed` of the
+    first set's readings, fixed for the rest: one speed for every set, known before the later sets,
+    and the readings are not the timings); ``state_dropped`` counts what it left out. The ratio is
+    then the one at that speed. (The H200 runs ``reports/h200-variant-cpu-state-*`` took it from
+    every earlier set's readings instead, and 483 of the day's 1,584 replayed comparisons then
+    switched between the two speeds from set to set: fixed since.)"""
     if glitch_adaptive is None:
         glitch_adaptive = GLITCH_ADAPTIVE
     ids = sorted((s for s in base_sets if s in cand_sets), key=_set_order)
     obs, deltas, used, raw, mads = [], [], [], [], []
     dropped = state_dropped = 0
-    seen: list = []  # the earlier sets' probe readings (probes: the usual CPU speed)
+    usual = None  # probes: the comparison's usual CPU speed, fixed by its first set with readings
     pb, pk = plain if plain else (base_sets, cand_sets)
     for s in ids:
         b, k = base_sets[s], cand_sets[s]
         if cycles and probes:
             bp, kp = (probes[0] or {}).get(s) or {}, (probes[1] or {}).get(s) or {}
-            own = [v for p in (bp, kp) for cy, v in p.items() if cy in b and cy in k]
-            usual = usual_speed(seen or own)
-            seen.extend(own)
+            if usual is None:
+                usual = usual_speed([v for p in (bp, kp) for cy, v in p.items() if cy in b and cy in k])
             if usual is not None:
                 b, k, n = _in_state(b, k, bp, kp, usual)
                 state_dropped += n
@@ -706,6 +708,7 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
     }
     if probes:
         out["state_dropped"] = state_dropped
+        out["usual_probe_us"] = usual
     out.update(_at_level(out, alpha, min_effect))
     return out
 

@@ -310,5 +310,9 @@ def test_cpu_state_setting():
     """sampling.cpu_state: all (default) or usual; anything else is named with what it may be."""
     assert parse_config({}).sampling.cpu_state == "all"
     assert parse_config({"sampling": {"cpu_state": "usual"}}).sampling.cpu_state == "usual"
-    with pytest.raises(ConfigError, match="sampling.cpu_state = 'fast': must be all or usual"):
+    with pytest.raises(ConfigError, match=r"sampling.cpu_state = 'fast': must be all \(every turn counts, the default\) or usual"):
         parse_config({"sampling": {"cpu_state": "fast"}})
+    # usual judges turns by the speed probe's readings, which only speed_adjust takes
+    with pytest.raises(ConfigError, match="sampling.cpu_state: usual needs sampling.speed_adjust: true"):
+        parse_config({"sampling": {"cpu_state": "usual", "speed_adjust": False}})
+    assert parse_config({"sampling": {"cpu_state": "all", "speed_adjust": False}}).sampling.cpu_state == "all"

@@ -554,6 +554,15 @@ def test_cpu_state_usual_counts_the_cycles_at_the_usual_speed_only():
     part = stats.set_compare(b, k, family_size=12, n_target=30, probes=(pb2, pk))
     slow3 = sum(1 for cy in b[3] if pb[3][cy] > 5)
     assert part["state_dropped"] == slow - slow3
+    assert usual["usual_probe_us"] == pytest.approx(3.4, rel=0.05)
+    # the usual speed is the first set's and stays: later sets mostly slow leave out their slow
+    # cycles, so the ratio stays the fast one (a level re-estimated set by set would switch)
+    for s in range(10, 30):
+        for cy in b[s]:
+            pb[s][cy] = pk[s][cy] = 7.5
+            k[s][cy] = b[s][cy] * 1.20
+    later = stats.set_compare(b, k, family_size=12, n_target=30, probes=(pb, pk))
+    assert later["n_sets"] < 12 and abs(later["ratio"] / 1.11 - 1) < 0.005
     # A/A on the same two-speed CPU: centred on 1, no verdict other than "same"
     b, k, pb, pk, _ = _two_speed_sets(30, 8, rng, fast_ratio=1.0, slow_ratio=1.0)
     aa = stats.set_compare(b, k, family_size=12, n_target=30, probes=(pb, pk))
@@ -585,5 +594,11 @@ def test_results_judge_cpu_state_by_the_runs_setting():
     usual = wall(cpu_state="usual")
     assert usual[0]["state_dropped"] == slow and abs(usual[0]["ratio"] / 1.11 - 1) < 0.005
     line = report.ratio_definition(usual, results.METHOD, True)
-    assert "usual speed" in line and f"{slow} of the run's wall and host turns" in line
-    assert "usual speed" not in report.ratio_definition(wall(), results.METHOD, True)
+    assert "sampling.cpu_state: usual" in line and f"{slow} of the run's wall and host turns" in line
+    assert "the CPU speed most of the comparison's first set ran at (the speed probe reading 3." in line
+    assert "cpu_state" not in report.ratio_definition(wall(), results.METHOD, True)
+    # compare and a merged report name the difference between a usual run and an all run
+    from matrix_runner import commands
+    (why,) = commands.setting_differences({"settings": {"cpu_state": "usual"}}, {"settings": {}})
+    assert why.startswith("A's version ratios count only the turns at its CPU's usual speed") and "B's every turn" in why
+    assert commands.setting_differences({"settings": {"cpu_state": "all"}}, {"settings": {}}) == []
