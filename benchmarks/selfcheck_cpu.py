@@ -16,7 +16,8 @@
 
 Every run is a real `matrix-run --device cpu` process (real uv envs, lockstep process sets of real
 worker subprocesses). Prints one line per run and the summary.
-Usage: python benchmarks/selfcheck_cpu.py [REPEATS [QUICK [BUDGET_S]]] (BUDGET_S: the runs' time budget,
+Usage: python benchmarks/selfcheck_cpu.py [--sampling 'KEY: VALUE, ...'] [REPEATS [QUICK [BUDGET_S]]]
+(--sampling: added to the runs' sampling settings, e.g. 'cpu_state: usual'; BUDGET_S: the runs' time budget,
 default 60 s: on this 2-core machine a set's length is the import of its two workers, ~7-8 s, so 60 s
 hold 7-8 sets, and the A/A intervals are as wide as 7-8 processes per version let them be)
 """
@@ -67,6 +68,11 @@ def run(tmp: Path, versions: str, wheels: Path, name: str, *extra: str) -> dict:
 
 
 def main() -> int:
+    global CONFIG
+    if sys.argv[1:2] == ["--sampling"]:  # e.g. 'cpu_state: usual': a sampling option checked the same way
+        CONFIG = CONFIG.replace("set_seconds: 2}", f"set_seconds: 2, {sys.argv[2]}}}")
+        print(f"# sampling: {yaml.safe_load(CONFIG)['sampling']}")
+        del sys.argv[1:3]
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     quick = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     budget = float(sys.argv[3]) if len(sys.argv) > 3 else 60.0

@@ -341,8 +341,8 @@ class Sampling:
     #: Which lockstep cycles a wall/host comparison counts: ``all`` (default), or ``usual`` -- only
     #: the cycles whose two bursts both ran at the comparison's usual CPU speed (the speed probe
     #: within 1.3x of the shorth mode of its first set's readings: stats.usual_speed,
-    #: stats.STATE_REACH; needs ``speed_adjust``, which takes the readings); the others are left out and counted (``state_dropped``). Why: the H200
-    #: machine's vCPU runs at two speeds (probe ~3.4 and ~7.5 µs), and a call whose wall time is part
+    #: stats.STATE_REACH; needs ``speed_adjust``, which takes the readings); the others are left out
+    #: and counted (``state_dropped``). Why: the H200 machine's vCPU runs at two speeds (probe ~3.4 and ~7.5 µs), and a call whose wall time is part
     #: host, part kernel has a different ratio in each (batch-512 S50 fwd 2.7.0.post2/2.6.3, the
     #: turns of the 27 seed runs of 2026-12-04: median 1.114 where both versions ran fast, 1.199 where
     #: both ran slow), so a set's value moves with the share of its turns that hit the slow state:
@@ -354,7 +354,9 @@ class Sampling:
     #: 12 wall intervals inside +-3 % in 2 of 10 runs instead of 8), and in the slow state it gained
     #: nothing (seed +-2.03 % vs +-1.88 %). Live, alternated with the default (H200, 2026-12-04
     #: afternoon, 22 runs, all in the slow state, benchmarks/results/h200-runs-12-04-d.txt): seed
-    #: batch-512 fwd median +-1.94 % vs +-2.10 %, batch-2 fwd +-4.37 % vs +-3.67 %. Not the default.
+    #: batch-512 fwd median +-1.94 % vs +-2.10 %, batch-2 fwd +-4.37 % vs +-3.67 %. CPU self-check with
+    #: it (benchmarks/results/cpu-selfcheck-cpu-state-usual.txt): A/A 0/40 not "same", --quick 0/8
+    #: faster/slower, planted 4/4 found. Not the default.
     cpu_state: str = "all"
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side

@@ -423,9 +423,10 @@ def t_cs(x, alpha: float, c: float) -> tuple[float, float, float]:
 
 #: ``sampling.cpu_state: usual`` (off by default; measured, see config.Sampling.cpu_state): a cycle
 #: counts only when both of its bursts' speed-probe readings (``ref_by_set``, µs) lie within this
-#: log distance of the comparison's usual CPU speed (:func:`usual_speed` of its first set's readings). The H200 machine's vCPU
-#: reads the probe at two levels, ~3.0-4.5 µs and ~6-9 µs, with almost nothing between 4.5 and 5.5
-#: (43 runs of 2026-12-04, benchmarks/cpu_state_replay.py); log 1.3 holds one level and none of the other.
+#: log distance of the comparison's usual CPU speed (:func:`usual_speed` of its first set's
+#: readings). The H200 machine's vCPU reads the probe at two levels, ~3.0-4.5 µs and ~6-9 µs, with
+#: almost nothing between 4.5 and 5.5 (the readings of the 54 default runs of 2026-12-04, 2,600-4,400
+#: each): log 1.3 holds one level and none of the other.
 STATE_REACH = math.log(1.3)
 
 
