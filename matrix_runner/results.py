@@ -171,16 +171,11 @@ def _by_set(metric: dict) -> dict | None:
 
 
 def _probes(mb: dict, mk: dict) -> tuple | None:
-    """The two metrics' speed-probe readings (``ref_by_set``: set id -> cycle id -> µs, int keys) for
-    stats.set_compare ``probes``; None when either lacks them (nothing to judge the cycles by)."""
-    out = []
-    for m in (mb, mk):
-        by = m.get("ref_by_set")
-        if not isinstance(by, dict) or not by:
-            return None
-        out.append({int(sid): {int(c): x for c, x in v.items() if isinstance(x, (int, float))}
-                    for sid, v in by.items() if isinstance(v, dict)})
-    return tuple(out)
+    """The two metrics' speed-probe readings (``ref_by_set``: set id -> cycle id -> µs, int keys, as
+    :func:`_by_set` reads ``by_set``) for stats.set_compare ``probes``; None when either lacks them
+    (nothing to judge the cycles by)."""
+    out = tuple(_by_set({"by_set": m.get("ref_by_set")}) for m in (mb, mk))
+    return out if all(out) else None
 
 
 def env_pairs(envs: list[dict]) -> list[tuple[str, str]]:
