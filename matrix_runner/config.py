@@ -42,6 +42,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       preimport: true       # later sets' workers import, while they start, the modules earlier sets' set-ups loaded
       cuda_at_start: false  # later sets' workers create their CUDA context while they start, not in their set's set-up
       cpu_state: all        # turns a wall/host ratio counts: all, or usual (both bursts at the CPU speed most of the first set ran at)
+      cpu_hop: false        # move a set's workers, between cycles, to a CPU of the set pool that runs fast now (lockstep.Hopper)
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
 (batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
@@ -358,6 +359,18 @@ class Sampling:
     #: it (benchmarks/results/cpu-selfcheck-cpu-state-usual.txt): A/A 0/40 not "same", --quick 0/8
     #: faster/slower, planted 4/4 found. Not the default.
     cpu_state: str = "all"
+    #: Move a process set, between its cycles, to a CPU of the set pool that a scout process reads
+    #: at the fast speed now, whenever the set's own probe readings turn slow (lockstep.Hopper: the
+    #: measurements behind it); the pool is then half the machine's CPUs (lockstep.pool_size). Needs
+    #: ``speed_adjust`` (the readings it judges by) and does nothing unpinned or with one set CPU.
+    #: Measured side by side with the default (H200, 2026-12-04, 9 pairs of runs,
+    #: benchmarks/results/h200-runs-12-04-e.txt): the sets' cycles at the slow level fell from a
+    #: median of 70 % of a run to 41 %, and the seed batch-2 intervals narrowed (forward median
+    #: +-2.31 % vs +-2.94 %), but batch-512 forward did not (+-1.73 % both), the worst intervals grew
+    #: (+-6.77 % vs +-4.17 %) and the A/A ones widened a little (batch-2 bwd +-2.36 % vs +-1.91 %):
+    #: each move disturbs the cycles after it (within-set SD of batch-2 cycle ratios 0.047 with 0-5
+    #: moves in a set, 0.076 with more than 15). Not the default.
+    cpu_hop: bool = False
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
     #: (H200, 2026-12-02, default config, 60 s; benchmarks/results/h200-lockstep-runs-12-02.txt):
@@ -505,7 +518,7 @@ _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", 
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
                   "host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport",
-                  "prefetch_depth", "host_precision", "cuda_at_start", "cpu_state"}
+                  "prefetch_depth", "host_precision", "cuda_at_start", "cpu_state", "cpu_hop"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -944,6 +957,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         preimport=_bool("sampling.preimport", sd.get("preimport", Sampling.preimport)),
         cuda_at_start=_bool("sampling.cuda_at_start", sd.get("cuda_at_start", Sampling.cuda_at_start)),
         cpu_state=sd.get("cpu_state", Sampling.cpu_state),
+        cpu_hop=_bool("sampling.cpu_hop", sd.get("cpu_hop", Sampling.cpu_hop)),
         prefetch_depth=_prefetch_depth(sd.get("prefetch_depth")),
         host_precision=_pos_number("sampling.host_precision", sd.get("host_precision", Sampling.host_precision)),
     )
@@ -976,6 +990,9 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
     if sampling.cpu_state == "usual" and not sampling.speed_adjust:
         raise ConfigError("sampling.cpu_state: usual needs sampling.speed_adjust: true -- the speed probe's "
                           "readings it judges each turn by are taken only with it; remove one of the two")
+    if sampling.cpu_hop and not sampling.speed_adjust:
+        raise ConfigError("sampling.cpu_hop: true needs sampling.speed_adjust: true -- the speed probe's readings "
+                          "it judges a set's CPU by are taken only with it; remove one of the two")
     if sampling.prefetch_spawn not in ("cycles", "after"):
         raise _err("sampling.prefetch_spawn", sampling.prefetch_spawn, "must be cycles or after")
     if not 0 < sampling.min_effect < 1:

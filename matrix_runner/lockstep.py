@@ -16,6 +16,7 @@ Faults: a worker that exits or is killed while it works on a request fails that 
 from __future__ import annotations
 
 import json
+import math
 import os
 import select
 import signal
@@ -238,6 +239,148 @@ class Worker:
                 pass
 
 
+class Hopper:
+    """``sampling.cpu_hop``: keeps a process set on a CPU of its pool that runs at the fast speed now.
+
+    Why (H200 machine, 2026-12-04, benchmarks/results/h200-cpu-map-12-04.txt and core_hop runs in
+    benchmarks/results/h200-core-hop-12-04.txt): each vCPU switches by itself between two speeds (the
+    probe reads ~3.3 or ~6.5 µs; not caused by our own processes: a busy process on any other vCPU
+    changed nothing), at any moment some vCPUs are fast and others slow, and one vCPU's speed lasts
+    a while (a cycle slow now is slow 0.5 s later with p 0.73, a fast one with p 0.36:
+    benchmarks/results/state-persistence-12-04.txt). A set pinned
+    to one core met the slow speed in 0-100 % of its cycles, and a host-bound ratio differs between
+    the speeds (batch-512 S50 fwd 1.11x fast vs 1.20x slow), so the sets' mixes of speeds spread
+    their ratios. A probe process that moved to the core a scout read fastest ran 95 % of its turns
+    fast against 55 % for one that stayed (same 40 s). In real runs it is not better overall
+    (config.Sampling.cpu_hop: measured side by side; each move disturbs the cycles after it), so
+    it is an option.
+
+    How: a scout process (``worker.py scout``, the driver's interpreter) reads every pool CPU but the
+    set's, 1 ms each every 20 ms. A set starts on the pool CPU read fastest (:meth:`place`); after
+    each cycle (:meth:`after_cycle`), when every env's probe readings of that cycle were slow --
+    above ``reach`` x that env's low reading (its 5th percentile so far in this run; each env's
+    interpreter has its own scale) -- and the scout's freshest reading of another pool CPU is fast
+    (within ``reach`` x the scout's own 5th percentile, at most ``max_age_s`` old), every worker of
+    the set moves there (:func:`move_process`) before the next cycle, once the scout has had time to
+    leave that CPU (``settle_s``). Both versions of a cycle are always timed on the same core; a move
+    only changes where the following cycles run."""
+
+    MIN_READINGS = 30  # an env's readings before its low level is trusted (then: judged from cycle 16 or so)
+
+    def __init__(self, cpus: list[int], log: Path, python: str | None = None, reach: float = 1.3,
+                 max_age_s: float = 0.08, probe_ms: float = 1.0, every_ms: float = 20.0):
+        import sys
+
+        self.cpus = list(cpus)
+        self.reach, self.max_age_s = reach, max_age_s
+        self.settle_s = probe_ms / 1e3 + 0.0005
+        self.at = -1
+        self.latest: dict[int, tuple[float, float]] = {}  # cpu -> (monotonic s, µs)
+        self._scout_low: float | None = None
+        self._scout_vals: list[float] = []
+        self._own: dict[str, list[float]] = {}
+        self._own_low: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self.p = proc.spawn([python or sys.executable, str(WORKER), "scout", "--cpus", ",".join(map(str, self.cpus)),
+                             "--probe-ms", str(probe_ms), "--every-ms", str(every_ms)],
+                            log=log, piped=True, env_extra={"PYTHONUNBUFFERED": "1"})
+        self._reader = threading.Thread(target=self._read, daemon=True, name="matrix-run-scout")
+        self._reader.start()
+
+    def _read(self) -> None:
+        fd, buf = self.p.stdout.fileno(), b""
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 14)
+            except OSError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                try:
+                    rec = json.loads(line)
+                    t, us = float(rec["t"]), rec["us"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                with self._lock:
+                    for c, v in us.items():
+                        if isinstance(v, (int, float)) and v > 0:
+                            self.latest[int(c)] = (t, float(v))
+                            self._scout_vals.append(float(v))
+                    if len(self._scout_vals) >= self.MIN_READINGS and len(self._scout_vals) % 16 < len(us):
+                        self._scout_vals = self._scout_vals[-4000:]
+                        self._scout_low = _quantile(self._scout_vals, 0.05)
+
+    def _tell(self, cpu: int) -> None:
+        self.at = cpu
+        try:
+            self.p.stdin.write(f"at {cpu}\n".encode())
+        except (OSError, ValueError):
+            pass
+
+    def fastest(self, exclude: int | None = None) -> int | None:
+        """The pool CPU the scout read fastest within ``max_age_s``, when that reading is at the fast
+        level (within ``reach`` of the scout's low reading); else None."""
+        now = time.monotonic()
+        with self._lock:
+            low = self._scout_low
+            fresh = [(us, c) for c, (t, us) in self.latest.items() if c != exclude and now - t <= self.max_age_s]
+        if low is None or not fresh:
+            return None
+        us, c = min(fresh)
+        return c if us <= self.reach * low else None
+
+    def place(self, default: int) -> int:
+        """The CPU a set starts on: the fastest fresh one (:meth:`fastest`), else ``default``."""
+        c = self.fastest()
+        c = default if c is None else c
+        self._tell(c)
+        return c
+
+    def after_cycle(self, refs: dict) -> int | None:
+        """Given a cycle's probe readings (env label -> list of µs, one per burst), the CPU to move
+        the set to before the next cycle, or None to stay."""
+        slow = bool(refs)
+        for lab, vals in refs.items():
+            good = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
+            own = self._own.setdefault(lab, [])
+            own.extend(good)
+            if len(own) >= self.MIN_READINGS and len(own) % 16 < len(good):
+                del own[:-4000]
+                self._own_low[lab] = _quantile(own, 0.05)
+            low = self._own_low.get(lab)
+            if low is None or not good or min(good) <= self.reach * low:
+                slow = False
+        if not slow:
+            return None
+        c = self.fastest(exclude=self.at)
+        if c is not None:
+            self._tell(c)
+            # the scout reads the message before its next CPU: one it is probing now (c, at worst)
+            # is left within probe_ms, before the set's next cycle runs there
+            time.sleep(self.settle_s)
+        return c
+
+    def leave(self) -> None:
+        """The set left its CPU (closed): the scout reads every pool CPU again."""
+        self._tell(-1)
+
+    def close(self) -> None:
+        proc.kill_group(self.p, grace=1.0)
+        for f in (self.p.stdin, self.p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+def _quantile(vals: list[float], q: float) -> float:
+    s = sorted(vals)
+    return s[min(len(s) - 1, max(0, int(q * (len(s) - 1) + 0.5)))]
+
+
 def set_affinity(pid: int, cpus) -> bool:
     """Pin ``pid`` (0: this thread) to ``cpus``; False where the OS or a cgroup forbids it."""
     try:
@@ -299,6 +442,14 @@ def parse_cpus(request: str | None) -> list[int] | None:
         raise ValueError(f"--cpus {request!r}: CPU(s) {bad or want} not allowed to this process "
                          f"(allowed: {allowed})")
     return want
+
+
+def pool_size(n_cpus: int, hop: bool) -> int:
+    """How many CPUs :func:`plan_cpus` gives the process sets out of ``n_cpus``: 4 (sets take turns
+    on them), or with ``sampling.cpu_hop`` half of those beside the driver's, at least 4, so the
+    scout has several to find a fast one among while the rest hold the next sets' starting workers
+    (:class:`Hopper`)."""
+    return max(4, (n_cpus - 1) // 2) if hop else 4
 
 
 def plan_cpus(request: str | None, n_sets: int = 4, allowed: list[int] | None = None) -> dict:

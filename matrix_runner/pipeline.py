@@ -344,7 +344,7 @@ class Run:
         if prior is not None:  # the sampling rules the run was started with, where today's defaults differ
             st = prior.get("settings") or {}
             for key in ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth",
-                        "host_precision", "cpu_state"):
+                        "host_precision", "cpu_state", "cpu_hop"):
                 if st.get(key) is not None:
                     setattr(samp, key, st[key])
             if st and "host_precision" not in st:  # a run from before the setting: host items cycled to 1 %
@@ -529,6 +529,7 @@ class Run:
                     "burst_ms": samp.burst_ms, "workers_per_env": samp.workers_per_env,
                     "host_every": samp.host_every, "max_repeats": samp.max_repeats, "host_precision": samp.host_precision,
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn, "cpu_state": samp.cpu_state,
+                    "cpu_hop": samp.cpu_hop,
                     "preimport": samp.preimport, "prefetch_depth": samp.prefetch_depth, "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                     "fail_on_regression": args.fail_on_regression,
                     "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,
@@ -642,7 +643,8 @@ class Run:
         """The CPU plan, the sampling's pace settings, then the process sets; returns the stop reason."""
         args, samp, base_doc, gpus, cfg = self.args, self.samp, self.base_doc, self.gpus, self.cfg
         try:  # sharded over GPUs: each shard plans its own share of the CPUs (shard.time_local)
-            cpus = lockstep.plan_cpus(args.cpus, n_sets=4) if not gpus else {"pinned": None, "sharded": True}
+            cpus = (lockstep.plan_cpus(args.cpus, n_sets=lockstep.pool_size(len(machine.allowed_cpus()), samp.cpu_hop))
+                    if not gpus else {"pinned": None, "sharded": True})
         except ValueError as ex:
             raise UsageError(str(ex)) from None
         base_doc["settings"]["cpus"] = cpus

@@ -428,10 +428,15 @@ def probe_note(res: dict) -> str:
     m = probe_median_us(res)
     if m is None:
         return ""
+    sets = [s for s in res.get("sets") or [] if isinstance(s.get("hops"), int)]
+    hop = ""
+    if sets:  # sampling.cpu_hop (lockstep.Hopper)
+        hop = (f"; the process sets followed the fast CPU speed (sampling.cpu_hop: {sum(s['hops'] for s in sets)} "
+               f"moves between cycles over {len(sets)} sets)")
     return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "
-            f"burst) read a median of {m:.2f} µs in this run; host overhead follows the CPU speed, so compare the µs "
-            "and host-heavy ratios of runs at like readings (matrix-run compare warns when two runs differ by more "
-            f"than {PROBE_SPEED_WARN * 100:.0f} %)")
+            f"burst) read a median of {m:.2f} µs in this run{hop}; host overhead follows the CPU speed, so compare "
+            "the µs and host-heavy ratios of runs at like readings (matrix-run compare warns when two runs differ by "
+            f"more than {PROBE_SPEED_WARN * 100:.0f} %)")
 
 
 def view_model(res: dict, with_charts: bool = False) -> dict:

@@ -242,10 +242,11 @@ def _learn(learned: dict, label: str, rep: dict) -> None:
             have[n] = None
 
 
-def _steal_since(j0: tuple | None, cpu: int | None) -> float | None:
-    """CPU steal on ``cpu`` (the whole machine when unpinned) since the :func:`machine.cpu_jiffies`
-    reading ``j0``, as a share rounded to 0.01 %; None where unknown."""
-    steal = machine.steal_share(j0, machine.cpu_jiffies([cpu] if cpu is not None else None))
+def _steal_since(j0: tuple | None, cpus: list | None) -> float | None:
+    """CPU steal on ``cpus`` (the set's core, or its pool with sampling.cpu_hop; the whole machine
+    when unpinned: None) since the :func:`machine.cpu_jiffies` reading ``j0``, as a share rounded to
+    0.01 %; None where unknown."""
+    steal = machine.steal_share(j0, machine.cpu_jiffies(cpus))
     return round(steal, 4) if steal is not None else None
 
 
@@ -320,6 +321,8 @@ class _Set:
         self.sid, self.envs, self.work = sid, envs, work
         #: lockstep cycles completed so far (an interrupted set reports the ones it keeps)
         self.cycles_done = 0
+        #: (cycle, cpu) for each move of the set's workers between cycles (sampling.cpu_hop)
+        self.hops: list[tuple[int, int]] = []
         #: stops finished workers: the run's own (shards run concurrently)
         self.closing = closing
         self.t0 = time.monotonic()
@@ -452,6 +455,13 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     def preimports() -> dict | None:
         return _preimport_files(work, learned) if sampling.preimport and not quick else None
 
+    # sampling.cpu_hop: a scout reads the set CPUs' speeds and the set moves to a fast one (lockstep.Hopper)
+    hopper = None
+    if sampling.cpu_hop and cpus.get("pinned") and len(cpus.get("set_cpus") or []) >= 2:
+        try:
+            hopper = lockstep.Hopper(cpus["set_cpus"], work / "scout.log")
+        except (OSError, proc.Stopped):
+            hopper = None
     t_turn = time.monotonic()
     try:
         while True:
@@ -523,7 +533,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
                                case_timeout=case_timeout, stop=stop, rng=rng, on_progress=on_progress,
                                prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes, pairs=pairs,
-                               learned=learned, unguarded=stats.unpinned_sets(sets),
+                               learned=learned, unguarded=stats.unpinned_sets(sets), hopper=hopper,
                                # set-ups: within the budget from this call's start (a --resume of a
                                # run near its budget still gets its set set up and timed)
                                deadline=t_call + sampling.time_budget_s)
@@ -558,6 +568,8 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
         reason = f"driver error ({type(e).__name__}: {e}; traceback in {log})"
     finally:
         t_close = time.monotonic()
+        if hopper is not None:
+            hopper.close()
         while pending:
             pending.pop().close()
         closing.join()
@@ -574,12 +586,15 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
              cpu: int | None, case_timeout: float, stop: threading.Event, rng: random.Random,
              on_progress, prefetch, seed: int, labels: list[str], park: set | None = None,
              slopes: dict | None = None, pairs: list | None = None, deadline: float | None = None,
-             learned: dict | None = None, unguarded: frozenset = frozenset()) -> dict:
+             learned: dict | None = None, unguarded: frozenset = frozenset(),
+             hopper: lockstep.Hopper | None = None) -> dict:
     """Run one process set to its end; returns its record. Faults are handled as the module doc says.
     ``deadline`` (monotonic s: this run_all call's start + the time budget) bounds the set-up of the set's
     cases too: a set-up still running then ends the set and the run (status ``budget``; a GPU-sized
     config on a CPU spent 200 s setting up one case under a 20 s budget before), without blaming the
-    case. ``unguarded``: the earlier sets that ran unpinned (comparisons_now)."""
+    case. ``unguarded``: the earlier sets that ran unpinned (comparisons_now). ``hopper``
+    (sampling.cpu_hop): the set starts on the pool CPU read fastest and moves between cycles
+    (lockstep.Hopper); its record's ``cpu`` is where it started, ``hops`` how often it moved."""
     sid = st.sid
     st.t0 = time.monotonic()  # the set's own time: its workers may have started during the previous set
     rec = {"set": sid, "cpu": cpu, "pinned": cpu is not None, "status": "ok", "error": None,
@@ -749,6 +764,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         if sampling.prefetch_spawn == "cycles":
             prefetch("spawn")
         phase("prefetch")
+        if cpu is not None and hopper is not None:  # the pool's fastest CPU now (sampling.cpu_hop)
+            cpu = hopper.place(cpu)
+            rec["cpu"], rec["hops"] = cpu, 0
         if cpu is not None:  # every thread of every worker of the set to the set's core
             for key, w in list(live.items()):
                 try:
@@ -762,15 +780,20 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         t_cyc = time.monotonic()
         # CPU steal on the set's core over its cycles (the hypervisor running something else: a
         # 2-core CPU VM had 20-50 % in the minutes its A/A intervals widened to +-10-20 %)
-        j0 = machine.cpu_jiffies([cpu] if cpu is not None else None)
+        steal_cpus = (hopper.cpus if hopper is not None else [cpu]) if cpu is not None else None
+        j0 = machine.cpu_jiffies(steal_cpus)
         rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
                                 rng=rng, on_progress=on_progress, fault=fault, labels=labels, pairs=pairs,
                                 slopes=slopes if slopes is not None else {},
                                 unguarded=unguarded | ({sid} if not rec["pinned"] else frozenset()),
+                                hopper=hopper if cpu is not None and rec["pinned"] else None,
                                 more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, time.monotonic() - t_cyc - budget), 3)
-        rec["steal"], j0 = _steal_since(j0, cpu), None
+        rec["steal"], j0 = _steal_since(j0, steal_cpus), None
+        if hopper is not None and cpu is not None:
+            rec["hops"] = len(st.hops)
+            rec["hop_cpus"] = sorted({cpu} | {c for _, c in st.hops})
         phase("cycles")
         if sampling.prefetch_spawn == "after":
             prefetch("spawn")
@@ -871,10 +894,12 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
     except Interrupted:
         rec["cycles"] = max(rec["cycles"], st.cycles_done)  # the cycles kept (the report compares them)
         if j0 is not None:  # stopped during its cycles: the steal over the ones kept
-            rec["steal"] = _steal_since(j0, cpu)
+            rec["steal"] = _steal_since(j0, steal_cpus)
         rec["status"] = "interrupted"
         rec["error"] = "stopped by a signal; the cycles timed so far are kept"
     finally:
+        if hopper is not None:
+            hopper.leave()
         st.close(park)
         phase("close")
         rec["seconds"] = round(time.monotonic() - st.t0, 2)
@@ -972,7 +997,8 @@ def cycle_weights(data: dict, labels: list[str], cases: list[Case], max_repeats:
 def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampling, *, quick: bool,
             case_timeout: float, stop: threading.Event, rng: random.Random, on_progress, fault,
             labels: list[str], slopes: dict, more: Callable[[], bool] | None = None,
-            pairs: list | None = None, unguarded: frozenset = frozenset()) -> int:
+            pairs: list | None = None, unguarded: frozenset = frozenset(),
+            hopper: lockstep.Hopper | None = None) -> int:
     """The set's lockstep cycles for ``sampling.set_seconds`` (quick: ``quick_set_seconds``), and
     on while ``more()`` says the next set's workers are still starting (up to ``EXTEND_FACTOR`` x that
     time: the start would otherwise wait idle for them); returns how many ran. A cycle is one (case, clock) item: every worker of the set times a burst of it, in
@@ -984,7 +1010,9 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     ``sampling.host_every``;
     a case's wall clock comes up :func:`cycle_weights` times per sweep (1 unless ``max_repeats`` > 1).
     A worker fault ends the cycles (the set's other data stay). ``unguarded``: the sets, this one
-    included where it runs unpinned, that the glitch guard leaves whole (comparisons_now)."""
+    included where it runs unpinned, that the glitch guard leaves whole (comparisons_now). ``hopper``
+    (sampling.cpu_hop): after each cycle the set's workers may move to a faster CPU of the pool
+    (lockstep.Hopper.after_cycle; recorded in ``st.hops`` as (cycle, cpu))."""
     sid, lab_of = st.sid, st.label_of
     budget = sampling.quick_set_seconds if quick else sampling.set_seconds
     items = []
@@ -1087,6 +1115,13 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     cd.status, cd.error, cd.error_kind = "ok", None, None
             for key, fit, xm in fits:  # after the cycle: its bursts all used the same slope
                 slope.add((sid, key), fit, xm)
+            if hopper is not None and got:  # both bursts of every cycle on one core: move between cycles
+                to = hopper.after_cycle(refs)
+                if to is not None:
+                    for key in keys:
+                        if key in live:
+                            lockstep.move_process(live[key].pid, {to})
+                    st.hops.append((n, to))
             n += 1
             st.cycles_done = n
             if over():

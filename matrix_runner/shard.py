@@ -215,7 +215,8 @@ def time_local(envs: list[EnvResult], cases: list[Case], sampling: Sampling, gpu
             plan = lockstep.plan_cpus("unpinned")
         else:
             req = ",".join(map(str, lists[i])) if lists else "auto"
-            plan = lockstep.plan_cpus(req, n_sets=4, allowed=(parts[i] + (lists[i] if lists else [])))
+            mine = parts[i] + (lists[i] if lists else [])
+            plan = lockstep.plan_cpus(req, n_sets=lockstep.pool_size(len(mine), sampling.cpu_hop), allowed=mine)
         info.append({"index": i, "count": n, "gpu": _gpu_rec(g), "cases": [c.id for c in shares[i]],
                      "cpus": plan, "stop_reason": None, "timing_phase_s": None})
         log(f"shard {i}/{n}: GPU {g['index']} ({g.get('uuid') or g.get('name')}), {len(shares[i])} case(s), "

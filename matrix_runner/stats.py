@@ -798,8 +798,7 @@ class SpeedSlope:
 
     Why (H200, 2026-12-01, benchmarks/speed_probe.py on traced runs): the vCPU a process set is
     pinned to runs at two speeds, the probe (worker.speed_probe) reading ~3.6 or ~7.5 µs, switching
-    every 0.1-1 s (hyperthread sharing under the hypervisor: a busy process on another vCPU can
-    halve it). A batch-2 call follows it (1.7x slower in the slow state), so two bursts of one
+    every 0.1-1 s (the host's doing, each vCPU by itself: benchmarks/results/h200-cpu-map-12-04.txt). A batch-2 call follows it (1.7x slower in the slow state), so two bursts of one
     cycle ms apart can differ by 2x, and that was most of the per-cycle noise (SD 0.08-0.14).
     Each timed sample is bracketed by two probe readings; with x = their mean log and y = the
     sample's log µs, the burst's value is the median of y - beta (x - center)

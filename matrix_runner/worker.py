@@ -14,6 +14,10 @@ Protocol (versioned like pyperf's worker protocol; schema :data:`SERVE_SCHEMA`):
     stdin, exactly one JSON reply per command on stdout (see :func:`serve` for the commands and
     records). A reply with ``status: error`` fails that case only.
 
+``worker.py scout --cpus 1,2,3``
+    the CPU scout of ``sampling.cpu_hop`` (run by the driver's own interpreter, standard library
+    only): reads every listed CPU's speed in turn, one JSON line per sweep on stdout (:func:`scout`).
+
 Clocks per case, all in µs per call:
 
 - ``wall_us``: ``call(); synchronize()`` timed with ``time.perf_counter_ns``; a burst of ~B ms is
@@ -1475,15 +1479,91 @@ def serve() -> int:
     return 0
 
 
+#: the scout's sweep record's schema (one JSON line per sweep: :func:`scout`)
+SCOUT_SCHEMA = "matrix-runner/scout/1"
+
+
+def scout(cpus: list[int], probe_ms: float = 1.0, every_ms: float = 20.0, stdin=None, stdout=None,
+          sweeps: int | None = None) -> int:
+    """Read the speed of every CPU in ``cpus`` in turn, for ``sampling.cpu_hop`` (the driver moves a
+    process set to a CPU that reads fast now: lockstep.Hopper).
+
+    One sweep: this process pins itself to each CPU in turn (except the one the driver says the set
+    is on, which it leaves alone), runs :func:`speed_probe` back to back for ``probe_ms`` ms there and
+    takes the median µs; then it writes one line ``{"schema": SCOUT_SCHEMA, "t": time.monotonic()
+    at the sweep's end (s; the same clock as the driver's on Linux), "us": {cpu: median µs}}`` and
+    sleeps the rest of ``every_ms`` ms. Commands on stdin, one per line, read before each CPU: ``at N``
+    (the set is on CPU N now: skip it; ``at -1``: skip none); end of input stops it. ``sweeps``: stop after that many
+    (tests). Why (H200, benchmarks/core_hop.py): each vCPU switches by itself between two speeds
+    and at any moment some read fast; a timing process that moved to the CPU a scout read fastest
+    (1 ms per CPU every 25 ms) ran 95 % of its turns at the fast level against 55 % for one that
+    stayed on one CPU, over the same 40 s. Returns 0."""
+    import select
+
+    stdin = stdin if stdin is not None else sys.stdin
+    stdout = stdout if stdout is not None else sys.stdout
+    fd = stdin.fileno()
+    state = {"skip": -1, "buf": b""}
+
+    def commands() -> bool:
+        """Read what the driver wrote, without waiting; False at end of input."""
+        while select.select([fd], [], [], 0)[0]:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return False
+            *lines, state["buf"] = (state["buf"] + chunk).split(b"\n")
+            for line in lines:
+                parts = line.split()
+                if len(parts) == 2 and parts[0] == b"at":
+                    try:
+                        state["skip"] = int(parts[1])
+                    except ValueError:
+                        pass
+        return True
+
+    n = 0
+    while sweeps is None or n < sweeps:
+        t0 = time.monotonic()
+        out = {}
+        for c in cpus:
+            # before every CPU, not once a sweep: the set may have just moved onto the next one
+            if not commands():
+                return 0
+            if c == state["skip"]:
+                continue
+            try:
+                os.sched_setaffinity(0, {c})
+            except (OSError, AttributeError, ValueError):
+                continue
+            end, vals = time.perf_counter() + probe_ms / 1e3, []
+            while time.perf_counter() < end:
+                vals.append(speed_probe())
+            out[str(c)] = round(statistics.median(vals), 4)
+        try:
+            stdout.write(json.dumps({"schema": SCOUT_SCHEMA, "t": time.monotonic(), "us": out}) + "\n")
+            stdout.flush()
+        except (BrokenPipeError, OSError):  # the driver is gone
+            return 0
+        n += 1
+        time.sleep(max(0.0, every_ms / 1e3 - (time.monotonic() - t0)))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="matrix-run timing worker (runs inside one env)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("probe")
     sub.add_parser("serve")
+    sc = sub.add_parser("scout")
+    sc.add_argument("--cpus", required=True, help="comma list of CPU ids")
+    sc.add_argument("--probe-ms", type=float, default=1.0)
+    sc.add_argument("--every-ms", type=float, default=20.0)
     a = ap.parse_args(argv)
     if a.cmd == "probe":
         print(json.dumps(probe()))
         return 0
+    if a.cmd == "scout":
+        return scout([int(c) for c in a.cpus.split(",") if c.strip()], a.probe_ms, a.every_ms)
     return serve()
 
 

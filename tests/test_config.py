@@ -316,3 +316,14 @@ def test_cpu_state_setting():
     with pytest.raises(ConfigError, match="sampling.cpu_state: usual needs sampling.speed_adjust: true"):
         parse_config({"sampling": {"cpu_state": "usual", "speed_adjust": False}})
     assert parse_config({"sampling": {"cpu_state": "all", "speed_adjust": False}}).sampling.cpu_state == "all"
+
+
+def test_cpu_hop_setting():
+    """sampling.cpu_hop: off by default; a boolean; it judges CPUs by the speed probe's readings,
+    which only speed_adjust takes."""
+    assert parse_config({}).sampling.cpu_hop is False
+    assert parse_config({"sampling": {"cpu_hop": True}}).sampling.cpu_hop is True
+    with pytest.raises(ConfigError, match="sampling.cpu_hop"):
+        parse_config({"sampling": {"cpu_hop": "often"}})
+    with pytest.raises(ConfigError, match="sampling.cpu_hop: true needs sampling.speed_adjust: true"):
+        parse_config({"sampling": {"cpu_hop": True, "speed_adjust": False}})

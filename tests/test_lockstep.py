@@ -749,3 +749,148 @@ def test_the_runners_comparisons_count_only_usual_speed_cycles_with_cpu_state_us
     usual = comparisons_now(data, ["a", "b"], [case], Sampling(cpu_state="usual"), "wall_us")[("a", "b", case.id)]
     assert "state_dropped" not in every and every["ratio"] > 1.115
     assert usual["state_dropped"] == slow_cycles == 12 and abs(usual["ratio"] / 1.11 - 1) < 0.003
+
+
+def test_scout_reads_every_cpu_but_the_sets_one_and_stops_at_end_of_input():
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    import io
+
+    r, w = os.pipe()
+    os.write(w, f"at {cpus[0]}\n".encode())
+    out = io.StringIO()
+    before = os.sched_getaffinity(0)  # the scout pins the calling thread as it goes
+    try:
+        with os.fdopen(r, "rb", buffering=0) as rf:
+            assert worker.scout(cpus, probe_ms=0.5, every_ms=1.0, stdin=rf, stdout=out, sweeps=3) == 0
+            recs = [json.loads(line) for line in out.getvalue().splitlines()]
+            assert len(recs) == 3 and all(r["schema"] == worker.SCOUT_SCHEMA for r in recs)
+            assert all(set(r["us"]) == {str(cpus[1])} and 0 < r["us"][str(cpus[1])] < 1e4 for r in recs)  # the set's CPU left alone
+            assert recs[0]["t"] <= recs[-1]["t"] <= time.monotonic()  # the driver's monotonic clock
+            os.write(w, b"at -1\n")
+            out2 = io.StringIO()
+            worker.scout(cpus, probe_ms=0.5, every_ms=1.0, stdin=rf, stdout=out2, sweeps=1)
+            assert set(json.loads(out2.getvalue())["us"]) == {str(c) for c in cpus}
+            os.close(w)  # end of input: the scout stops before its next sweep
+            out3 = io.StringIO()
+            assert worker.scout(cpus, probe_ms=0.5, every_ms=1.0, stdin=rf, stdout=out3, sweeps=5) == 0
+            assert out3.getvalue() == ""
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _quiet_hopper(monkeypatch, tmp_path, cpus, lines=()):
+    """A Hopper whose scout is a stand-in printing ``lines`` (scout records) and then waiting."""
+    from matrix_runner import proc
+
+    real = proc.spawn
+    script = "import sys\n" + "".join(f"print({json.dumps(json.dumps(x))}, flush=True)\n" for x in lines) + "sys.stdin.read()\n"
+    monkeypatch.setattr(proc, "spawn", lambda argv, **k: real([sys.executable, "-c", script], **k))
+    return lockstep.Hopper(cpus, tmp_path / "scout.log")
+
+
+def test_hopper_reads_the_scouts_lines_and_its_low_level(monkeypatch, tmp_path):
+    now = time.monotonic()
+    recs = [{"schema": worker.SCOUT_SCHEMA, "t": now, "us": {"3": 3.0 + 0.01 * i, "5": 6.5}} for i in range(20)]
+    h = _quiet_hopper(monkeypatch, tmp_path, [3, 5], recs + ["not json", {"t": "x"}])
+    try:
+        for _ in range(100):
+            if h._scout_low is not None and h.latest.get(3, (0, 0))[1] == pytest.approx(3.19):
+                break
+            time.sleep(0.02)
+        assert h.latest[5][1] == 6.5 and h.latest[3][1] == pytest.approx(3.19)
+        assert 3.0 <= h._scout_low <= 3.1  # the 5th percentile of 40 readings: the fast level
+        assert h.fastest() == 3 and h.fastest(exclude=3) is None  # 6.5 is not within 1.3x of 3.0
+        h.max_age_s = 0.0
+        time.sleep(0.01)
+        assert h.fastest() is None  # stale readings do not count
+    finally:
+        h.close()
+
+
+def test_hopper_moves_only_when_every_envs_cycle_read_slow_and_a_fresh_fast_cpu_exists(monkeypatch, tmp_path):
+    h = _quiet_hopper(monkeypatch, tmp_path, [2, 4, 6])
+    try:
+        with h._lock:
+            h._scout_low = 3.0
+            h.latest = {4: (time.monotonic() + 60, 3.2), 6: (time.monotonic() + 60, 7.0)}
+        assert h.place(2) == 4 and h.at == 4  # the fastest fresh CPU, not the rotation's
+        h.at = 2
+        for _ in range(40):  # both envs' low levels: ~3.3 µs (their own scale)
+            assert h.after_cycle({"a": [3.3], "b": [3.35]}) is None
+        assert h.after_cycle({"a": [7.1], "b": [3.4]}) is None  # one env still fast: not the CPU's slow level
+        assert h.after_cycle({"a": [7.1], "b": [float("nan")]}) is None  # a reading missing: no judgement
+        assert h.after_cycle({"a": [7.1], "b": [6.9]}) == 4 and h.at == 4  # both slow, CPU 4 reads fast
+        assert h.after_cycle({"a": [7.2], "b": [7.0]}) is None  # slow again, but the only fast CPU is this one
+        with h._lock:
+            h.latest[4] = (time.monotonic() + 60, 5.0)  # 5.0 > 1.3 x 3.0: no CPU at the fast level
+        h.at = 2
+        assert h.after_cycle({"a": [7.1], "b": [6.9]}) is None
+        h.leave()
+        assert h.at == -1
+    finally:
+        h.close()
+
+
+def test_pool_size_is_half_the_cpus_beside_the_drivers_with_cpu_hop():
+    assert lockstep.pool_size(16, False) == 4 and lockstep.pool_size(16, True) == 7
+    assert lockstep.pool_size(2, True) == 4 and lockstep.pool_size(64, True) == 31
+
+
+def test_a_set_with_cpu_hop_starts_where_the_hopper_says_and_its_workers_move_between_cycles(tmp_path, monkeypatch):
+    import threading
+
+    from matrix_runner import runner
+    from matrix_runner.config import Case, Sampling
+
+    cpus_ok = sorted(os.sched_getaffinity(0))
+    if len(cpus_ok) < 2:
+        pytest.skip("needs two CPUs")
+    a, b = cpus_ok[:2]
+    moves = []
+
+    class Forced(lockstep.Hopper):
+        """The real scout; every 4th cycle a move to the other CPU, and the set starts on ``b``."""
+        n = 0
+
+        def place(self, default):
+            self._tell(b)
+            return b
+
+        def after_cycle(self, refs):
+            assert set(refs) == {"2.6.3", "2.7.0.post2"}  # one probe list per env
+            Forced.n += 1
+            if Forced.n % 4:
+                return None
+            to = a if self.at == b else b
+            self._tell(to)
+            moves.append(to)
+            return to
+
+    monkeypatch.setattr(lockstep, "Hopper", Forced)
+    seen = []
+    real_move = lockstep.move_process
+
+    def move(pid, cpus):
+        n = real_move(pid, cpus)
+        seen.append((pid, set(cpus), os.sched_getaffinity(pid)))
+        return n
+
+    monkeypatch.setattr(lockstep, "move_process", move)
+    envs = [standin.venv_env(tmp_path, v, standin.make_source(tmp_path / "src", v)) for v in ("2.6.3", "2.7.0.post2")]
+    case = Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
+    data, sets = {}, []
+    plan = {"pinned": True, "driver_cpu": a, "set_cpus": [a, b], "spare_cpus": []}
+    runner.run_all(envs, [case], Sampling(set_seconds=0.4, time_budget_s=300, max_sets=2, burst_ms=2.0, cpu_hop=True),
+                   device="cpu", quick=False, work=tmp_path / "work", case_timeout=120.0,
+                   stop=threading.Event(), data=data, sets=sets, cpus=plan)
+    assert [s["status"] for s in sets] == ["ok", "ok"]
+    assert all(s["cpu"] == b for s in sets)  # Hopper.place, not the rotation (set 0 would be on a)
+    assert sum(s["hops"] for s in sets) == len(moves) > 0
+    assert all(set(s["hop_cpus"]) == {a, b} for s in sets if s["hops"])
+    moved = [(cp, aff) for pid, cp, aff in seen if cp in ({a}, {b})]
+    assert moved and all(aff == cp for cp, aff in moved)  # the workers' threads really moved
+    assert (tmp_path / "work" / "scout.log").exists()
+    wall = data[("2.7.0.post2", case.id)].sets["wall_us"]
+    assert sorted(wall) == [0, 1] and all(len(v) >= 4 for v in wall.values())

@@ -1097,3 +1097,21 @@ def test_the_report_says_what_cpu_speed_the_run_met():
     assert note + "." in report.markdown(res)
     assert f'<p class="small muted">{note}.</p>' in report.render_html(res)
     assert report.probe_note({"cases": []}) == ""
+
+
+def test_a_cpu_hop_run_says_its_sets_followed_the_fast_cpu_and_compare_warns():
+    """sampling.cpu_hop (lockstep.Hopper): a committed H200 run whose sets moved between CPUs says
+    so beside its probe reading, and compare names the difference from a run that stayed."""
+    from matrix_runner import commands
+    hop = results.load(ROOT / "reports" / "h200-variant-cpu-hop-aa-1")
+    stay = results.load(ROOT / "reports" / "h200-aa-88")
+    moves = sum(s["hops"] for s in hop["sets"])
+    assert moves == 267 and hop["settings"]["cpu_hop"] is True
+    note = report.probe_note(hop)
+    assert f"(sampling.cpu_hop: {moves} moves between cycles over {len(hop['sets'])} sets)" in note
+    assert "cpu_hop" not in report.probe_note(stay)
+    (why,) = commands.setting_differences(hop, stay)
+    assert why.startswith("A's process sets moved between CPUs") and "B's stayed on one CPU each" in why
+    (why,) = commands.setting_differences(stay, hop)
+    assert why.startswith("B's process sets moved")
+    assert commands.setting_differences(stay, stay) == []
