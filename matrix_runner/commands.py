@@ -240,7 +240,8 @@ def setting_differences(a: dict, b: dict) -> list[str]:
     """Sampling settings of runs ``a`` and ``b`` that make their version ratios answer different
     questions: ``cpu_state`` (usual: the ratio at one CPU speed; all: averaged over the speeds the run
     met; new-user trial 2026-12-04: a usual run compared with an all run without a word), and
-    ``cpu_hop`` (a run whose sets followed the fast CPU speed met it more often)."""
+    ``cpu_hop`` (a run whose sets moved to follow the fast CPU speed -- its recorded moves, not
+    the setting -- met it more often)."""
     out = []
     sa, sb = ((d.get("settings") or {}).get("cpu_state") or "all" for d in (a, b))
     if sa != sb:
@@ -248,8 +249,8 @@ def setting_differences(a: dict, b: dict) -> list[str]:
         out.append(f"A's version ratios count {what.get(sa, sa)} (sampling.cpu_state: {sa}), B's {what.get(sb, sb)} "
                    f"(sampling.cpu_state: {sb}): where a call is part host work, they are ratios at different CPU "
                    "speeds")
-    ha, hb = (bool((d.get("settings") or {}).get("cpu_hop")) for d in (a, b))
-    if ha != hb:  # lockstep.Hopper: the hopping run met the fast speed more often
+    ha, hb = (sum(s.get("hops") or 0 for s in d.get("sets") or []) > 0 for d in (a, b))
+    if ha != hb:  # lockstep.Hopper: the run whose sets moved met the fast speed more often
         out.append(f"{'A' if ha else 'B'}'s process sets moved between CPUs to follow the fast speed "
                    f"(sampling.cpu_hop), {'B' if ha else 'A'}'s stayed on one CPU each: they met the CPU's two "
                    "speeds in different shares, and host-heavy ratios differ between the speeds")

@@ -361,15 +361,17 @@ class Sampling:
     cpu_state: str = "all"
     #: Move a process set, between its cycles, to a CPU of the set pool that a scout process reads
     #: at the fast speed now, whenever the set's own probe readings turn slow (lockstep.Hopper: the
-    #: measurements behind it); the pool is then half the machine's CPUs (lockstep.pool_size). Needs
+    #: measurements behind it); with --cpus auto the pool is then half the CPUs beside the driver's,
+    #: at least 4 (lockstep.pool_size). Needs
     #: ``speed_adjust`` (the readings it judges by) and does nothing unpinned or with one set CPU.
     #: Measured side by side with the default (H200, 2026-12-04, 9 pairs of runs,
     #: benchmarks/results/h200-runs-12-04-e.txt): the sets' cycles at the slow level fell from a
     #: median of 70 % of a run to 41 %, and the seed batch-2 intervals narrowed (forward median
     #: +-2.31 % vs +-2.94 %), but batch-512 forward did not (+-1.73 % both), the worst intervals grew
-    #: (+-6.77 % vs +-4.17 %) and the A/A ones widened a little (batch-2 bwd +-2.36 % vs +-1.91 %):
-    #: each move disturbs the cycles after it (within-set SD of batch-2 cycle ratios 0.047 with 0-5
-    #: moves in a set, 0.076 with more than 15). Not the default.
+    #: (+-6.77 % vs +-4.17 %) and the A/A ones widened a little (batch-2 bwd +-2.36 % vs +-1.91 %);
+    #: sets with more moves had wider cycle spreads (batch-2 within-set SD of cycle log ratios, sets
+    #: mostly fast, 0.047 with 0-5 moves vs 0.076 with more than 15: benchmarks/hop_spread.py; a
+    #: correlation, sets move after slow cycles). Not the default.
     cpu_hop: bool = False
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side

@@ -252,11 +252,11 @@ class Hopper:
     the speeds (batch-512 S50 fwd 1.11x fast vs 1.20x slow), so the sets' mixes of speeds spread
     their ratios. A probe process that moved to the core a scout read fastest ran 95 % of its turns
     fast against 55 % for one that stayed (same 40 s). In real runs it is not better overall
-    (config.Sampling.cpu_hop: measured side by side; each move disturbs the cycles after it), so
-    it is an option.
+    (config.Sampling.cpu_hop: measured side by side; sets with more moves had wider cycle
+    spreads), so it is an option.
 
     How: a scout process (``worker.py scout``, the driver's interpreter) reads every pool CPU but the
-    set's, 1 ms each every 20 ms. A set starts on the pool CPU read fastest (:meth:`place`); after
+    set's (and its SMT siblings), 1 ms each, a sweep at most every 20 ms. A set starts on the pool CPU read fastest (:meth:`place`); after
     each cycle (:meth:`after_cycle`), when every env's probe readings of that cycle were slow --
     above ``reach`` x that env's low reading (its 5th percentile so far in this run; each env's
     interpreter has its own scale) -- and the scout's freshest reading of another pool CPU is fast
@@ -265,7 +265,7 @@ class Hopper:
     leave that CPU (``settle_s``). Both versions of a cycle are always timed on the same core; a move
     only changes where the following cycles run."""
 
-    MIN_READINGS = 30  # an env's readings before its low level is trusted (then: judged from cycle 16 or so)
+    MIN_READINGS = 30  # an env's readings before its low level is trusted (one worker per env: from cycle ~32)
 
     def __init__(self, cpus: list[int], log: Path, python: str | None = None, reach: float = 1.3,
                  max_age_s: float = 0.08, probe_ms: float = 1.0, every_ms: float = 20.0):
@@ -281,6 +281,7 @@ class Hopper:
         self._own: dict[str, list[float]] = {}
         self._own_low: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.sweeps = 0  # scout records read so far (health: :meth:`health`)
         self.p = proc.spawn([python or sys.executable, str(WORKER), "scout", "--cpus", ",".join(map(str, self.cpus)),
                              "--probe-ms", str(probe_ms), "--every-ms", str(every_ms)],
                             log=log, piped=True, env_extra={"PYTHONUNBUFFERED": "1"})
@@ -305,6 +306,7 @@ class Hopper:
                 except (ValueError, KeyError, TypeError):
                     continue
                 with self._lock:
+                    self.sweeps += 1
                     for c, v in us.items():
                         if isinstance(v, (int, float)) and v > 0:
                             self.latest[int(c)] = (t, float(v))
@@ -312,6 +314,16 @@ class Hopper:
                     if len(self._scout_vals) >= self.MIN_READINGS and len(self._scout_vals) % 16 < len(us):
                         self._scout_vals = self._scout_vals[-4000:]
                         self._scout_low = _quantile(self._scout_vals, 0.05)
+
+    def health(self) -> dict:
+        """What a set's record keeps of the scout: ``sweeps`` read so far in the run, ``age_s`` of the
+        newest reading (s; None before any), ``alive`` (its process has not exited), ``low_us`` (its
+        fast-level reference; None until ``MIN_READINGS`` readings)."""
+        with self._lock:
+            newest = max((t for t, _ in self.latest.values()), default=None)
+            low, n = self._scout_low, self.sweeps
+        return {"sweeps": n, "age_s": None if newest is None else round(time.monotonic() - newest, 3),
+                "alive": self.p.poll() is None, "low_us": None if low is None else round(low, 3)}
 
     def _tell(self, cpu: int) -> None:
         self.at = cpu
@@ -363,12 +375,19 @@ class Hopper:
             time.sleep(self.settle_s)
         return c
 
+    def mark(self, cpu: int) -> None:
+        """The set is on ``cpu`` (a move the OS refused: it stayed there); the scout skips it."""
+        self._tell(cpu)
+
     def leave(self) -> None:
         """The set left its CPU (closed): the scout reads every pool CPU again."""
         self._tell(-1)
 
     def close(self) -> None:
+        """Stop the scout and its reader thread (the thread ends at the pipe's end of input, before
+        the pipe is closed: its descriptor is not read after another file may have reused it)."""
         proc.kill_group(self.p, grace=1.0)
+        self._reader.join(timeout=5.0)
         for f in (self.p.stdin, self.p.stdout):
             try:
                 f.close()

@@ -430,9 +430,14 @@ def probe_note(res: dict) -> str:
         return ""
     sets = [s for s in res.get("sets") or [] if isinstance(s.get("hops"), int)]
     hop = ""
-    if sets:  # sampling.cpu_hop (lockstep.Hopper)
-        hop = (f"; the process sets followed the fast CPU speed (sampling.cpu_hop: {sum(s['hops'] for s in sets)} "
-               f"moves between cycles over {len(sets)} sets)")
+    if sets:  # sampling.cpu_hop (lockstep.Hopper): what the sets did, not the setting
+        moves, moved = sum(s["hops"] for s in sets), sum(1 for s in sets if s["hops"])
+        hop = (f"; {moved} of {len(sets)} process sets moved between CPUs to follow the fast speed "
+               f"(sampling.cpu_hop: {moves} moves between cycles)" if moves else
+               f"; sampling.cpu_hop was on, but none of its {len(sets)} process sets moved")
+        dead = sum(1 for s in sets if (s.get("scout") or {}).get("alive") is False)
+        if dead:  # lockstep.Hopper.health: no readings, so no move (its log: scout.log in the work dir)
+            hop += f" (its CPU scout had stopped by the end of {dead} of them)"
     return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "
             f"burst) read a median of {m:.2f} µs in this run{hop}; host overhead follows the CPU speed, so compare "
             "the µs and host-heavy ratios of runs at like readings (matrix-run compare warns when two runs differ by "

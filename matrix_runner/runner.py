@@ -242,10 +242,14 @@ def _learn(learned: dict, label: str, rep: dict) -> None:
             have[n] = None
 
 
-def _steal_since(j0: tuple | None, cpus: list | None) -> float | None:
-    """CPU steal on ``cpus`` (the set's core, or its pool with sampling.cpu_hop; the whole machine
-    when unpinned: None) since the :func:`machine.cpu_jiffies` reading ``j0``, as a share rounded to
+def _steal_since(j0, cpus: list | None) -> float | None:
+    """CPU steal on ``cpus`` (the set's core, or with sampling.cpu_hop the CPUs the set ran on; the
+    whole machine when unpinned: None) since the :func:`machine.cpu_jiffies` reading ``j0`` (with
+    cpu_hop a dict CPU -> that CPU's reading, taken for the whole pool), as a share rounded to
     0.01 %; None where unknown."""
+    if isinstance(j0, dict):
+        parts = [j0.get(c) for c in cpus or []]
+        j0 = None if not parts or None in parts else (sum(p[0] for p in parts), sum(p[1] for p in parts))
     steal = machine.steal_share(j0, machine.cpu_jiffies(cpus))
     return round(steal, 4) if steal is not None else None
 
@@ -766,7 +770,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         phase("prefetch")
         if cpu is not None and hopper is not None:  # the pool's fastest CPU now (sampling.cpu_hop)
             cpu = hopper.place(cpu)
-            rec["cpu"], rec["hops"] = cpu, 0
+            rec["cpu"] = cpu
         if cpu is not None:  # every thread of every worker of the set to the set's core
             for key, w in list(live.items()):
                 try:
@@ -780,8 +784,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         t_cyc = time.monotonic()
         # CPU steal on the set's core over its cycles (the hypervisor running something else: a
         # 2-core CPU VM had 20-50 % in the minutes its A/A intervals widened to +-10-20 %)
-        steal_cpus = (hopper.cpus if hopper is not None else [cpu]) if cpu is not None else None
-        j0 = machine.cpu_jiffies(steal_cpus)
+        steal_cpus = [cpu] if cpu is not None else None
+        j0 = ({c: machine.cpu_jiffies([c]) for c in hopper.cpus} if hopper is not None and cpu is not None
+              else machine.cpu_jiffies(steal_cpus))
         rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
                                 rng=rng, on_progress=on_progress, fault=fault, labels=labels, pairs=pairs,
                                 slopes=slopes if slopes is not None else {},
@@ -790,10 +795,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                                 more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, time.monotonic() - t_cyc - budget), 3)
+        if hopper is not None and cpu is not None:  # the CPUs it ran on
+            steal_cpus = sorted({cpu} | {c for _, c in st.hops})
         rec["steal"], j0 = _steal_since(j0, steal_cpus), None
-        if hopper is not None and cpu is not None:
-            rec["hops"] = len(st.hops)
-            rec["hop_cpus"] = sorted({cpu} | {c for _, c in st.hops})
         phase("cycles")
         if sampling.prefetch_spawn == "after":
             prefetch("spawn")
@@ -894,12 +898,19 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
     except Interrupted:
         rec["cycles"] = max(rec["cycles"], st.cycles_done)  # the cycles kept (the report compares them)
         if j0 is not None:  # stopped during its cycles: the steal over the ones kept
+            if hopper is not None and cpu is not None:
+                steal_cpus = sorted({cpu} | {c for _, c in st.hops})
             rec["steal"] = _steal_since(j0, steal_cpus)
         rec["status"] = "interrupted"
         rec["error"] = "stopped by a signal; the cycles timed so far are kept"
     finally:
         if hopper is not None:
             hopper.leave()
+            if rec["cpu"] is not None and rec["pinned"]:  # its moves, and the scout's state (a stopped
+                # scout or no reading fresh enough leaves a set where it started, with 0 moves)
+                rec["hops"] = len(st.hops)
+                rec["hop_cpus"] = sorted({rec["cpu"]} | {c for _, c in st.hops})
+                rec["scout"] = hopper.health()
         st.close(park)
         phase("close")
         rec["seconds"] = round(time.monotonic() - st.t0, 2)
@@ -1041,6 +1052,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     n = 0
     flip: dict = {}
     sweep = 0
+    hopper_at = hopper.at if hopper is not None else -1  # where the set is (sampling.cpu_hop)
     on_progress(f"set {sid}: lockstep cycles ({len(items)} case-clock items)")
     while items and not over():
         # the host clock in one sweep of Sampling.host_every: wall decides the run, host explains it
@@ -1118,10 +1130,15 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
             if hopper is not None and got:  # both bursts of every cycle on one core: move between cycles
                 to = hopper.after_cycle(refs)
                 if to is not None:
-                    for key in keys:
-                        if key in live:
-                            lockstep.move_process(live[key].pid, {to})
-                    st.hops.append((n, to))
+                    moved = [lockstep.move_process(live[key].pid, {to}) > 0 for key in keys if key in live]
+                    if moved and all(moved):
+                        st.hops.append((n, to))
+                    else:  # the OS refused (or a worker is gone): back where the set still is
+                        for key in keys:
+                            if key in live:
+                                lockstep.move_process(live[key].pid, {hopper_at})
+                        hopper.mark(hopper_at)
+                hopper_at = hopper.at
             n += 1
             st.cycles_done = n
             if over():

@@ -1492,7 +1492,7 @@ def scout(cpus: list[int], probe_ms: float = 1.0, every_ms: float = 20.0, stdin=
     is on, which it leaves alone), runs :func:`speed_probe` back to back for ``probe_ms`` ms there and
     takes the median µs; then it writes one line ``{"schema": SCOUT_SCHEMA, "t": time.monotonic()
     at the sweep's end (s; the same clock as the driver's on Linux), "us": {cpu: median µs}}`` and
-    sleeps the rest of ``every_ms`` ms. Commands on stdin, one per line, read before each CPU: ``at N``
+    sleeps the rest of ``every_ms`` ms. The set's CPU's SMT siblings are left alone too. Commands on stdin, one per line, read before each CPU: ``at N``
     (the set is on CPU N now: skip it; ``at -1``: skip none); end of input stops it. ``sweeps``: stop after that many
     (tests). Why (H200, benchmarks/core_hop.py): each vCPU switches by itself between two speeds
     and at any moment some read fast; a timing process that moved to the CPU a scout read fastest
@@ -1521,15 +1521,33 @@ def scout(cpus: list[int], probe_ms: float = 1.0, every_ms: float = 20.0, stdin=
                         pass
         return True
 
+    def siblings(c: int) -> set:
+        """CPUs sharing ``c``'s physical core (SMT, from sysfs; ``{c}`` where unknown): probing one
+        would slow the set on ``c``."""
+        try:
+            txt = open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read().strip()
+            out = set()
+            for part in txt.split(","):
+                lo, _, hi = part.partition("-")
+                out.update(range(int(lo), int(hi or lo) + 1))
+            return out | {c}
+        except (OSError, ValueError):
+            return {c}
+
+    cpus = list(dict.fromkeys(cpus))
+    near: dict = {}
     n = 0
     while sweeps is None or n < sweeps:
         t0 = time.monotonic()
         out = {}
+        if not commands():
+            return 0
         for c in cpus:
             # before every CPU, not once a sweep: the set may have just moved onto the next one
             if not commands():
                 return 0
-            if c == state["skip"]:
+            skip = state["skip"]
+            if skip >= 0 and c in near.setdefault(skip, siblings(skip)):
                 continue
             try:
                 os.sched_setaffinity(0, {c})
@@ -1555,15 +1573,29 @@ def main(argv=None) -> int:
     sub.add_parser("probe")
     sub.add_parser("serve")
     sc = sub.add_parser("scout")
-    sc.add_argument("--cpus", required=True, help="comma list of CPU ids")
+    sc.add_argument("--cpus", required=True, help="comma list of CPU ids this process may run on")
     sc.add_argument("--probe-ms", type=float, default=1.0)
     sc.add_argument("--every-ms", type=float, default=20.0)
     a = ap.parse_args(argv)
+    if a.cmd == "scout":
+        try:
+            cpus = [int(c) for c in a.cpus.split(",") if c.strip()]
+        except ValueError:
+            ap.error(f"scout --cpus {a.cpus!r}: give a comma list of CPU ids, e.g. 1,2,3")
+        # the machine's CPUs, not this process's affinity: the driver starts it from its own, pinned,
+        # CPU, and it pins itself to each CPU in turn
+        n_cpu = os.cpu_count() or 0
+        bad = [c for c in cpus if not 0 <= c < n_cpu]
+        if not cpus or bad:
+            ap.error(f"scout --cpus {a.cpus!r}: " + (f"no CPU {bad} on this machine (CPUs 0-{n_cpu - 1})"
+                                                     if bad else "no CPU given"))
+        if not (a.probe_ms > 0 and a.every_ms > 0):
+            ap.error("scout --probe-ms and --every-ms must be positive (ms)")
     if a.cmd == "probe":
         print(json.dumps(probe()))
         return 0
     if a.cmd == "scout":
-        return scout([int(c) for c in a.cpus.split(",") if c.strip()], a.probe_ms, a.every_ms)
+        return scout(cpus, a.probe_ms, a.every_ms)
     return serve()
 
 

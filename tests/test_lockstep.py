@@ -889,8 +889,22 @@ def test_a_set_with_cpu_hop_starts_where_the_hopper_says_and_its_workers_move_be
     assert all(s["cpu"] == b for s in sets)  # Hopper.place, not the rotation (set 0 would be on a)
     assert sum(s["hops"] for s in sets) == len(moves) > 0
     assert all(set(s["hop_cpus"]) == {a, b} for s in sets if s["hops"])
+    for s in sets:  # the scout's state at each set's end: alive, read lately, its fast level known
+        sc = s["scout"]
+        assert sc["alive"] and sc["sweeps"] > 5 and 0 <= sc["age_s"] < 1.0 and sc["low_us"] > 0, sc
+        assert s["steal"] is None or 0 <= s["steal"] <= 1  # over the CPUs it ran on
     moved = [(cp, aff) for pid, cp, aff in seen if cp in ({a}, {b})]
     assert moved and all(aff == cp for cp, aff in moved)  # the workers' threads really moved
     assert (tmp_path / "work" / "scout.log").exists()
     wall = data[("2.7.0.post2", case.id)].sets["wall_us"]
     assert sorted(wall) == [0, 1] and all(len(v) >= 4 for v in wall.values())
+
+
+@pytest.mark.parametrize("arg,want", [("x", "give a comma list of CPU ids"), ("1-3", "give a comma list of CPU ids"),
+                                      ("", "no CPU given"), (",", "no CPU given"), ("99999", "no CPU [99999] on this machine")])
+def test_scout_command_line_names_what_is_wrong_with_its_cpus(arg, want):
+    import subprocess
+
+    p = subprocess.run([sys.executable, str(WORKER_SRC), "scout", "--cpus", arg], capture_output=True, text=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
+    assert p.returncode == 2 and want in p.stderr and "Traceback" not in p.stderr

@@ -1108,8 +1108,13 @@ def test_a_cpu_hop_run_says_its_sets_followed_the_fast_cpu_and_compare_warns():
     moves = sum(s["hops"] for s in hop["sets"])
     assert moves == 267 and hop["settings"]["cpu_hop"] is True
     note = report.probe_note(hop)
-    assert f"(sampling.cpu_hop: {moves} moves between cycles over {len(hop['sets'])} sets)" in note
+    moved = sum(1 for s in hop["sets"] if s["hops"])
+    assert f"; {moved} of {len(hop['sets'])} process sets moved between CPUs to follow the fast speed " \
+           f"(sampling.cpu_hop: {moves} moves between cycles)" in note
     assert "cpu_hop" not in report.probe_note(stay)
+    still = results.load(ROOT / "reports" / "h200-variant-cpu-hop-2.6.3-vs-2.7.0.post2-5")  # on, no move
+    assert "sampling.cpu_hop was on, but none of its 25 process sets moved" in report.probe_note(still)
+    assert commands.setting_differences(still, stay) == []  # both stayed on one CPU per set
     (why,) = commands.setting_differences(hop, stay)
     assert why.startswith("A's process sets moved between CPUs") and "B's stayed on one CPU each" in why
     (why,) = commands.setting_differences(stay, hop)
