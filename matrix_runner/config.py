@@ -527,7 +527,11 @@ _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum
 
 
 def _err(where: str, value: Any, rule: str) -> ConfigError:
-    return ConfigError(f"{where} = {value!r}: {rule}")
+    """``where = value: rule``, the value as the YAML that gave it spells it (null, true, false; a
+    new-user trial read ``cpu_state = True`` for ``cpu_state: yes``)."""
+    shown = {None: "null", True: "true", False: "false"}.get(value, repr(value)) if isinstance(value, (bool, type(None))) \
+        else repr(value)
+    return ConfigError(f"{where} = {shown}: {rule}")
 
 
 #: A number in exponent form that YAML 1.1 (PyYAML) leaves a string: no dot or an unsigned exponent.

@@ -322,8 +322,10 @@ class Hopper:
         with self._lock:
             newest = max((t for t, _ in self.latest.values()), default=None)
             low, n = self._scout_low, self.sweeps
+        # alive: its stdout still open (the reader ends at its end of input); not Popen.poll, which
+        # would reap it and leave close()'s killpg a process group id that may be reused
         return {"sweeps": n, "age_s": None if newest is None else round(time.monotonic() - newest, 3),
-                "alive": self.p.poll() is None, "low_us": None if low is None else round(low, 3)}
+                "alive": self._reader.is_alive(), "low_us": None if low is None else round(low, 3)}
 
     def _tell(self, cpu: int) -> None:
         self.at = cpu
@@ -388,7 +390,7 @@ class Hopper:
         the pipe is closed: its descriptor is not read after another file may have reused it)."""
         proc.kill_group(self.p, grace=1.0)
         self._reader.join(timeout=5.0)
-        for f in (self.p.stdin, self.p.stdout):
+        for f in (self.p.stdin,) if self._reader.is_alive() else (self.p.stdin, self.p.stdout):
             try:
                 f.close()
             except OSError:

@@ -435,7 +435,8 @@ def probe_note(res: dict) -> str:
         hop = (f"; {moved} of {len(sets)} process sets moved between CPUs to follow the fast speed "
                f"(sampling.cpu_hop: {moves} moves between cycles)" if moves else
                f"; sampling.cpu_hop was on, but none of its {len(sets)} process sets moved")
-        dead = sum(1 for s in sets if (s.get("scout") or {}).get("alive") is False)
+        dead = sum(1 for s in sets if (s.get("scout") or {}).get("alive") is False
+                   and s.get("status") != "interrupted")  # an interrupt stops the scout first
         if dead:  # lockstep.Hopper.health: no readings, so no move (its log: scout.log in the work dir)
             hop += f" (its CPU scout had stopped by the end of {dead} of them)"
     return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "

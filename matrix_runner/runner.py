@@ -242,16 +242,36 @@ def _learn(learned: dict, label: str, rep: dict) -> None:
             have[n] = None
 
 
-def _steal_since(j0, cpus: list | None) -> float | None:
-    """CPU steal on ``cpus`` (the set's core, or with sampling.cpu_hop the CPUs the set ran on; the
-    whole machine when unpinned: None) since the :func:`machine.cpu_jiffies` reading ``j0`` (with
-    cpu_hop a dict CPU -> that CPU's reading, taken for the whole pool), as a share rounded to
-    0.01 %; None where unknown."""
-    if isinstance(j0, dict):
-        parts = [j0.get(c) for c in cpus or []]
-        j0 = None if not parts or None in parts else (sum(p[0] for p in parts), sum(p[1] for p in parts))
+def _steal_since(j0: tuple | None, cpus: list | None) -> float | None:
+    """CPU steal on ``cpus`` (the set's core; the whole machine when unpinned: None) since the
+    :func:`machine.cpu_jiffies` reading ``j0``, as a share rounded to 0.01 %; None where unknown."""
     steal = machine.steal_share(j0, machine.cpu_jiffies(cpus))
     return round(steal, 4) if steal is not None else None
+
+
+def _stretch_to(st: "_Set", cpu: int | None) -> None:
+    """sampling.cpu_hop: close the set's steal stretch on the CPU it was on (its steal and total
+    ticks added to ``st.steal_sum``) and open one on ``cpu`` (None: close only). A hopping set's steal
+    is so over the time it spent on each CPU, not over the CPUs' idle time too (review: summed over
+    every CPU a set visited for the whole set, a set spread over 10 CPUs read a tenth of its steal,
+    below the report's warning)."""
+    if st.steal_at is not None and st.steal_sum is not None:
+        c0, r0 = st.steal_at
+        r1 = machine.cpu_jiffies([c0])
+        if r0 and r1 and r1[1] >= r0[1]:
+            st.steal_sum = [st.steal_sum[0] + r1[0] - r0[0], st.steal_sum[1] + r1[1] - r0[1]]
+        else:
+            st.steal_sum = None  # unknown (no /proc/stat steal column)
+    st.steal_at = (cpu, machine.cpu_jiffies([cpu])) if cpu is not None else None
+
+
+def _stretch_share(st: "_Set") -> float | None:
+    """The hopping set's steal share over its stretches (:func:`_stretch_to`), rounded to 0.01 %;
+    None where unknown or no tick passed."""
+    _stretch_to(st, None)
+    if not st.steal_sum or st.steal_sum[1] <= 0:
+        return None
+    return round(max(0.0, min(1.0, st.steal_sum[0] / st.steal_sum[1])), 4)
 
 
 def _preimport_path(work: Path, label: str) -> Path:
@@ -327,6 +347,11 @@ class _Set:
         self.cycles_done = 0
         #: (cycle, cpu) for each move of the set's workers between cycles (sampling.cpu_hop)
         self.hops: list[tuple[int, int]] = []
+        #: sampling.cpu_hop: [steal, total] ticks of the stretches closed so far, and the open one's
+        #: (cpu, machine.cpu_jiffies reading) (runner._stretch_to)
+        self.steal_sum: list | None = [0, 0]
+        self.steal_at: tuple | None = None
+        self.hop_began = False  # its cycles began with sampling.cpu_hop
         #: stops finished workers: the run's own (shards run concurrently)
         self.closing = closing
         self.t0 = time.monotonic()
@@ -785,8 +810,11 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         # CPU steal on the set's core over its cycles (the hypervisor running something else: a
         # 2-core CPU VM had 20-50 % in the minutes its A/A intervals widened to +-10-20 %)
         steal_cpus = [cpu] if cpu is not None else None
-        j0 = ({c: machine.cpu_jiffies([c]) for c in hopper.cpus} if hopper is not None and cpu is not None
-              else machine.cpu_jiffies(steal_cpus))
+        hopping = hopper is not None and cpu is not None
+        j0 = machine.cpu_jiffies(steal_cpus)
+        if hopping:  # steal over the stretches on each CPU the set moves to (_stretch_to)
+            _stretch_to(st, cpu)
+            st.hop_began = True
         rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
                                 rng=rng, on_progress=on_progress, fault=fault, labels=labels, pairs=pairs,
                                 slopes=slopes if slopes is not None else {},
@@ -795,9 +823,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                                 more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, time.monotonic() - t_cyc - budget), 3)
-        if hopper is not None and cpu is not None:  # the CPUs it ran on
-            steal_cpus = sorted({cpu} | {c for _, c in st.hops})
-        rec["steal"], j0 = _steal_since(j0, steal_cpus), None
+        rec["steal"], j0 = (_stretch_share(st) if hopping else _steal_since(j0, steal_cpus)), None
         phase("cycles")
         if sampling.prefetch_spawn == "after":
             prefetch("spawn")
@@ -898,16 +924,14 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
     except Interrupted:
         rec["cycles"] = max(rec["cycles"], st.cycles_done)  # the cycles kept (the report compares them)
         if j0 is not None:  # stopped during its cycles: the steal over the ones kept
-            if hopper is not None and cpu is not None:
-                steal_cpus = sorted({cpu} | {c for _, c in st.hops})
-            rec["steal"] = _steal_since(j0, steal_cpus)
+            rec["steal"] = _stretch_share(st) if hopping else _steal_since(j0, steal_cpus)
         rec["status"] = "interrupted"
         rec["error"] = "stopped by a signal; the cycles timed so far are kept"
     finally:
         if hopper is not None:
             hopper.leave()
-            if rec["cpu"] is not None and rec["pinned"]:  # its moves, and the scout's state (a stopped
-                # scout or no reading fresh enough leaves a set where it started, with 0 moves)
+            if st.hop_began:  # its cycles began: its moves, and the scout's state (a stopped scout or
+                # no reading fresh enough leaves a set where it started, with 0 moves)
                 rec["hops"] = len(st.hops)
                 rec["hop_cpus"] = sorted({rec["cpu"]} | {c for _, c in st.hops})
                 rec["scout"] = hopper.health()
@@ -1133,6 +1157,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     moved = [lockstep.move_process(live[key].pid, {to}) > 0 for key in keys if key in live]
                     if moved and all(moved):
                         st.hops.append((n, to))
+                        _stretch_to(st, to)
                     else:  # the OS refused (or a worker is gone): back where the set still is
                         for key in keys:
                             if key in live:

@@ -1479,6 +1479,20 @@ def serve() -> int:
     return 0
 
 
+def _online_cpus() -> set | None:
+    """The online CPU ids (``/sys/devices/system/cpu/online``, e.g. ``0-5,7``); None where unknown."""
+    try:
+        with open("/sys/devices/system/cpu/online") as f:
+            txt = f.read().strip()
+        out = set()
+        for part in txt.split(","):
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+        return out
+    except (OSError, ValueError):
+        return None
+
+
 #: the scout's sweep record's schema (one JSON line per sweep: :func:`scout`)
 SCOUT_SCHEMA = "matrix-runner/scout/1"
 
@@ -1525,7 +1539,8 @@ def scout(cpus: list[int], probe_ms: float = 1.0, every_ms: float = 20.0, stdin=
         """CPUs sharing ``c``'s physical core (SMT, from sysfs; ``{c}`` where unknown): probing one
         would slow the set on ``c``."""
         try:
-            txt = open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read().strip()
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
+                txt = f.read().strip()
             out = set()
             for part in txt.split(","):
                 lo, _, hi = part.partition("-")
@@ -1547,7 +1562,9 @@ def scout(cpus: list[int], probe_ms: float = 1.0, every_ms: float = 20.0, stdin=
             if not commands():
                 return 0
             skip = state["skip"]
-            if skip >= 0 and c in near.setdefault(skip, siblings(skip)):
+            if skip >= 0 and skip not in near:
+                near[skip] = siblings(skip)
+            if skip >= 0 and c in near[skip]:
                 continue
             try:
                 os.sched_setaffinity(0, {c})
@@ -1582,15 +1599,14 @@ def main(argv=None) -> int:
             cpus = [int(c) for c in a.cpus.split(",") if c.strip()]
         except ValueError:
             ap.error(f"scout --cpus {a.cpus!r}: give a comma list of CPU ids, e.g. 1,2,3")
-        # the machine's CPUs, not this process's affinity: the driver starts it from its own, pinned,
-        # CPU, and it pins itself to each CPU in turn
-        n_cpu = os.cpu_count() or 0
-        bad = [c for c in cpus if not 0 <= c < n_cpu]
+        # the machine's online CPUs, not this process's affinity: the driver starts it from its own,
+        # pinned, CPU, and it pins itself to each CPU in turn (a CPU it may not use is skipped)
+        online = _online_cpus()
+        bad = [c for c in cpus if c < 0 or (online is not None and c not in online)]
         if not cpus or bad:
-            ap.error(f"scout --cpus {a.cpus!r}: " + (f"no CPU {bad} on this machine (CPUs 0-{n_cpu - 1})"
-                                                     if bad else "no CPU given"))
-        if not (a.probe_ms > 0 and a.every_ms > 0):
-            ap.error("scout --probe-ms and --every-ms must be positive (ms)")
+            ap.error(f"scout --cpus {a.cpus!r}: " + (f"no online CPU {bad} on this machine" if bad else "no CPU given"))
+        if not (0 < a.probe_ms < 1e4 and 0 < a.every_ms < 1e6):
+            ap.error("scout --probe-ms and --every-ms must be positive numbers of ms (probe under 10 s)")
     if a.cmd == "probe":
         print(json.dumps(probe()))
         return 0

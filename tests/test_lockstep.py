@@ -901,10 +901,42 @@ def test_a_set_with_cpu_hop_starts_where_the_hopper_says_and_its_workers_move_be
 
 
 @pytest.mark.parametrize("arg,want", [("x", "give a comma list of CPU ids"), ("1-3", "give a comma list of CPU ids"),
-                                      ("", "no CPU given"), (",", "no CPU given"), ("99999", "no CPU [99999] on this machine")])
+                                      ("", "no CPU given"), (",", "no CPU given"), ("99999", "no online CPU [99999] on this machine")])
 def test_scout_command_line_names_what_is_wrong_with_its_cpus(arg, want):
     import subprocess
 
     p = subprocess.run([sys.executable, str(WORKER_SRC), "scout", "--cpus", arg], capture_output=True, text=True,
                        timeout=30, stdin=subprocess.DEVNULL)
     assert p.returncode == 2 and want in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_hopping_sets_steal_is_over_the_stretches_it_spent_on_each_cpu(tmp_path, monkeypatch):
+    """sampling.cpu_hop (review): summed over every CPU a set visited for the whole set, steal read
+    a fraction of what the set met; counted per stretch it is what the set met."""
+    from matrix_runner import runner
+
+    stat = tmp_path / "stat"
+    ticks = {1: [0, 0], 2: [0, 0]}  # cpu -> [steal, total]
+
+    def write():
+        line = "cpu{}  {u} 0 0 {i} 0 0 0 {st} 0 0\n"
+        stat.write_text("".join(line.format(c, u=t[1] - t[0], i=0, st=t[0]) for c, t in ticks.items()))
+
+    def run(cpu, seconds, share):  # the set on ``cpu`` for ``seconds`` at ``share`` steal; the other CPU idle
+        for c in ticks:
+            ticks[c][1] += 100 * seconds
+        ticks[cpu][0] += round(100 * seconds * share)
+        write()
+
+    write()
+    monkeypatch.setattr(machine, "PROC_STAT", str(stat))
+    st = SimpleNamespace(steal_sum=[0, 0], steal_at=None)
+    runner._stretch_to(st, 1)
+    run(1, 90, 0.3)
+    runner._stretch_to(st, 2)
+    run(2, 10, 0.3)
+    assert runner._stretch_share(st) == 0.3  # the whole-pool sum would read 0.15
+    assert st.steal_at is None
+    st2 = SimpleNamespace(steal_sum=[0, 0], steal_at=None)
+    runner._stretch_to(st2, 7)  # no such CPU: unknown, not 0
+    assert runner._stretch_share(st2) is None
