@@ -20,11 +20,12 @@ import math
 import os
 import select
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
-from . import machine, proc
+from . import machine, proc, stats
 from .worker import PREIMPORT_ENV
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -267,19 +268,16 @@ class Hopper:
 
     MIN_READINGS = 30  # an env's readings before its low level is trusted (one worker per env: from cycle ~32)
 
-    def __init__(self, cpus: list[int], log: Path, python: str | None = None, reach: float = 1.3,
-                 max_age_s: float = 0.08, probe_ms: float = 1.0, every_ms: float = 20.0):
-        import sys
-
+    def __init__(self, cpus: list[int], log: Path, python: str | None = None,
+                 reach: float = math.exp(stats.STATE_REACH), max_age_s: float = 0.08, probe_ms: float = 1.0,
+                 every_ms: float = 20.0):
         self.cpus = list(cpus)
         self.reach, self.max_age_s = reach, max_age_s
         self.settle_s = probe_ms / 1e3 + 0.0005
         self.at = -1
         self.latest: dict[int, tuple[float, float]] = {}  # cpu -> (monotonic s, µs)
-        self._scout_low: float | None = None
-        self._scout_vals: list[float] = []
-        self._own: dict[str, list[float]] = {}
-        self._own_low: dict[str, float] = {}
+        self._scout = _LowLevel(self.MIN_READINGS)  # the scout's readings of every pool CPU
+        self._own: dict[str, _LowLevel] = {}  # env label -> its workers' readings (their own scale)
         self._lock = threading.Lock()
         self.sweeps = 0  # scout records read so far (health: :meth:`health`)
         self.p = proc.spawn([python or sys.executable, str(WORKER), "scout", "--cpus", ",".join(map(str, self.cpus)),
@@ -307,13 +305,12 @@ class Hopper:
                     continue
                 with self._lock:
                     self.sweeps += 1
+                    good = []
                     for c, v in us.items():
                         if isinstance(v, (int, float)) and v > 0:
                             self.latest[int(c)] = (t, float(v))
-                            self._scout_vals.append(float(v))
-                    if len(self._scout_vals) >= self.MIN_READINGS and len(self._scout_vals) % 16 < len(us):
-                        self._scout_vals = self._scout_vals[-4000:]
-                        self._scout_low = _quantile(self._scout_vals, 0.05)
+                            good.append(float(v))
+                    self._scout.add(good)
 
     def health(self) -> dict:
         """What a set's record keeps of the scout: ``sweeps`` read so far in the run, ``age_s`` of the
@@ -321,7 +318,7 @@ class Hopper:
         fast-level reference; None until ``MIN_READINGS`` readings)."""
         with self._lock:
             newest = max((t for t, _ in self.latest.values()), default=None)
-            low, n = self._scout_low, self.sweeps
+            low, n = self._scout.low, self.sweeps
         # alive: its stdout still open (the reader ends at its end of input); not Popen.poll, which
         # would reap it and leave close()'s killpg a process group id that may be reused
         return {"sweeps": n, "age_s": None if newest is None else round(time.monotonic() - newest, 3),
@@ -339,7 +336,7 @@ class Hopper:
         level (within ``reach`` of the scout's low reading); else None."""
         now = time.monotonic()
         with self._lock:
-            low = self._scout_low
+            low = self._scout.low
             fresh = [(us, c) for c, (t, us) in self.latest.items() if c != exclude and now - t <= self.max_age_s]
         if low is None or not fresh:
             return None
@@ -359,12 +356,7 @@ class Hopper:
         slow = bool(refs)
         for lab, vals in refs.items():
             good = [v for v in vals if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]
-            own = self._own.setdefault(lab, [])
-            own.extend(good)
-            if len(own) >= self.MIN_READINGS and len(own) % 16 < len(good):
-                del own[:-4000]
-                self._own_low[lab] = _quantile(own, 0.05)
-            low = self._own_low.get(lab)
+            low = self._own.setdefault(lab, _LowLevel(self.MIN_READINGS)).add(good)
             if low is None or not good or min(good) <= self.reach * low:
                 slow = False
         if not slow:
@@ -397,9 +389,23 @@ class Hopper:
                 pass
 
 
-def _quantile(vals: list[float], q: float) -> float:
-    s = sorted(vals)
-    return s[min(len(s) - 1, max(0, int(q * (len(s) - 1) + 0.5)))]
+class _LowLevel:
+    """A running low level of speed-probe readings (µs) for :class:`Hopper`: the 5th percentile of
+    the last 4,000 readings, recomputed whenever 16 more have come in, once ``least`` are in (None
+    before): the fast speed's reading while at least 1 in 20 readings is at it."""
+
+    def __init__(self, least: int):
+        self.least, self.vals, self.low = least, [], None
+
+    def add(self, vals: list[float]) -> float | None:
+        """Add readings; return the low level."""
+        n0 = len(self.vals)
+        self.vals.extend(vals)
+        if len(self.vals) >= self.least and len(self.vals) // 16 != n0 // 16:
+            del self.vals[:-4000]
+            s = sorted(self.vals)
+            self.low = s[min(len(s) - 1, max(0, int(0.05 * (len(s) - 1) + 0.5)))]
+        return self.low
 
 
 def set_affinity(pid: int, cpus) -> bool:

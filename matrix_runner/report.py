@@ -323,7 +323,8 @@ def cpu_state_note(comparisons: list[dict]) -> str:
                  + f"{us[0]:.2f} µs" + (f" to {us[-1]:.2f} µs" if us[-1] > us[0] * 1.005 else "") + ")")
     else:  # runs of 2026-12-04 15:16-15:44 UTC: the level taken from every earlier set, not recorded
         where = "the CPU speed most of the comparison's earlier sets ran at (set by set, so it can change within a run)"
-    return (f"only the turns in which both versions ran at {where} count (sampling.cpu_state: usual, within 1.3x "
+    return (f"only the turns in which both versions ran at {where} count (sampling.cpu_state: usual, within "
+            f"{math.exp(stats.STATE_REACH):.1f}x "
             f"of it), so {'each ratio' if us else 'each set ratio'} is the one at that speed: "
             f"{n} of the run's wall and host turns ran at another speed and were left out; the µs shown are over "
             f"every turn")

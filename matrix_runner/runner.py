@@ -1076,7 +1076,6 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     n = 0
     flip: dict = {}
     sweep = 0
-    hopper_at = hopper.at if hopper is not None else -1  # where the set is (sampling.cpu_hop)
     on_progress(f"set {sid}: lockstep cycles ({len(items)} case-clock items)")
     while items and not over():
         # the host clock in one sweep of Sampling.host_every: wall decides the run, host explains it
@@ -1152,6 +1151,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
             for key, fit, xm in fits:  # after the cycle: its bursts all used the same slope
                 slope.add((sid, key), fit, xm)
             if hopper is not None and got:  # both bursts of every cycle on one core: move between cycles
+                was = hopper.at  # where the set is
                 to = hopper.after_cycle(refs)
                 if to is not None:
                     moved = [lockstep.move_process(live[key].pid, {to}) > 0 for key in keys if key in live]
@@ -1161,9 +1161,8 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     else:  # the OS refused (or a worker is gone): back where the set still is
                         for key in keys:
                             if key in live:
-                                lockstep.move_process(live[key].pid, {hopper_at})
-                        hopper.mark(hopper_at)
-                hopper_at = hopper.at
+                                lockstep.move_process(live[key].pid, {was})
+                        hopper.mark(was)
             n += 1
             st.cycles_done = n
             if over():

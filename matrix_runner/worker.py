@@ -1479,10 +1479,10 @@ def serve() -> int:
     return 0
 
 
-def _online_cpus() -> set | None:
-    """The online CPU ids (``/sys/devices/system/cpu/online``, e.g. ``0-5,7``); None where unknown."""
+def _cpu_list(path: str) -> set | None:
+    """The CPU ids of a sysfs CPU list file (``0-5,7``); None where it cannot be read."""
     try:
-        with open("/sys/devices/system/cpu/online") as f:
+        with open(path) as f:
             txt = f.read().strip()
         out = set()
         for part in txt.split(","):
@@ -1491,6 +1491,11 @@ def _online_cpus() -> set | None:
         return out
     except (OSError, ValueError):
         return None
+
+
+def _online_cpus() -> set | None:
+    """The online CPU ids (``/sys/devices/system/cpu/online``); None where unknown."""
+    return _cpu_list("/sys/devices/system/cpu/online")
 
 
 #: the scout's sweep record's schema (one JSON line per sweep: :func:`scout`)
@@ -1538,16 +1543,7 @@ def scout(cpus: list[int], probe_ms: float = 1.0, every_ms: float = 20.0, stdin=
     def siblings(c: int) -> set:
         """CPUs sharing ``c``'s physical core (SMT, from sysfs; ``{c}`` where unknown): probing one
         would slow the set on ``c``."""
-        try:
-            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
-                txt = f.read().strip()
-            out = set()
-            for part in txt.split(","):
-                lo, _, hi = part.partition("-")
-                out.update(range(int(lo), int(hi or lo) + 1))
-            return out | {c}
-        except (OSError, ValueError):
-            return {c}
+        return (_cpu_list(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") or set()) | {c}
 
     cpus = list(dict.fromkeys(cpus))
     near: dict = {}

@@ -796,11 +796,11 @@ def test_hopper_reads_the_scouts_lines_and_its_low_level(monkeypatch, tmp_path):
     h = _quiet_hopper(monkeypatch, tmp_path, [3, 5], recs + ["not json", {"t": "x"}])
     try:
         for _ in range(100):
-            if h._scout_low is not None and h.latest.get(3, (0, 0))[1] == pytest.approx(3.19):
+            if h._scout.low is not None and h.latest.get(3, (0, 0))[1] == pytest.approx(3.19):
                 break
             time.sleep(0.02)
         assert h.latest[5][1] == 6.5 and h.latest[3][1] == pytest.approx(3.19)
-        assert 3.0 <= h._scout_low <= 3.1  # the 5th percentile of 40 readings: the fast level
+        assert 3.0 <= h._scout.low <= 3.1  # the 5th percentile of 40 readings: the fast level
         assert h.fastest() == 3 and h.fastest(exclude=3) is None  # 6.5 is not within 1.3x of 3.0
         h.max_age_s = 0.0
         time.sleep(0.01)
@@ -813,7 +813,7 @@ def test_hopper_moves_only_when_every_envs_cycle_read_slow_and_a_fresh_fast_cpu_
     h = _quiet_hopper(monkeypatch, tmp_path, [2, 4, 6])
     try:
         with h._lock:
-            h._scout_low = 3.0
+            h._scout.low = 3.0
             h.latest = {4: (time.monotonic() + 60, 3.2), 6: (time.monotonic() + 60, 7.0)}
         assert h.place(2) == 4 and h.at == 4  # the fastest fresh CPU, not the rotation's
         h.at = 2
