@@ -58,7 +58,15 @@ from . import (
     wheels,
 )
 from . import envs as envmod
-from .config import MAX_CASES, MAX_WORKERS_PER_ENV, MIN_SET_SECONDS, WORKERS_PER_ENV_WHY, load_config, parse_config
+from .config import (
+    MAX_CASES,
+    MAX_WORKERS_PER_ENV,
+    MIN_SET_SECONDS,
+    WORKERS_PER_ENV_WHY,
+    ConfigError,
+    load_config,
+    parse_config,
+)
 from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, UsageError
 from .ui import console, print_plan, progress, warn
 
@@ -288,9 +296,42 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                      ("case_timeout", "case_timeout_s"), ("quick", "quick"), ("cpus", "cpus_request")):
         if st.get(key) is not None:  # the values the run used, whatever today's defaults are
             setattr(new, arg, st[key])
+    resumed_config(doc, str(results.find(run_dir)))  # its stored settings checked before a word of resuming
     console.print(f"resuming {doc.get('run_id')} in {run_dir}: {len(doc.get('sets') or [])} process sets "
                   f"and {len(doc.get('cases') or [])} case records kept")
     return new, new_argv, doc
+
+
+#: The sampling rules a resumed run keeps from its results.json ``settings`` where today's defaults
+#: differ (the numbers the command line can set come back through :func:`resume_args`).
+RESUMED_SAMPLING = ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth",
+                    "host_precision", "cpu_state", "cpu_hop")
+
+
+def resumed_config(prior: dict, src: str):
+    """The config of the run being resumed: its stored config with the sampling rules it ran under
+    (:data:`RESUMED_SAMPLING`, from ``settings``) put back, checked by the same rules as a config
+    file (:func:`config.parse_config`), so a results.json whose settings were edited or damaged is a
+    ConfigError naming it (``src``: its path) and the setting, before anything is built. A run from
+    before ``host_precision`` existed cycled its decided host items to 1 %."""
+    conf = prior.get("config")
+    st = prior.get("settings") or {}
+    if not isinstance(st, dict):
+        raise ConfigError(f"{src}: settings: {st!r} must be a mapping (the results.json of the run to resume "
+                          "is damaged: start that run again with its original command)")
+    if isinstance(conf, dict):
+        samp = conf.get("sampling")
+        samp = dict(samp) if isinstance(samp, dict) else ({} if samp is None else samp)
+        if isinstance(samp, dict):
+            samp.update({k: st[k] for k in RESUMED_SAMPLING if st.get(k) is not None})
+            if st and "host_precision" not in st:
+                samp["host_precision"] = 0.01
+            conf = {**conf, "sampling": samp}
+    try:
+        return parse_config(conf, f"{src} (the run being resumed)", max_cases=None)
+    except ConfigError as ex:
+        raise ConfigError(f"{src}: the run's stored settings: {ex} -- fix that results.json or start the run "
+                          "again with its original command") from None
 
 
 class Run:
@@ -338,17 +379,9 @@ class Run:
         if prior is None:
             cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
         else:  # the config as the run stored it (the file may have changed since; its size was accepted)
-            cfg = parse_config(prior.get("config"), prior.get("config_source") or "results.json", max_cases=None)
+            cfg = resumed_config(prior, str(results.find(Path(args.resume))))
             self.t_start -= float(((prior.get("timing") or {}).get("total_s")) or 0.0)
         samp = cfg.sampling
-        if prior is not None:  # the sampling rules the run was started with, where today's defaults differ
-            st = prior.get("settings") or {}
-            for key in ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth",
-                        "host_precision", "cpu_state", "cpu_hop"):
-                if st.get(key) is not None:
-                    setattr(samp, key, st[key])
-            if st and "host_precision" not in st:  # a run from before the setting: host items cycled to 1 %
-                samp.host_precision = 0.01
         for name, attr in (("min_effect", "min_effect"), ("max_sets", "max_sets"), ("set_seconds", "set_seconds"),
                            ("burst_ms", "burst_ms"), ("time_budget", "time_budget_s"),
                            ("workers_per_env", "workers_per_env")):

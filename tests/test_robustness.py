@@ -580,3 +580,35 @@ def test_compare_with_an_aa_run_says_why_versions_do_not_match(capsys):
     code, err = main(capsys, "compare", str(root / "h200-2.6.3-vs-2.7.0.post2-prefetch"), str(root / "h200-aa-4"))
     assert code == 2, err
     assert "B has 2.6.3 under several labels (an A/A run)" in err, err
+
+
+@pytest.mark.parametrize("edit, named", [
+    ({"cpu_hop": True, "speed_adjust": False}, "sampling.cpu_hop: true needs sampling.speed_adjust: true"),
+    ({"cpu_state": "sometimes"}, "sampling.cpu_state = 'sometimes'"),
+    ({"max_repeats": 0}, "sampling.max_repeats"),
+    ({"host_precision": 7}, "sampling.host_precision = 7"),
+])
+def test_resume_checks_the_stored_sampling_rules_as_a_config_file_is_checked(capsys, tmp_path, edit, named):
+    """--resume puts the sampling rules the run ran under back from results.json's settings; they went in
+    unchecked (a settings block with cpu_hop and no speed_adjust resumed a run that hopped on no readings).
+    Now each is checked by the config's own rules: exit 2, the file and the setting named, nothing built."""
+    p = _edited(tmp_path, "1.0")
+    d = json.loads(p.read_text())
+    d["settings"].update(edit)
+    p.write_text(json.dumps(d))
+    code, err = main(capsys, "--resume", str(p.parent))
+    err = " ".join(err.split())
+    assert code == 2, err
+    assert "Traceback" not in err and named in err and str(p) in err and "original command" in err, err
+    assert not (tmp_path / "envs").exists()
+
+
+def test_resume_keeps_the_stored_sampling_rules(tmp_path):
+    """The rules a resumed run keeps come from its settings, over the stored config's, checked (above)."""
+    from matrix_runner import pipeline
+    d = json.loads(results.read_text(REAL))
+    d["settings"].update({"max_repeats": 3, "cpu_state": "usual", "speed_adjust": True})
+    cfg = pipeline.resumed_config(d, "x/results.json")
+    assert (cfg.sampling.max_repeats, cfg.sampling.cpu_state, cfg.sampling.speed_adjust) == (3, "usual", True)
+    d["settings"].pop("host_precision", None)  # a run from before that setting: 1 %
+    assert pipeline.resumed_config(d, "x/results.json").sampling.host_precision == 0.01
