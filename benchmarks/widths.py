@@ -6,7 +6,10 @@ misses the truth). ``--groups`` then prints the median half-width per group (bat
 each named set of runs (``--groups NAME=RUN,RUN ...``). Usage:
 python benchmarks/widths.py [--misses|--cover] RUN_DIR_OR_RESULTS...
 python benchmarks/widths.py --groups A=RUN,RUN B=RUN,RUN
-``--host`` (same arguments as ``--groups``): host verdicts and half-widths, wall cycles per set."""
+``--host`` (same arguments as ``--groups``): host verdicts and half-widths, wall cycles per set.
+``--speed RUN...``: per run, the CPU speed it met -- the median speed-probe reading (report.probe_median_us,
+µs), the share of wall cycles at the H200's slow level (the cycle's reading, the geometric mean of its
+bursts' probes, above SLOW_US) -- and, for sampling.cpu_hop runs, the moves per set (median, max)."""
 import math
 import sys
 from pathlib import Path
@@ -42,6 +45,25 @@ def line(path: str, d: dict) -> str:
         return f"{path}: sets {len(d['sets'])}, total {d['timing']['total_s']:.1f} s, {verdicts}; ratios {r[0]:.2f}-{r[-1]:.2f}"
     return (f"{path}: sets {len(d['sets'])}, total {d['timing']['total_s']:.1f} s, {verdicts}; B2 fwd ±{b2} %, "
             f"B512 fwd ±{b512} %; inside ±3 %: {n_inside}/{len(w)}; half-widths {all_hw[0]:.1f}-{all_hw[-1]:.1f} %")
+
+
+#: The H200's slow CPU level: a probe reading above this, µs (fast ~3.3-3.6 µs, slow ~6-9 µs).
+SLOW_US = 5.0
+
+
+def speed(path: str, d: dict) -> str:
+    """One run's CPU-speed line (``--speed``)."""
+    import statistics
+    from matrix_runner import report
+    cyc = [v for c in d["cases"] for per in ((c.get("metrics") or {}).get("wall_us") or {}).get("ref_by_set", {}).values()
+           for v in (per.values() if isinstance(per, dict) else per) if isinstance(v, (int, float)) and v > 0]
+    med = report.probe_median_us(d)
+    out = (f"{path}: probe median {med:.2f} µs, cycles at the slow level (> {SLOW_US:g} µs) "
+           f"{100 * sum(v > SLOW_US for v in cyc) / len(cyc):.0f} %" if cyc and med else f"{path}: no probe readings")
+    hops = [s["hops"] for s in d.get("sets") or [] if isinstance(s.get("hops"), int)]
+    if hops:
+        out += f", moves per set median {statistics.median(hops):g} (max {max(hops)})"
+    return out
 
 
 def misses(d: dict) -> list[str]:
@@ -108,6 +130,10 @@ if __name__ == "__main__":
         sys.exit(0)
     if argv[:1] == ["--host"]:
         host_and_cycles(argv[1:])
+        sys.exit(0)
+    if argv[:1] == ["--speed"]:
+        for p in argv[1:]:
+            print(speed(p, results.load(results.find(p))))
         sys.exit(0)
     show = argv[:1] == ["--misses"]
     cover = argv[:1] == ["--cover"]

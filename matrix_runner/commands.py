@@ -47,9 +47,18 @@ def cmd_plan(args) -> int:
         print_plan(items, out)
         if fa2:
             out.print("flash-attn 2 kernel files per case (slim builds compile the union; build.case_kernels):")
-            for c in cfg.cases:
-                out.print(f"  {c.label} {c.op} ({FUNCS[c.func]}): {', '.join(per_case[c.id]) or 'none (torch)'}")
+            dtypes = len({c.dtype for c in cfg.cases}) > 1  # the label leaves the dtype out
+            for c in cfg.cases[:PLAN_CASES_SHOWN]:
+                out.print(f"  {c.label}{' ' + c.dtype if dtypes else ''} {c.op} ({FUNCS[c.func]}): "
+                          f"{', '.join(per_case[c.id]) or 'none (torch)'}")
+            if len(cfg.cases) > PLAN_CASES_SHOWN:  # a 12,800-case plan had printed 22,893 lines (new-user trial)
+                out.print(f"  … and {len(cfg.cases) - PLAN_CASES_SHOWN} more cases (matrix-run plan --json lists "
+                          "every case's kernel files)")
     return EXIT_FAILED if any(i.method == "failed" for i in items) else EXIT_OK
+
+
+#: Cases whose kernel files ``matrix-run plan`` prints one line each; --json gives them all.
+PLAN_CASES_SHOWN = 50
 
 
 def cmd_wheelhouse(args) -> int:
@@ -264,13 +273,6 @@ def cmd_compare(args) -> int:
     a, b = results.load(pa), results.load(pb)
     if args.min_effect is not None and not 0 < args.min_effect < 1:
         raise UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
-    if a.get("run_id") and a.get("run_id") == b.get("run_id"):
-        print(f"warning: A and B are the same run ({a['run_id']}: {pa} and {pb}); every ratio below is 1 "
-              "by construction, not a measured A/A", file=sys.stderr)
-    for why in machine_differences(a, b):  # new-user trial: an H200 run against a CPU stand-in, no word
-        print(f"warning: {why}: the ratios B/A below compare machines as much as versions", file=sys.stderr)
-    for why in setting_differences(a, b):
-        print(f"warning: {why}", file=sys.stderr)
     cmp = report.compare_runs(a, b, args.min_effect, str(pa), str(pb))
     if not cmp["pairs"]:
         def envs_of(doc: dict) -> str:
@@ -295,6 +297,15 @@ def cmd_compare(args) -> int:
             f"the two runs have no case in common (A: {len(ids_a)} case(s), e.g. {min(ids_a, default='none')}; B: "
             f"{len(ids_b)}, e.g. {min(ids_b, default='none')}): cases match by id (op, batch, seqlens, heads, head_dim, "
             "dtype, ...); compare runs of the same config")
+    # the warnings, once there is a comparison to warn about (they had come before the error that
+    # there was none: new-user trial)
+    if a.get("run_id") and a.get("run_id") == b.get("run_id"):
+        print(f"warning: A and B are the same run ({a['run_id']}: {pa} and {pb}); every ratio below is 1 "
+              "by construction, not a measured A/A", file=sys.stderr)
+    for why in machine_differences(a, b):  # new-user trial: an H200 run against a CPU stand-in, no word
+        print(f"warning: {why}: the ratios B/A below compare machines as much as versions", file=sys.stderr)
+    for why in setting_differences(a, b):
+        print(f"warning: {why}", file=sys.stderr)
     report.compare_terminal(cmp, Console())
     if args.output:
         held = results.find(args.output)  # a run's results.json or its archive (.gz)

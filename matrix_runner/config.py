@@ -917,6 +917,10 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         else:
             head_dim = _pos_int(f"{w}.head_dim", s["head_dim"])
         if head_dim > MAX_HEAD_DIM:
+            if "embed_dim" in s:  # the key the user wrote, not the one derived from it (new-user trial)
+                raise _err(f"{w}.embed_dim", s["embed_dim"],
+                           f"with nheads {nheads} gives head_dim {head_dim} = embed_dim / nheads, above "
+                           f"{MAX_HEAD_DIM} (flash-attn 2.x's largest kernel): give more nheads or a smaller embed_dim")
             raise _err(f"{w}.head_dim", head_dim, f"must be <= {MAX_HEAD_DIM} (flash-attn 2.x's largest kernel)")
         # the top-level values were checked above: an error here is the entry's own value
         s_causal = _bool(f"{w}.causal", s["causal"])

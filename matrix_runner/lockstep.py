@@ -464,11 +464,26 @@ def parse_cpus(request: str | None) -> list[int] | None:
         raise ValueError(f"--cpus {request!r}: CPU(s) {twice} listed more than once; give each CPU once "
                          "(each process set is pinned to one of them)")
     allowed = machine.allowed_cpus()
+    if not want:  # '' or ',' (new-user trial: "CPU(s) [] not allowed")
+        raise ValueError(f"--cpus {request!r}: the list is empty; give auto, unpinned or a comma list of CPU ids "
+                         f"(allowed: {allowed})")
     bad = [c for c in want if c not in allowed]
-    if bad or not want:
-        raise ValueError(f"--cpus {request!r}: CPU(s) {bad or want} not allowed to this process "
+    if bad:
+        raise ValueError(f"--cpus {request!r}: CPU(s) {bad} not allowed to this process "
                          f"(allowed: {allowed})")
     return want
+
+
+def hop_idle(cpus: dict | None) -> str | None:
+    """Why ``sampling.cpu_hop`` can do nothing with the CPU plan ``cpus`` (:func:`plan_cpus`), or None
+    when it can: a set moves only between pinned CPUs of its pool, so it needs pinning and two or more
+    set CPUs (a 2-CPU machine has the driver's and one)."""
+    if not (cpus or {}).get("pinned"):
+        return "the process sets run unpinned" + (f" ({cpus['why']})" if (cpus or {}).get("why") else "")
+    n = len(cpus.get("set_cpus") or [])
+    if n < 2:
+        return f"the process sets have {n} CPU to run on (a set moves between two or more; --cpus or a larger machine)"
+    return None
 
 
 def pool_size(n_cpus: int, hop: bool) -> int:
@@ -485,7 +500,8 @@ def plan_cpus(request: str | None, n_sets: int = 4, allowed: list[int] | None = 
     ``request``: ``auto`` (default) or ``None`` — the driver takes the first allowed CPU, the sets
     the ``n_sets`` quietest of the others by a short noise calibration (:func:`_noise`, ~30 ms per
     core); ``unpinned`` — no pinning; or a comma list of CPU ids for the sets. Returns ``{pinned,
-    driver_cpu, set_cpus, why, noise}``; ``pinned`` is False with ``why`` where pinning cannot work
+    driver_cpu, set_cpus, why, noise}`` (and ``shared``, a sentence, when a --cpus list leaves the driver no
+    CPU of its own); ``pinned`` is False with ``why`` where pinning cannot work
     (one CPU, an OS or cgroup that forbids it): the run then goes on unpinned and says so.
     ``allowed``: plan within these CPUs only (a shard's share of the machine; default: every CPU
     this process may run on)."""
@@ -506,6 +522,9 @@ def plan_cpus(request: str | None, n_sets: int = 4, allowed: list[int] | None = 
             rest = [c for c in allowed if c not in want]
             driver = rest[0] if rest else driver
         out.update(pinned=True, driver_cpu=driver, set_cpus=want)
+        if driver in want:  # every allowed CPU listed: said, not done silently (new-user trial)
+            out["shared"] = (f"the driver shares CPU {driver} with the process sets pinned there: --cpus lists "
+                             f"every CPU allowed to this process ({allowed}); leave one out for the driver")
     else:
         cands = [c for c in allowed if c not in machine.siblings(driver)] or [c for c in allowed if c != driver]
         noise = {}

@@ -242,7 +242,13 @@ def run(args, argv: list[str], parse: Callable[[list[str]], object]) -> int:
         # a step cut short by the interrupt failed (a probe, a download; the torch probe it killed
         # reads as "cannot import torch"): not a fault, not the user's input
         if stop.is_set():
-            console.print("[yellow]interrupted before anything was measured[/]")
+            if prior is not None and prior.get("sets"):  # a resume: the earlier part's sets stay where they were
+                console.print(f"[yellow]interrupted before this part measured anything; the "
+                              f"{len(prior['sets'])} process sets measured before are kept in "
+                              f"{escape(str(args.resume))}: finish it with matrix-run --resume "
+                              f"{escape(shlex.quote(str(args.resume)))}[/]")
+            else:
+                console.print("[yellow]interrupted before anything was measured[/]")
             return EXIT_INTERRUPTED
         raise
     finally:
@@ -281,21 +287,47 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     cmd = [str(a) for a in (doc.get("command") or [])[1:]]
     if not cmd or "--resume" in cmd:
         raise results.ResultsError(f"{run_dir / 'results.json'}: no command line stored to resume from")
+    src = results.find(run_dir)
+    st = doc.get("settings") or {}
+    if not isinstance(st, dict):
+        raise results.ResultsError(f"{src}: settings is {type(st).__name__}, not an object: restore the file "
+                                   "or start that run again with its original command")
     new_argv = ["run", *cmd]
     new = parse(new_argv)
-    cwd = (doc.get("settings") or {}).get("cwd")
-    if cwd and Path(cwd).is_dir():
+    cwd = st.get("cwd")
+    if isinstance(cwd, str) and cwd and Path(cwd).is_dir():
+        if Path(cwd).resolve() != Path.cwd().resolve():  # said, not done silently (new-user trial)
+            console.print(f"resuming in {cwd}, where the run was started: its command's relative paths "
+                          "(--envs-dir, --find-links, --config) are read from there")
         os.chdir(cwd)  # the stored command's relative paths are relative to it
     new.output, new.resume = str(run_dir), str(run_dir)
-    st = doc.get("settings") or {}
     if st.get("device") in ("cuda", "cpu"):
         new.device = st["device"]
+
+    def bad(key: str, rule: str):
+        return UsageError(f"{src}: the run's stored settings: settings.{key} = {st[key]!r}: {rule} -- fix that "
+                          "results.json or start the run again with its original command")
     for arg, key in (("max_sets", "max_sets"), ("set_seconds", "set_seconds"), ("burst_ms", "burst_ms"),
                      ("workers_per_env", "workers_per_env"),
                      ("time_budget", "time_budget_s"), ("min_effect", "min_effect"),
                      ("case_timeout", "case_timeout_s"), ("quick", "quick"), ("cpus", "cpus_request")):
-        if st.get(key) is not None:  # the values the run used, whatever today's defaults are
-            setattr(new, arg, st[key])
+        v = st.get(key)
+        if v is None:
+            continue
+        if key == "quick" and not isinstance(v, bool):
+            raise bad(key, "must be true or false")
+        if key == "cpus_request":
+            if not isinstance(v, str):
+                raise bad(key, "must be a string (auto, unpinned or a comma list of CPU ids)")
+            try:
+                lockstep.parse_cpus(v)
+            except ValueError as ex:
+                raise bad(key, str(ex).split(": ", 1)[-1]) from None
+        if key not in ("quick", "cpus_request"):
+            whole = key in ("max_sets", "workers_per_env")
+            if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not math.isfinite(v) or v <= 0:
+                raise bad(key, "must be a positive " + ("whole number" if whole else "number"))
+        setattr(new, arg, v)  # the values the run used, whatever today's defaults are
     resumed_config(doc, str(results.find(run_dir)))  # its stored settings checked before a word of resuming
     console.print(f"resuming {doc.get('run_id')} in {run_dir}: {len(doc.get('sets') or [])} process sets "
                   f"and {len(doc.get('cases') or [])} case records kept")
@@ -681,6 +713,8 @@ class Run:
         except ValueError as ex:
             raise UsageError(str(ex)) from None
         base_doc["settings"]["cpus"] = cpus
+        if samp.cpu_hop and not gpus and lockstep.hop_idle(cpus):  # said up front, not found in the report
+            warn(f"sampling.cpu_hop: true does nothing in this run: {lockstep.hop_idle(cpus)}")
         if samp.workers_per_env is None and not gpus:  # auto: 1 (config.Sampling.workers_per_env)
             samp.workers_per_env = 1
         base_doc["settings"]["workers_per_env"] = samp.workers_per_env
@@ -707,6 +741,8 @@ class Run:
         if cpus["pinned"]:
             console.print(f"[dim]process sets pinned to CPU(s) {', '.join(map(str, cpus['set_cpus']))} "
                           f"(driver on CPU {cpus['driver_cpu']})[/]")
+            if cpus.get("shared"):
+                warn(cpus["shared"])
         elif cpus["pinned"] is not None:
             warn(f"workers run unpinned ({cpus['why']}): process sets are not timed on one core, so CPU speed "
                  "changes are not shared; intervals are wider")

@@ -431,7 +431,10 @@ def probe_note(res: dict) -> str:
         return ""
     sets = [s for s in res.get("sets") or [] if isinstance(s.get("hops"), int)]
     hop = ""
-    if sets:  # sampling.cpu_hop (lockstep.Hopper): what the sets did, not the setting
+    idle = (res.get("timing") or {}).get("cpu_hop_idle")
+    if isinstance(idle, str) and idle:  # runner.run_all: sampling.cpu_hop was on and could do nothing
+        hop = f"; sampling.cpu_hop was on but did nothing: {idle}"
+    elif sets:  # sampling.cpu_hop (lockstep.Hopper): what the sets did, not the setting
         moves, moved = sum(s["hops"] for s in sets), sum(1 for s in sets if s["hops"])
         hop = (f"; {moved} of {len(sets)} process sets moved between CPUs to follow the fast speed "
                f"(sampling.cpu_hop: {moves} moves between cycles)" if moves else
@@ -758,7 +761,7 @@ def terminal_table(res: dict, console=None) -> None:
             return "–"
         if e["case"]["status"] != "ok":
             if e["case"].get("error_kind") == "not-run":  # the run's stop reason is printed below the table
-                why = "not timed: the run stopped first"
+                return "[red]not timed[/]: the run stopped first"  # (was "not-run: not timed: ...": new-user trial)
             else:
                 why = (e["case"].get("error") or "").split(": ", 1)[-1]
                 if len(why) > 60:  # cut at a word, marked

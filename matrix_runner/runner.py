@@ -486,11 +486,15 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
 
     # sampling.cpu_hop: a scout reads the set CPUs' speeds and the set moves to a fast one (lockstep.Hopper)
     hopper = None
-    if sampling.cpu_hop and cpus.get("pinned") and len(cpus.get("set_cpus") or []) >= 2:
-        try:
-            hopper = lockstep.Hopper(cpus["set_cpus"], work / "scout.log")
-        except (OSError, proc.Stopped):
-            hopper = None
+    if sampling.cpu_hop:  # why it did nothing, if it did nothing, goes into the results (report.probe_note)
+        idle = lockstep.hop_idle(cpus)
+        if idle is None:
+            try:
+                hopper = lockstep.Hopper(cpus["set_cpus"], work / "scout.log")
+            except (OSError, proc.Stopped) as ex:
+                idle = f"its CPU scout could not start ({ex})"
+        if idle is not None and timing is not None:
+            timing["cpu_hop_idle"] = idle
     t_turn = time.monotonic()
     try:
         while True:

@@ -46,8 +46,8 @@ def print_plan(items: list, out: Console | None = None) -> None:
             if cold and it.estimate_s:
                 est += f", {len(it.compile_cache['expected_hits'])} cache hits (cold ~{cold / 60:.1f} min)"
             g.add_row("method", escape(it.method) + est)
-            g.add_row("wheel key", escape(f"{it.key_id} · archs "
-                                          f"{','.join(it.archs) if isinstance(it.archs, list) else it.archs}"))
+            archs = ",".join(it.archs) if isinstance(it.archs, list) else it.archs
+            g.add_row("wheel key", escape(f"{it.key_id} · archs {archs or 'none (no CUDA)'}"))
             kern = (it.kernels if isinstance(it.kernels, str) else "none (no CUDA)" if not it.kernels
                     else f"{len(it.kernels)}: " + ", ".join(it.kernels))
             g.add_row("kernels", escape(kern))

@@ -419,6 +419,7 @@ def test_compare_of_runs_without_a_common_case_says_so(tmp_path):
     cp = run_cli("compare", str(src), str(tmp_path / "b.json"))
     assert cp.returncode == 2, cp.stdout + cp.stderr
     assert "the two runs have no case in common (A: 12 case(s)" in " ".join(cp.stderr.split())
+    assert "warning" not in cp.stderr  # (the same run_id) warnings only where there is a comparison (new-user trial)
 
 
 def test_the_run_is_one_pipeline_of_the_named_steps_and_cli_only_parses_and_dispatches(monkeypatch):

@@ -37,6 +37,8 @@ def test_yaml_syntax_error_names_file_line_column(tmp_path):
 @pytest.mark.parametrize("shape,needle", [
     ({"batch": 0, "seqlen": 5, "nheads": 2, "head_dim": 8}, "shapes[0].batch = 0: must be a positive integer"),
     ({"batch": 1, "seqlen": 5, "nheads": 2, "head_dim": 300}, "shapes[0].head_dim = 300: must be <= 256"),
+    ({"batch": 1, "seqlen": 5, "nheads": 1, "embed_dim": 512},  # the key written, not head_dim (new-user trial)
+     "shapes[0].embed_dim = 512: with nheads 1 gives head_dim 512 = embed_dim / nheads, above 256"),
     ({"batch": 1, "seqlen": 5, "nheads": 6, "nheads_k": 4, "head_dim": 8}, "nheads (6) must be divisible by nheads_k"),
     ({"batch": 1, "seqlen": 5, "nheads": 3, "embed_dim": 64}, "must be divisible by nheads (3)"),
     ({"batch": 1, "seqlen": 5, "nheads": 2}, "give exactly one of head_dim or embed_dim"),

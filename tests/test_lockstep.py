@@ -45,7 +45,12 @@ def test_plan_cpus_keeps_the_driver_off_the_set_cores(monkeypatch):
     assert p["spare_cpus"] == [0, 1, 4, 5]  # the next set starts off the sets' physical cores
     assert lockstep.plan_cpus("unpinned")["pinned"] is False
     q = lockstep.plan_cpus("0,2")
-    assert q["set_cpus"] == [0, 2] and q["driver_cpu"] == 1
+    assert q["set_cpus"] == [0, 2] and q["driver_cpu"] == 1 and "shared" not in q
+    # every allowed CPU listed: the driver shares one with the sets, and the plan says so (new-user trial)
+    monkeypatch.setattr(machine, "allowed_cpus", lambda: [0, 1])
+    q = lockstep.plan_cpus("0,1")
+    assert q["driver_cpu"] == 0 and q["shared"].startswith("the driver shares CPU 0 with the process sets")
+    monkeypatch.setattr(machine, "allowed_cpus", lambda: list(range(8)))
     with pytest.raises(ValueError, match="CPU\\(s\\) \\[42\\] not allowed"):
         lockstep.plan_cpus("42")
     with pytest.raises(ValueError, match="give auto, unpinned or a comma list"):
@@ -940,3 +945,37 @@ def test_a_hopping_sets_steal_is_over_the_stretches_it_spent_on_each_cpu(tmp_pat
     st2 = SimpleNamespace(steal_sum=[0, 0], steal_at=None)
     runner._stretch_to(st2, 7)  # no such CPU: unknown, not 0
     assert runner._stretch_share(st2) is None
+
+
+@pytest.mark.parametrize("request_", ["", ",", " , "])
+def test_an_empty_cpus_list_is_called_empty(request_):
+    """--cpus '' had answered "CPU(s) [] not allowed to this process" (new-user trial)."""
+    with pytest.raises(ValueError, match="the list is empty; give auto, unpinned or a comma list"):
+        lockstep.parse_cpus(request_)
+
+
+def test_cpu_hop_that_cannot_move_says_why_in_the_results_and_the_report(tmp_path):
+    """sampling.cpu_hop on a plan with one set CPU (this 2-CPU machine) or unpinned had done nothing
+    without a word (new-user trial): lockstep.hop_idle names why, run_all records it in the timing,
+    and the report's CPU-speed sentence says it."""
+    import threading
+
+    from matrix_runner import report, runner
+    from matrix_runner.config import Case, Sampling
+
+    assert lockstep.hop_idle({"pinned": True, "set_cpus": [1, 2]}) is None
+    assert "have 1 CPU to run on" in lockstep.hop_idle({"pinned": True, "set_cpus": [1]})
+    assert lockstep.hop_idle({"pinned": False, "why": "one CPU"}) == "the process sets run unpinned (one CPU)"
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    envs = [standin.venv_env(tmp_path, v, standin.make_source(tmp_path / "src", v)) for v in ("2.6.3", "2.7.0.post2")]
+    case = Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
+    data, sets, timing = {}, [], {}
+    runner.run_all(envs, [case], Sampling(set_seconds=0.3, time_budget_s=300, max_sets=1, burst_ms=2.0, cpu_hop=True),
+                   device="cpu", quick=False, work=tmp_path / "work", case_timeout=120.0, stop=threading.Event(),
+                   data=data, sets=sets, cpus={"pinned": True, "driver_cpu": cpu, "set_cpus": [cpu], "spare_cpus": []},
+                   timing=timing)
+    assert [s["status"] for s in sets] == ["ok"] and "hops" not in sets[0]
+    assert timing["cpu_hop_idle"].startswith("the process sets have 1 CPU to run on")
+    assert not (tmp_path / "work" / "scout.log").exists()
+    doc = {"cases": [{"metrics": {"wall_us": {"ref_by_set": {"0": {"1": 3.5}}}}}], "sets": sets, "timing": timing}
+    assert "; sampling.cpu_hop was on but did nothing: the process sets have 1 CPU to run on" in report.probe_note(doc)

@@ -309,3 +309,17 @@ def test_seqlens_and_cache_seqlens_are_values_not_axes_unless_a_list_of_lists():
                        "shapes": [{"func": "kvcache", "batch": 2, "seqlen_q": 1, "seqlen_k": 64, "nheads": 2,
                                    "head_dim": 16, "cache_seqlens": [10, 20]}]})
     assert [c.cache_seqlens for c in kv.cases] == [(10, 20)]
+
+
+def test_plan_lists_at_most_50_cases_and_names_the_dtype_where_cases_differ_in_it(tmp_path):
+    """A 12,800-case plan had printed 22,893 lines, and fp16 and bf16 cases read alike (new-user trial)."""
+    cfg = tmp_path / "many.yaml"
+    cfg.write_text("ops: [fwd]\ndtype: [fp16, bf16]\nshapes:\n  - {batch: [" + ", ".join(map(str, range(1, 31)))
+                   + "], seqlen: 64, nheads: 4, head_dim: 64}\n")
+    cp = run_cli("plan", "--versions", "2.6.3", "--config", str(cfg), "--offline", "--archs", "90",
+                 "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"))
+    out = cp.stdout.replace("\n", " ")
+    assert "B1 S64 H4 D64 fp16 fwd (flash_attn_func): fwd_hdim64_fp16" in out
+    assert "B1 S64 H4 D64 bf16 fwd (flash_attn_func): fwd_hdim64_bf16" in out
+    assert "… and 10 more cases (matrix-run plan --json lists every case's kernel files)" in out
+    assert out.count("(flash_attn_func):") == 50

@@ -1017,6 +1017,7 @@ def test_terminal_cells_of_cases_not_timed_or_failed_are_not_cut_mid_word(h200):
     report.terminal_table(res, Console(file=out, width=200))
     text = out.getvalue()
     assert "not timed: the run stopped first" in text and "(sampling stopped first: the" not in text
+    assert "not-run" not in text  # the kind said once, in words (new-user trial: "not-run: not timed: ...")
     assert "crash: the worker exited with signal SIGSEGV while timing the…" in text
 
 

@@ -587,6 +587,13 @@ def test_compare_with_an_aa_run_says_why_versions_do_not_match(capsys):
     ({"cpu_state": "sometimes"}, "sampling.cpu_state = 'sometimes'"),
     ({"max_repeats": 0}, "sampling.max_repeats"),
     ({"host_precision": 7}, "sampling.host_precision = 7"),
+    # the numbers resume_args puts back as if typed on the command line (a string had raised TypeError
+    # with a traceback; -1 was blamed on --set-seconds, which nobody typed: new-user trial)
+    ({"time_budget_s": "40"}, "settings.time_budget_s = '40': must be a positive number"),
+    ({"set_seconds": -1}, "settings.set_seconds = -1: must be a positive number"),
+    ({"max_sets": 2.5}, "settings.max_sets = 2.5: must be a positive whole number"),
+    ({"quick": "no"}, "settings.quick = 'no': must be true or false"),
+    ({"cpus_request": "99"}, "settings.cpus_request = '99': CPU(s) [99] not allowed"),
 ])
 def test_resume_checks_the_stored_sampling_rules_as_a_config_file_is_checked(capsys, tmp_path, edit, named):
     """--resume puts the sampling rules the run ran under back from results.json's settings; they went in
@@ -612,3 +619,20 @@ def test_resume_keeps_the_stored_sampling_rules(tmp_path):
     assert (cfg.sampling.max_repeats, cfg.sampling.cpu_state, cfg.sampling.speed_adjust) == (3, "usual", True)
     d["settings"].pop("host_precision", None)  # a run from before that setting: 1 %
     assert pipeline.resumed_config(d, "x/results.json").sampling.host_precision == 0.01
+
+
+def test_an_interrupt_early_in_a_resume_says_the_earlier_sets_are_kept(capsys, tmp_path, monkeypatch):
+    """Ctrl-C 1.5 s into a --resume of a run with 10 sets had printed "interrupted before anything was
+    measured" and no --resume hint (new-user trial): the earlier part's sets are kept and named."""
+    from matrix_runner import pipeline
+    p = _edited(tmp_path, "1.0")
+
+    def interrupted(self, args, argv, stop, prior):  # the interrupt lands while the run sets up
+        stop.set()
+        raise RuntimeError("the torch probe was killed")
+    monkeypatch.setattr(pipeline.Run, "__init__", interrupted)
+    code, err = main(capsys, "--resume", str(p.parent))
+    err = " ".join(err.split())
+    assert code == 130, err
+    assert "interrupted before this part measured anything; the 10 process sets measured before are kept" in err
+    assert f"matrix-run --resume {p.parent}" in err and "before anything was measured" not in err
