@@ -43,6 +43,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       cuda_at_start: false  # later sets' workers create their CUDA context while they start, not in their set's set-up
       cpu_state: all        # turns a wall/host ratio counts: all, or usual (both bursts at the CPU speed most of the first set ran at)
       cpu_hop: false        # move a set's workers, between cycles, to a CPU of the set pool that runs fast now (lockstep.Hopper)
+      probe_share: full     # how much of a set's between-worker probe difference the adjustment counts: full, or estimated from earlier sets (stats.probe_share)
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
 (batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
@@ -373,6 +374,20 @@ class Sampling:
     #: mostly fast, 0.047 with 0-5 moves vs 0.076 with more than 15: benchmarks/hop_spread.py; a
     #: correlation, sets move after slow cycles). Not the default.
     cpu_hop: bool = False
+    #: How much of a process set's *between-worker* speed-probe difference (one worker's probe reading
+    #: higher than its partner's over the whole set) the speed adjustment counts: ``full`` -- all of
+    #: it, as if it were CPU speed the calls felt (the within-set slope applied to it); ``estimated`` --
+    #: the share the earlier sets' plain call ratios followed (stats.probe_share; from 8 earlier sets,
+    #: 1 before). Why: on the 2-core CPU machine a worker's probe can read 20-25 % slower than its
+    #: partner's for a whole set while their calls match, and ``full`` turned that into a 20-25 % A/A
+    #: set ratio (CPU self-check 2026-12-04 evening, A/A 8 of 40 comparisons not "same", all from such
+    #: sets); on the H200 the share over a run is ~1 (median 0.95 over 58 runs), the workers of a set
+    #: meeting different CPU speeds. Replayed offline (benchmarks/probe_center_replay.py,
+    #: benchmarks/results/probe-center-replay-12-04.txt): CPU self-check A/A "same" 35 of 36 vs 27 of
+    #: 36, 1 of 72 intervals excluding 1 vs 0; the H200's 58 default runs nearly as run (A/A "same"
+    #: 341 of 348 both, seed batch-2 fwd median +-3.55 % vs +-3.46 %). Not yet run live on the H200:
+    #: not the default. Needs ``speed_adjust``.
+    probe_share: str = "full"
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
     #: (H200, 2026-12-02, default config, 60 s; benchmarks/results/h200-lockstep-runs-12-02.txt):
@@ -520,7 +535,7 @@ _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", 
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
                   "host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport",
-                  "prefetch_depth", "host_precision", "cuda_at_start", "cpu_state", "cpu_hop"}
+                  "prefetch_depth", "host_precision", "cuda_at_start", "cpu_state", "cpu_hop", "probe_share"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -968,6 +983,7 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         cuda_at_start=_bool("sampling.cuda_at_start", sd.get("cuda_at_start", Sampling.cuda_at_start)),
         cpu_state=sd.get("cpu_state", Sampling.cpu_state),
         cpu_hop=_bool("sampling.cpu_hop", sd.get("cpu_hop", Sampling.cpu_hop)),
+        probe_share=sd.get("probe_share", Sampling.probe_share),
         prefetch_depth=_prefetch_depth(sd.get("prefetch_depth")),
         host_precision=_pos_number("sampling.host_precision", sd.get("host_precision", Sampling.host_precision)),
     )
@@ -1003,6 +1019,13 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
     if sampling.cpu_hop and not sampling.speed_adjust:
         raise ConfigError("sampling.cpu_hop: true needs sampling.speed_adjust: true -- the speed probe's readings "
                           "it judges a set's CPU by are taken only with it; remove one of the two")
+    if sampling.probe_share not in ("full", "estimated"):
+        raise _err("sampling.probe_share", sampling.probe_share,
+                   "must be full (a set's whole between-worker probe difference counts, the default) or estimated "
+                   "(the share the earlier sets' calls followed: stats.probe_share)")
+    if sampling.probe_share == "estimated" and not sampling.speed_adjust:
+        raise ConfigError("sampling.probe_share: estimated needs sampling.speed_adjust: true -- it changes how much "
+                          "of the speed probe's readings the adjustment counts; remove one of the two")
     if sampling.prefetch_spawn not in ("cycles", "after"):
         raise _err("sampling.prefetch_spawn", sampling.prefetch_spawn, "must be cycles or after")
     if not 0 < sampling.min_effect < 1:

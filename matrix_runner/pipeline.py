@@ -337,7 +337,7 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
 #: The sampling rules a resumed run keeps from its results.json ``settings`` where today's defaults
 #: differ (the numbers the command line can set come back through :func:`resume_args`).
 RESUMED_SAMPLING = ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth",
-                    "host_precision", "cpu_state", "cpu_hop")
+                    "host_precision", "cpu_state", "cpu_hop", "probe_share")
 
 
 def resumed_config(prior: dict, src: str):
@@ -594,7 +594,7 @@ class Run:
                     "burst_ms": samp.burst_ms, "workers_per_env": samp.workers_per_env,
                     "host_every": samp.host_every, "max_repeats": samp.max_repeats, "host_precision": samp.host_precision,
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn, "cpu_state": samp.cpu_state,
-                    "cpu_hop": samp.cpu_hop,
+                    "cpu_hop": samp.cpu_hop, "probe_share": samp.probe_share,
                     "preimport": samp.preimport, "prefetch_depth": samp.prefetch_depth, "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                     "fail_on_regression": args.fail_on_regression,
                     "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,

@@ -443,6 +443,11 @@ def probe_note(res: dict) -> str:
                    and s.get("status") != "interrupted")  # an interrupt stops the scout first
         if dead:  # lockstep.Hopper.health: no readings, so no move (its log: scout.log in the work dir)
             hop += f" (its CPU scout had stopped by the end of {dead} of them)"
+    shares = [s["probe_share"] for s in res.get("sets") or [] if isinstance(s.get("probe_share"), (int, float))]
+    if shares:  # sampling.probe_share: estimated (runner.apply_probe_share)
+        hop += (f"; the speed adjustment counted {min(shares):.2f}-{max(shares):.2f} of each set's between-worker probe "
+                "difference (sampling.probe_share: estimated, from the earlier sets' calls; 1 before the "
+                f"{stats.PROBE_SHARE_MIN_SETS}th earlier set)")
     return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "
             f"burst) read a median of {m:.2f} µs in this run{hop}; host overhead follows the CPU speed, so compare "
             "the µs and host-heavy ratios of runs at like readings (matrix-run compare warns when two runs differ by "

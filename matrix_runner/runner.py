@@ -819,12 +819,17 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         if hopping:  # steal over the stretches on each CPU the set moves to (_stretch_to)
             _stretch_to(st, cpu)
             st.hop_began = True
-        rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
-                                rng=rng, on_progress=on_progress, fault=fault, labels=labels, pairs=pairs,
-                                slopes=slopes if slopes is not None else {},
-                                unguarded=unguarded | ({sid} if not rec["pinned"] else frozenset()),
-                                hopper=hopper if cpu is not None and rec["pinned"] else None,
-                                more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
+        try:
+            rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
+                                    rng=rng, on_progress=on_progress, fault=fault, labels=labels, pairs=pairs,
+                                    slopes=slopes if slopes is not None else {},
+                                    unguarded=unguarded | ({sid} if not rec["pinned"] else frozenset()),
+                                    hopper=hopper if cpu is not None and rec["pinned"] else None,
+                                    more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
+        finally:  # whatever of the set's cycles ran (an interrupt keeps them) is taken at the estimated share
+            share = apply_probe_share(data, labels, ready, sid, sampling)
+            if share is not None:
+                rec["probe_share"] = round(share, 4)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, time.monotonic() - t_cyc - budget), 3)
         rec["steal"], j0 = (_stretch_share(st) if hopping else _steal_since(j0, steal_cpus)), None
@@ -1172,6 +1177,67 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
             if over():
                 break
     return n
+
+
+def share_points(data: dict, labels: list[str], cases: list[Case], sid: int, metric: str = "wall_us") -> dict:
+    """(case id, env label) -> (x, y) of set ``sid`` for :func:`stats.probe_share`: over the cycles
+    every env timed, dm = the mean of the env's log probe reading (µs) less the envs' mean, x = the
+    case's speed slope times dm, y = the same difference of the plain log burst medians (µs)."""
+    out = {}
+    for c in cases:
+        cds = [data.get((lab, c.id)) for lab in labels]
+        if any(cd is None for cd in cds):
+            continue
+        sp = cds[-1].speed[metric].get(sid)
+        refs = [cd.refs[metric].get(sid) or {} for cd in cds]
+        raws = [cd.raw[metric].get(sid) or {} for cd in cds]
+        ks = [k for k in raws[0] if all(k in r and k in f and r[k] > 0 and f[k] > 0 for r, f in zip(raws, refs))]
+        if not sp or not ks or len(cds) < 2:
+            continue
+        beta = float(sp.get("beta") or 0.0)
+        dms = [0.0] * len(cds)
+        dys = [0.0] * len(cds)
+        for k in ks:
+            lx = [math.log(f[k]) for f in refs]
+            ly = [math.log(r[k]) for r in raws]
+            mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+            for i in range(len(cds)):
+                dms[i] += (lx[i] - mx) / len(ks)
+                dys[i] += (ly[i] - my) / len(ks)
+        for lab, dm, dy in zip(labels, dms, dys):
+            out[(c.id, lab)] = (beta * dm, dy)
+    return out
+
+
+def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int, sampling: Sampling) -> float | None:
+    """``sampling.probe_share: estimated``: set ``sid``'s speed-adjusted values (wall and host) taken
+    with only the share (:func:`stats.probe_share`, from the earlier sets' :func:`share_points`) of
+    its between-worker probe difference that the calls felt: each (env, case, clock) value times
+    exp((1 - share) * x), x its :func:`share_points` x; the log shift is kept as the set's
+    ``between`` in ``CaseData.speed``. Returns the share (1 before
+    ``stats.PROBE_SHARE_MIN_SETS`` earlier sets), or None where the option is off, the speed is not
+    adjusted or the set has one env."""
+    if sampling.probe_share != "estimated" or not sampling.speed_adjust or len(labels) < 2:
+        return None
+    earlier = sorted({s for (lab, _), cd in data.items() if lab in labels for s in cd.raw["wall_us"] if s < sid})
+    share = 1.0
+    if len(earlier) >= stats.PROBE_SHARE_MIN_SETS:
+        groups: dict = {}
+        for s in earlier:
+            for key, pt in share_points(data, labels, cases, s).items():
+                groups.setdefault(key, []).append(pt)
+        share = stats.probe_share(list(groups.values()))
+    if share < 1.0:
+        for m in CYCLED:
+            for (cid, lab), (x, _) in share_points(data, labels, cases, sid, m).items():
+                cd = data[(lab, cid)]
+                vals = cd.sets[m].get(sid)
+                if not isinstance(vals, dict) or not vals:
+                    continue
+                shift = (1.0 - share) * x
+                cd.sets[m][sid] = {k: v * math.exp(shift) for k, v in vals.items()}
+                cd.speed[m].setdefault(sid, {})["between"] = round(shift, 5)
+    return share
 
 
 def _geomean(vals: list) -> float | None:

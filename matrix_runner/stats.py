@@ -793,6 +793,45 @@ def within_sums(groups) -> tuple[float, float, float, float]:
     return sxx, sxy, n_all, sx_all
 
 
+#: ``sampling.probe_share: estimated``: earlier process sets needed before the share is estimated
+#: (until then it is 1, the whole difference counts, as with ``full``). Replayed (benchmarks/
+#: probe_center_replay.py, benchmarks/results/probe-center-replay-12-04.txt): from 5 earlier sets,
+#: 2 of the CPU self-check's 72 A/A intervals excluded 1; from 8, 1; from 12, 1 but 33 of 36 "same".
+PROBE_SHARE_MIN_SETS = 8
+
+
+def probe_share(groups) -> float:
+    """How much of a process set's *between-worker* speed-probe difference its calls felt too, from
+    earlier sets: the least-squares slope of y on x with each group's own mean removed, clamped to
+    [0, 1]; 1 where there is no spread to judge by.
+
+    ``groups``: per (case, env), the earlier sets' points (x, y): x = beta * dm, dm the mean over the
+    set's cycles of the env's log probe reading less the mean over the set's envs (a whole-set
+    difference between the workers' probes), beta the case's speed slope (:class:`SpeedSlope`); y
+    the same for the plain log burst medians (µs). The speed adjustment moves a set's values by
+    beta * dm, as if that difference were CPU speed the calls felt; the share says how much of it
+    was. Why (benchmarks/results/probe-center-replay-12-04.txt): on the H200 the share over a run's
+    sets is ~1 (median 0.95, 0.55-1.45 over 58 runs: the workers of a set meet different CPU
+    speeds and the calls follow them), while on the 2-core CPU machine it is 0.06-0.52: there a
+    worker's probe can read 20-25 % slower than its partner's for the whole set while their calls
+    match (a per-process offset of the probe, not of the CPU), and the full adjustment turned that
+    into a 20-25 % set ratio in an A/A run (CPU self-check 2026-12-04 evening: 8 of 40 comparisons
+    not "same", all in the two runs with such sets). The share is estimated from earlier sets only,
+    so a set's values are fixed before they are judged (the confidence sequence needs that)."""
+    sxx = sxy = 0.0
+    for pts in groups:
+        pts = [(x, y) for x, y in pts if math.isfinite(x) and math.isfinite(y)]
+        if len(pts) < 2:
+            continue
+        mx = sum(x for x, _ in pts) / len(pts)
+        my = sum(y for _, y in pts) / len(pts)
+        sxx += sum((x - mx) ** 2 for x, _ in pts)
+        sxy += sum((x - mx) * (y - my) for x, y in pts)
+    if sxx <= 1e-12:
+        return 1.0
+    return min(1.0, max(0.0, sxy / sxx))
+
+
 class SpeedSlope:
     """How a case's call time follows the CPU's speed, pooled over the bursts timed so far.
 

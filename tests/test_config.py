@@ -329,3 +329,14 @@ def test_cpu_hop_setting():
         parse_config({"sampling": {"cpu_hop": "often"}})
     with pytest.raises(ConfigError, match="sampling.cpu_hop: true needs sampling.speed_adjust: true"):
         parse_config({"sampling": {"cpu_hop": True, "speed_adjust": False}})
+
+
+def test_probe_share_setting():
+    """sampling.probe_share: full by default; full or estimated; estimated changes the speed
+    adjustment, so it needs it."""
+    assert parse_config({}).sampling.probe_share == "full"
+    assert parse_config({"sampling": {"probe_share": "estimated"}}).sampling.probe_share == "estimated"
+    with pytest.raises(ConfigError, match="sampling.probe_share = 'half': must be full"):
+        parse_config({"sampling": {"probe_share": "half"}})
+    with pytest.raises(ConfigError, match="sampling.probe_share: estimated needs sampling.speed_adjust: true"):
+        parse_config({"sampling": {"probe_share": "estimated", "speed_adjust": False}})

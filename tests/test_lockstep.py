@@ -979,3 +979,64 @@ def test_cpu_hop_that_cannot_move_says_why_in_the_results_and_the_report(tmp_pat
     assert not (tmp_path / "work" / "scout.log").exists()
     doc = {"cases": [{"metrics": {"wall_us": {"ref_by_set": {"0": {"1": 3.5}}}}}], "sets": sets, "timing": timing}
     assert "; sampling.cpu_hop was on but did nothing: the process sets have 1 CPU to run on" in report.probe_note(doc)
+
+
+def _share_data(n_sets: int, odd: float):
+    """Two envs' CaseData of one case over ``n_sets`` sets whose calls match (plain 100 µs both)
+    while env b's probe reads a set-wide offset dm (-3..+3 %; ``odd`` in the last set) off a's:
+    a probe offset of the process, not CPU speed. The values are adjusted as the runner does with
+    slope 0.8 around a 4 µs centre: log v = log raw - 0.8 (log probe - log 4)."""
+    from matrix_runner.config import Case
+    from matrix_runner.runner import CaseData
+    c = Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
+    a, b = CaseData("a", c), CaseData("b", c)
+    for s in range(n_sets):
+        off = odd if s == n_sets - 1 else 0.03 * ((s % 5) - 2) / 2
+        for cd, probe in ((a, 4.0), (b, 4.0 * math.exp(off))):
+            for m in ("wall_us", "host_us"):
+                cd.raw[m][s] = {k: 100.0 for k in range(6)}
+                cd.refs[m][s] = {k: probe * (1.0 + 0.01 * k) for k in range(6)}
+                cd.sets[m][s] = {k: 100.0 * math.exp(-0.8 * math.log(cd.refs[m][s][k] / 4.0)) for k in range(6)}
+                cd.speed[m][s] = {"beta": 0.8, "center": math.log(4.0)}
+    return c, {("a", c.id): a, ("b", c.id): b}
+
+
+def test_probe_share_estimated_takes_a_per_process_probe_offset_out_of_the_set_ratio():
+    """sampling.probe_share: estimated (runner.apply_probe_share): the earlier sets show the calls did
+    not follow the workers' probe difference (share 0), so a set whose b probe reads 22 % high keeps
+    its plain ratio 1 instead of the 0.85 the full adjustment gives it; within the set the adjustment
+    still applies (each cycle's value keeps its own probe's slope). ``full`` leaves every value as is."""
+    from matrix_runner import runner
+    from matrix_runner.config import Sampling
+
+    c, data = _share_data(10, odd=0.2)
+    ratio = lambda: statistics.median(data[("b", c.id)].sets["wall_us"][9][k] / data[("a", c.id)].sets["wall_us"][9][k]
+                                      for k in range(6))
+    assert ratio() == pytest.approx(math.exp(-0.8 * 0.2), rel=1e-9)  # the full adjustment: 0.852
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling()) is None  # probe_share: full
+    assert ratio() == pytest.approx(0.852, abs=1e-3)
+    share = runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="estimated"))
+    assert share == pytest.approx(0.0, abs=1e-9)
+    assert ratio() == pytest.approx(1.0, rel=1e-9)  # the calls matched
+    host = data[("b", c.id)].sets["host_us"][9]
+    assert host[0] / data[("a", c.id)].sets["host_us"][9][0] == pytest.approx(1.0)  # the host clock alike
+    assert data[("b", c.id)].speed["wall_us"][9]["between"] == pytest.approx(0.8 * 0.1, abs=1e-5)  # half of dm each
+    # within the set: cycle k's probe is 1 % per k higher in both workers, so its value stays adjusted
+    vals = data[("a", c.id)].sets["wall_us"][9]
+    assert vals[5] / vals[0] == pytest.approx((1.05) ** -0.8, rel=1e-9)
+
+
+def test_probe_share_waits_for_eight_earlier_sets_and_keeps_calls_that_followed_the_probe():
+    from matrix_runner import runner
+    from matrix_runner.config import Sampling
+
+    c, data = _share_data(5, odd=0.2)  # 4 earlier sets: too few to judge by, the whole difference counts
+    before = dict(data[("b", c.id)].sets["wall_us"][4])
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 4, Sampling(probe_share="estimated")) == 1.0
+    assert data[("b", c.id)].sets["wall_us"][4] == before and "between" not in data[("b", c.id)].speed["wall_us"][4]
+    c, data = _share_data(10, odd=0.2)
+    for s in range(10):  # now b's calls follow its probe exactly (CPU speed, as on the H200): share 1
+        for m in ("wall_us", "host_us"):
+            cd = data[("b", c.id)]
+            cd.raw[m][s] = {k: 100.0 * (cd.refs[m][s][k] / data[("a", c.id)].refs[m][s][k]) ** 0.8 for k in range(6)}
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="estimated")) == pytest.approx(1.0)

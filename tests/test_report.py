@@ -1121,3 +1121,13 @@ def test_a_cpu_hop_run_says_its_sets_followed_the_fast_cpu_and_compare_warns():
     (why,) = commands.setting_differences(stay, hop)
     assert why.startswith("B's process sets moved")
     assert commands.setting_differences(stay, stay) == []
+
+
+def test_the_report_says_what_share_of_the_probe_difference_the_adjustment_counted():
+    """sampling.probe_share: estimated: the sets record the share used (runner.apply_probe_share)."""
+    doc = {"cases": [{"metrics": {"wall_us": {"ref_by_set": {"0": {"1": 3.8}}}}}],
+           "sets": [{"set": i, "probe_share": v} for i, v in enumerate((1.0, 1.0, 0.31, 0.12))]}
+    note = report.probe_note(doc)
+    assert "the speed adjustment counted 0.12-1.00 of each set's between-worker probe difference " \
+           "(sampling.probe_share: estimated" in note
+    assert "between-worker" not in report.probe_note({**doc, "sets": [{"set": 0}]})

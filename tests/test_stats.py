@@ -602,3 +602,16 @@ def test_results_judge_cpu_state_by_the_runs_setting():
     (why,) = commands.setting_differences({"settings": {"cpu_state": "usual"}}, {"settings": {}})
     assert why.startswith("A's version ratios count only the turns at its CPU's usual speed") and "B's every turn" in why
     assert commands.setting_differences({"settings": {"cpu_state": "all"}}, {"settings": {}}) == []
+
+
+def test_probe_share_is_the_within_group_slope_clamped_to_0_1():
+    """stats.probe_share: how much of the sets' between-worker probe difference (x) the plain call
+    ratios (y) followed, each group's mean removed; 1 without spread."""
+    xs = [-0.04, -0.01, 0.0, 0.02, 0.05]
+    assert stats.probe_share([[(x, x + 0.3) for x in xs]]) == pytest.approx(1.0)  # calls felt all of it
+    assert stats.probe_share([[(x, 0.1) for x in xs], [(x, -0.2) for x in xs]]) == pytest.approx(0.0)  # none
+    half = [[(x, 0.5 * x + c) for x in xs] for c in (0.0, 1.0, -3.0)]  # group means do not enter
+    assert stats.probe_share(half) == pytest.approx(0.5)
+    assert stats.probe_share([[(x, 2.0 * x) for x in xs]]) == 1.0 and stats.probe_share([[(x, -x) for x in xs]]) == 0.0
+    assert stats.probe_share([[(0.01, 0.5)], []]) == 1.0  # no spread to judge by: the whole difference counts
+    assert stats.probe_share([[(x, float("nan")) for x in xs]]) == 1.0
