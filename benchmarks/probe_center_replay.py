@@ -7,9 +7,10 @@ carries beta * (the two bursts' log probe difference). If one worker process rea
 differently from the other for its whole life -- a per-process offset of the probe, not of the CPU
 -- that difference enters every cycle of its set, and the set's value moves by beta times it.
 Seen on the 2-core CPU machine (CPU self-check, 2026-12-04 evening, A/A run 1 set 13): worker a's probe
-read 4.70 µs, b's 3.83 µs, their calls alike (plain ratio 0.99), and the adjusted ratio came out
-1.18-1.27 in all four cases, which left the run's four intervals "ambiguous". On the H200 such
-offsets are ~2 % (benchmarks/HISTORY.md, "What it does not remove").
+read 4.70 µs, b's 3.83 µs, their calls alike (plain ratios 0.96-0.99), and the adjusted ratio came out
+1.18-1.28 in the four cases, which left the run's four intervals "ambiguous". On the H200 the sets'
+between-worker probe difference (SD 2-8 % over a run's sets) is mostly CPU speed the calls felt as
+well (the share printed per run, ~1 there), not such an offset.
 
 Centred rule (``centred``): each worker's probe readings in a set are taken relative to that
 worker's own median over the set (every wall burst of every case), i.e. each value of a

@@ -385,8 +385,13 @@ class Sampling:
     #: meeting different CPU speeds. Replayed offline (benchmarks/probe_center_replay.py,
     #: benchmarks/results/probe-center-replay-12-04.txt): CPU self-check A/A "same" 35 of 36 vs 27 of
     #: 36, 1 of 72 intervals excluding 1 vs 0; the H200's 58 default runs nearly as run (A/A "same"
-    #: 341 of 348 both, seed batch-2 fwd median +-3.55 % vs +-3.46 %). Not yet run live on the H200:
-    #: not the default. Needs ``speed_adjust``.
+    #: 341 of 348 both, seed batch-2 fwd median +-3.55 % vs +-3.46 %). Live: its CPU self-check had
+    #: 4 of 40 A/A comparisons not "same" (benchmarks/results/cpu-selfcheck-s25-probe-share.txt), all
+    #: in one run whose offset set came before the 8th (the share still 1), against 8 of 40 with the
+    #: default that evening; on the H200 (two runs, benchmarks/results/h200-runs-12-04-g.txt) the
+    #: shares were 0.64-1.00 and no interval moved by more than 0.14 points against the default rule
+    #: on the same cycles. Not the default yet: it acts only from the 8th set on, and it has had two
+    #: H200 runs. Needs ``speed_adjust``.
     probe_share: str = "full"
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
