@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from widths import excluding_one, hw, inside  # noqa: E402
+from widths import cli, excluding_one, hw, inside  # noqa: E402
 
 from matrix_runner import report, results  # noqa: E402
 
@@ -97,7 +97,4 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if not sys.argv[1:] or sys.argv[1] in ("-h", "--help"):
-        print(__doc__)
-        sys.exit(0 if sys.argv[1:] else 2)
-    main(sys.argv[1:])
+    cli(main, __doc__)

@@ -42,7 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from widths import excluding_one, hw, inside  # noqa: E402
+import cpu_state_replay  # noqa: E402
+from widths import cli, excluding_one, hw, inside  # noqa: E402
 
 from matrix_runner import report, results  # noqa: E402
 
@@ -165,10 +166,8 @@ def share(d: dict) -> tuple[float | None, float | None]:
 
 
 def judged(d: dict) -> list[dict]:
-    settings = {**(d.get("settings") or {}), "method": "lockstep-sets/anytime-t-cs/5"}
-    return results.comparisons(d["cases"], [e["label"] for e in d["envs"] if e.get("status") == "ok"],
-                               settings.get("min_effect") or 0.05, settings=settings,
-                               pairs=results.env_pairs(d["envs"]), sets=d.get("sets"))
+    """``d``'s comparisons by method /5, every cycle counted (cpu_state_replay.judged)."""
+    return cpu_state_replay.judged(d, "all")
 
 
 def main(runs: list[str]) -> None:
@@ -234,7 +233,4 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if not sys.argv[1:] or sys.argv[1] in ("-h", "--help"):
-        print(__doc__)
-        sys.exit(0 if sys.argv[1:] else 2)
-    main(sys.argv[1:])
+    cli(main, __doc__)

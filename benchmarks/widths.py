@@ -120,6 +120,15 @@ def host_and_cycles(spec: list[str]) -> None:
               "; wall cycles per set " + ", ".join(f"{k} {statistics.mean(v):.1f}" for k, v in sorted(cyc.items())))
 
 
+def cli(main, doc: str) -> None:
+    """A replay script's command line: ``doc`` for -h/--help (exit 0) or no arguments (exit 2), else
+    ``main(RUN...)``."""
+    if not sys.argv[1:] or sys.argv[1] in ("-h", "--help"):
+        print(doc)
+        sys.exit(0 if sys.argv[1:] else 2)
+    main(sys.argv[1:])
+
+
 if __name__ == "__main__":
     argv = sys.argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
