@@ -30,7 +30,12 @@ earlier sets (:func:`two_slope`). Per run it also prints the share rho over all 
 (:func:`share`, a diagnostic): ~1 where the sets' probe difference is CPU speed the calls felt as
 well, ~0 where it is the probe's own per-process offset.
 
-Usage: python benchmarks/probe_center_replay.py RUN [RUN ...]
+The replay's two-slope rule is the runner's (runner.apply_probe_share) but for three simplifications:
+a set's dm and plain ratio need 2+ common cycles (the runner: 1), every earlier set counts (the
+runner: pinned ones; these runs' sets were all pinned) and the host clock takes the wall clock's
+factor (the runner: its own cycles').
+
+Usage: python benchmarks/probe_center_replay.py [--min-sets N] RUN [RUN ...]
 """
 from __future__ import annotations
 
@@ -45,11 +50,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_state_replay  # noqa: E402
 from widths import cli, excluding_one, hw, inside  # noqa: E402
 
-from matrix_runner import report, results  # noqa: E402
+from matrix_runner import report, results, stats  # noqa: E402
 
 MODES = ("as run", "centred", "2-slope")
-#: Earlier sets before the two-slope rule estimates its share (until then: the runner's rule).
-MIN_SETS = 5
+#: Earlier sets before the two-slope rule estimates its share (until then: the runner's rule);
+#: ``--min-sets N`` sets another (the runner's is stats.PROBE_SHARE_MIN_SETS).
+MIN_SETS = stats.PROBE_SHARE_MIN_SETS
 CLOCKS = ("wall_us", "host_us")
 
 
@@ -183,7 +189,7 @@ def main(runs: list[str]) -> None:
         probe = report.probe_median_us(d)
         parts = []
         for mode in MODES:
-            cs = judged(d if mode == "as run" else centred(d) if mode == "centred" else two_slope(d))
+            cs = judged(d if mode == "as run" else centred(d) if mode == "centred" else two_slope(d, MIN_SETS))
             w = [c for c in cs if c["metric"] == "wall_us"]
             b512 = [hw(c) for c in w if c["label"].startswith("B512 ") and c["op"] == "fwd"]
             b2 = [hw(c) for c in w if c["label"].startswith("B2 ") and c["op"] == "fwd"]
@@ -233,4 +239,7 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--min-sets"]:
+        MIN_SETS = int(sys.argv[2])
+        del sys.argv[1:3]
     cli(main, __doc__)

@@ -23,7 +23,7 @@ for r in sys.argv[1:]:
             m=c['metrics'].get(clock) or {}
             for s,per in (m.get('by_set') or {}).items():
                 b=(m.get('speed_by_set') or {}).get(s,{}).get('between')
-                if b: m['by_set'][s]={k:v*math.exp(-b) for k,v in per.items()}
+                if b: m['by_set'][s]={k:(v*math.exp(-b) if isinstance(v,(int,float)) else v) for k,v in per.items()}
     for name,doc in (('as run (estimated)',d),('full (undone)',f)):
         w=[c for c in P.judged(doc) if c['metric']=='wall_us']
         print(r.split('/')[-1], name, 'B2 fwd', '/'.join(f"{hw(c):.2f}" for c in w if c['label'].startswith('B2 ') and c['op']=='fwd'), 'B2 bwd', '/'.join(f"{hw(c):.2f}" for c in w if c['label'].startswith('B2 ') and c['op']=='bwd'), 'B512 fwd', '/'.join(f"{hw(c):.2f}" for c in w if c['label'].startswith('B512 ') and c['op']=='fwd'), 'verdicts', {v:sum(c['verdict']==v for c in w) for v in ('same','slower','ambiguous')}, 'inside', sum(inside(c) for c in w))

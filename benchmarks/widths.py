@@ -8,8 +8,8 @@ python benchmarks/widths.py [--misses|--cover] RUN_DIR_OR_RESULTS...
 python benchmarks/widths.py --groups A=RUN,RUN B=RUN,RUN
 ``--host`` (same arguments as ``--groups``): host verdicts and half-widths, wall cycles per set.
 ``--speed RUN...``: per run, the CPU speed it met -- the median speed-probe reading (report.probe_median_us,
-µs), the share of wall cycles at the H200's slow level (the cycle's reading, the geometric mean of its
-bursts' probes, above SLOW_US) -- and, for sampling.cpu_hop runs, the moves per set (median, max)."""
+µs), the share of wall turns at the H200's slow level (each env's reading of a cycle, ref_by_set, above
+SLOW_US) -- and, for sampling.cpu_hop runs, the moves per set (median, max)."""
 import math
 import sys
 from pathlib import Path
@@ -58,7 +58,7 @@ def speed(path: str, d: dict) -> str:
     cyc = [v for c in d["cases"] for per in ((c.get("metrics") or {}).get("wall_us") or {}).get("ref_by_set", {}).values()
            for v in (per.values() if isinstance(per, dict) else per) if isinstance(v, (int, float)) and v > 0]
     med = report.probe_median_us(d)
-    out = (f"{path}: probe median {med:.2f} µs, cycles at the slow level (> {SLOW_US:g} µs) "
+    out = (f"{path}: probe median {med:.2f} µs, turns at the slow level (> {SLOW_US:g} µs) "
            f"{100 * sum(v > SLOW_US for v in cyc) / len(cyc):.0f} %" if cyc and med else f"{path}: no probe readings")
     hops = [s["hops"] for s in d.get("sets") or [] if isinstance(s.get("hops"), int)]
     if hops:

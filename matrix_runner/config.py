@@ -377,8 +377,8 @@ class Sampling:
     #: How much of a process set's *between-worker* speed-probe difference (one worker's probe reading
     #: higher than its partner's over the whole set) the speed adjustment counts: ``full`` -- all of
     #: it, as if it were CPU speed the calls felt (the within-set slope applied to it); ``estimated`` --
-    #: the share the earlier sets' plain call ratios followed (stats.probe_share; from 8 earlier sets,
-    #: 1 before). Why: on the 2-core CPU machine a worker's probe can read 20-25 % slower than its
+    #: the share the earlier pinned sets' plain call ratios followed (stats.probe_share; once 8 earlier
+    #: pinned sets give it; before that, and in a set that ran unpinned, all of it). Why: on the 2-core CPU machine a worker's probe can read 20-25 % slower than its
     #: partner's for a whole set while their calls match, and ``full`` turned that into a 20-25 % A/A
     #: set ratio (CPU self-check 2026-12-04 evening, A/A 8 of 40 comparisons not "same", all from such
     #: sets); on the H200 the share over a run is ~1 (median 0.95 over 58 runs), the workers of a set
@@ -387,10 +387,10 @@ class Sampling:
     #: 36, 1 of 72 intervals excluding 1 vs 0; the H200's 58 default runs nearly as run (A/A "same"
     #: 341 of 348 both, seed batch-2 fwd median +-3.55 % vs +-3.46 %). Live: its CPU self-check had
     #: 4 of 40 A/A comparisons not "same" (benchmarks/results/cpu-selfcheck-s25-probe-share.txt), all
-    #: in one run whose offset set came before the 8th (the share still 1), against 8 of 40 with the
+    #: in one run whose offset set was its 6th (before any share is estimated), against 8 of 40 with the
     #: default that evening; on the H200 (two runs, benchmarks/results/h200-runs-12-04-g.txt) the
     #: shares were 0.64-1.00 and no interval moved by more than 0.14 points against the default rule
-    #: on the same cycles. Not the default yet: it acts only from the 8th set on, and it has had two
+    #: on the same cycles. Not the default yet: it acts only from the 9th pinned set on, and it has had two
     #: H200 runs. Needs ``speed_adjust``.
     probe_share: str = "full"
     #: Workers per env in each process set: a set's value averages its processes (one worker

@@ -444,10 +444,13 @@ def probe_note(res: dict) -> str:
         if dead:  # lockstep.Hopper.health: no readings, so no move (its log: scout.log in the work dir)
             hop += f" (its CPU scout had stopped by the end of {dead} of them)"
     shares = [s["probe_share"] for s in res.get("sets") or [] if isinstance(s.get("probe_share"), (int, float))]
-    if shares:  # sampling.probe_share: estimated (runner.apply_probe_share)
-        hop += (f"; the speed adjustment counted {min(shares):.2f}-{max(shares):.2f} of each set's between-worker probe "
-                "difference (sampling.probe_share: estimated, from the earlier sets' calls; 1 before the "
-                f"{stats.PROBE_SHARE_MIN_SETS}th earlier set)")
+    if shares:  # sampling.probe_share: estimated (runner.apply_probe_share: pinned sets after the first 8)
+        hop += (f"; in {len(shares)} process sets the speed adjustment counted {min(shares):.2f}-{max(shares):.2f} of "
+                "the set's between-worker probe difference, the share the earlier pinned sets' calls followed "
+                f"(sampling.probe_share: estimated; the first {stats.PROBE_SHARE_MIN_SETS} pinned sets counted all of it)")
+    elif (res.get("settings") or {}).get("probe_share") == "estimated":
+        hop += (f"; sampling.probe_share: estimated, but no set came after {stats.PROBE_SHARE_MIN_SETS} earlier "
+                "pinned sets, so every set counted its whole between-worker probe difference")
     return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "
             f"burst) read a median of {m:.2f} µs in this run{hop}; host overhead follows the CPU speed, so compare "
             "the µs and host-heavy ratios of runs at like readings (matrix-run compare warns when two runs differ by "

@@ -74,6 +74,9 @@ class CaseData:
     raw: dict = field(default_factory=lambda: {m: {} for m in CYCLED})
     #: wall/host: set id -> {"beta", "center"} of the speed adjustment at the set's last cycle
     speed: dict = field(default_factory=lambda: {m: {} for m in CYCLED})
+    #: wall/host: set id -> cycle id -> the slope that cycle's bursts were adjusted with (this run's
+    #: sets only, not written: apply_probe_share shifts each cycle by its own slope)
+    cycle_beta: dict = field(default_factory=lambda: {m: {} for m in CYCLED})
     kernels: list | None = None
     correctness: list = field(default_factory=list)
     status: str = "pending"  # pending | ok | error
@@ -466,6 +469,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     labels = [e.label for e in envs]
     durations: list[float] = []
     slopes: dict = {}  # (case id, metric) -> stats.SpeedSlope, over every set of this run
+    share_cache: dict = {}  # set id -> its share_points (sampling.probe_share: estimated; apply_probe_share)
     # the sets whose workers are starting or waiting, next first (Sampling.prefetch_depth)
     pending: list[_Set] = []
     depth = sampling.prefetch_depth or Sampling.depth_for(len(others or ()), len(envs) * sampling.workers_per_env,
@@ -567,6 +571,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                                case_timeout=case_timeout, stop=stop, rng=rng, on_progress=on_progress,
                                prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes, pairs=pairs,
                                learned=learned, unguarded=stats.unpinned_sets(sets), hopper=hopper,
+                               share_cache=share_cache,
                                # set-ups: within the budget from this call's start (a --resume of a
                                # run near its budget still gets its set set up and timed)
                                deadline=t_call + sampling.time_budget_s)
@@ -620,7 +625,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
              on_progress, prefetch, seed: int, labels: list[str], park: set | None = None,
              slopes: dict | None = None, pairs: list | None = None, deadline: float | None = None,
              learned: dict | None = None, unguarded: frozenset = frozenset(),
-             hopper: lockstep.Hopper | None = None) -> dict:
+             hopper: lockstep.Hopper | None = None, share_cache: dict | None = None) -> dict:
     """Run one process set to its end; returns its record. Faults are handled as the module doc says.
     ``deadline`` (monotonic s: this run_all call's start + the time budget) bounds the set-up of the set's
     cases too: a set-up still running then ends the set and the run (status ``budget``; a GPU-sized
@@ -827,11 +832,14 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                                     hopper=hopper if cpu is not None and rec["pinned"] else None,
                                     more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
         finally:  # whatever of the set's cycles ran (an interrupt keeps them) is taken at the estimated share
-            share = apply_probe_share(data, labels, ready, sid, sampling)
-            if share is not None:
+            t_cyc_end = time.monotonic()
+            share = apply_probe_share(data, labels, ready, sid, sampling,
+                                      unpinned=unguarded | ({sid} if not rec["pinned"] else frozenset()),
+                                      cache=share_cache)
+            if share is not None and rec.get("cycles"):
                 rec["probe_share"] = round(share, 4)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
-        rec["extended_s"] = round(max(0.0, time.monotonic() - t_cyc - budget), 3)
+        rec["extended_s"] = round(max(0.0, t_cyc_end - t_cyc - budget), 3)
         rec["steal"], j0 = (_stretch_share(st) if hopping else _steal_since(j0, steal_cpus)), None
         phase("cycles")
         if sampling.prefetch_spawn == "after":
@@ -1153,6 +1161,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     if v is not None:
                         store[m].setdefault(sid, {})[n] = v
                 cd.speed[m][sid] = {"beta": round(beta, 4), "center": round(center, 4)}
+                cd.cycle_beta[m].setdefault(sid, {})[n] = beta
                 if cd.status != "ok":
                     if cd.status == "error":
                         cd.notes.append(f"set {sid}: timed again after the earlier fault")
@@ -1209,34 +1218,47 @@ def share_points(data: dict, labels: list[str], cases: list[Case], sid: int, met
     return out
 
 
-def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int, sampling: Sampling) -> float | None:
+def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int, sampling: Sampling,
+                      unpinned: frozenset = frozenset(), cache: dict | None = None) -> float | None:
     """``sampling.probe_share: estimated``: set ``sid``'s speed-adjusted values (wall and host) taken
-    with only the share (:func:`stats.probe_share`, from the earlier sets' :func:`share_points`) of
-    its between-worker probe difference that the calls felt: each (env, case, clock) value times
-    exp((1 - share) * x), x its :func:`share_points` x; the log shift is kept as the set's
-    ``between`` in ``CaseData.speed``. Returns the share (1 before
-    ``stats.PROBE_SHARE_MIN_SETS`` earlier sets), or None where the option is off, the speed is not
-    adjusted or the set has one env."""
-    if sampling.probe_share != "estimated" or not sampling.speed_adjust or len(labels) < 2:
+    with only the share (:func:`stats.probe_share`) of its between-worker probe difference that the
+    calls felt in the earlier *pinned* sets (their :func:`share_points`; ``cache``: set id -> those,
+    kept across calls): each (env, case, clock) cycle value times exp((1 - share) * beta_k * dm),
+    beta_k the slope that cycle was adjusted with (``CaseData.cycle_beta``; a --resume's first cycles
+    ran with none), dm its :func:`share_points` probe difference; the set's mean log shift is kept as
+    ``between`` in ``CaseData.speed``. Returns the share, or None where the option is off, the speed
+    is not adjusted, the set has one env, it ran unpinned (``unpinned``: its workers did not share a
+    core, so their probe difference is CPU speed: the whole of it counts) or fewer than
+    ``stats.PROBE_SHARE_MIN_SETS`` earlier pinned sets give the share (until then the whole
+    difference counts, as with ``full``)."""
+    if sampling.probe_share != "estimated" or not sampling.speed_adjust or len(labels) < 2 or sid in unpinned:
         return None
-    earlier = sorted({s for (lab, _), cd in data.items() if lab in labels for s in cd.raw["wall_us"] if s < sid})
-    share = 1.0
-    if len(earlier) >= stats.PROBE_SHARE_MIN_SETS:
-        groups: dict = {}
-        for s in earlier:
-            for key, pt in share_points(data, labels, cases, s).items():
-                groups.setdefault(key, []).append(pt)
-        share = stats.probe_share(list(groups.values()))
+    cache = {} if cache is None else cache
+    earlier = sorted({s for (lab, _), cd in data.items() if lab in labels for s in cd.raw["wall_us"]
+                      if s < sid and s not in unpinned})
+    if len(earlier) < stats.PROBE_SHARE_MIN_SETS:
+        return None
+    groups: dict = {}
+    for s in earlier:
+        if s not in cache:
+            cache[s] = share_points(data, labels, cases, s)
+        for key, pt in cache[s].items():
+            groups.setdefault(key, []).append(pt)
+    share = stats.probe_share(list(groups.values()))
     if share < 1.0:
         for m in CYCLED:
             for (cid, lab), (x, _) in share_points(data, labels, cases, sid, m).items():
                 cd = data[(lab, cid)]
                 vals = cd.sets[m].get(sid)
-                if not isinstance(vals, dict) or not vals:
+                sp = cd.speed[m].get(sid) or {}
+                beta = float(sp.get("beta") or 0.0)
+                if not isinstance(vals, dict) or not vals or beta <= 0:
                     continue
-                shift = (1.0 - share) * x
-                cd.sets[m][sid] = {k: v * math.exp(shift) for k, v in vals.items()}
-                cd.speed[m].setdefault(sid, {})["between"] = round(shift, 5)
+                dm = x / beta  # share_points' x is the set's slope times dm
+                betas = cd.cycle_beta[m].get(sid) or {}
+                shifts = {k: (1.0 - share) * float(betas.get(k, beta)) * dm for k in vals}
+                cd.sets[m][sid] = {k: v * math.exp(shifts[k]) for k, v in vals.items()}
+                sp["between"] = round(sum(shifts.values()) / len(shifts), 5)
     return share
 
 

@@ -812,7 +812,7 @@ def probe_share(groups) -> float:
     beta * dm, as if that difference were CPU speed the calls felt; the share says how much of it
     was. Why (benchmarks/results/probe-center-replay-12-04.txt): on the H200 the share over a run's
     sets is ~1 (median 0.95, 0.55-1.45 over 58 runs: the workers of a set meet different CPU
-    speeds and the calls follow them), while on the 2-core CPU machine it is 0.06-0.52: there a
+    speeds and the calls follow them), while on the 2-core CPU machine it is -0.03 to 0.52: there a
     worker's probe can read 20-25 % slower than its partner's for the whole set while their calls
     match (a per-process offset of the probe, not of the CPU), and the full adjustment turned that
     into a 20-25 % set ratio in an A/A run (CPU self-check 2026-12-04 evening: 8 of 40 comparisons

@@ -1015,8 +1015,9 @@ def test_probe_share_estimated_takes_a_per_process_probe_offset_out_of_the_set_r
     assert ratio() == pytest.approx(math.exp(-0.8 * 0.2), rel=1e-9)  # the full adjustment: 0.852
     assert runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling()) is None  # probe_share: full
     assert ratio() == pytest.approx(0.852, abs=1e-3)
-    share = runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="estimated"))
-    assert share == pytest.approx(0.0, abs=1e-9)
+    cache: dict = {}
+    share = runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="estimated"), cache=cache)
+    assert share == pytest.approx(0.0, abs=1e-9) and sorted(cache) == list(range(9))  # earlier sets' points kept
     assert ratio() == pytest.approx(1.0, rel=1e-9)  # the calls matched
     host = data[("b", c.id)].sets["host_us"][9]
     assert host[0] / data[("a", c.id)].sets["host_us"][9][0] == pytest.approx(1.0)  # the host clock alike
@@ -1032,11 +1033,36 @@ def test_probe_share_waits_for_eight_earlier_sets_and_keeps_calls_that_followed_
 
     c, data = _share_data(5, odd=0.2)  # 4 earlier sets: too few to judge by, the whole difference counts
     before = dict(data[("b", c.id)].sets["wall_us"][4])
-    assert runner.apply_probe_share(data, ["a", "b"], [c], 4, Sampling(probe_share="estimated")) == 1.0
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 4, Sampling(probe_share="estimated")) is None
     assert data[("b", c.id)].sets["wall_us"][4] == before and "between" not in data[("b", c.id)].speed["wall_us"][4]
+    # 9 earlier sets, but two ran unpinned (their workers did not share a core): 7 pinned ones are too few,
+    # and an unpinned set itself keeps the whole adjustment (its probe difference is CPU speed)
+    c, data = _share_data(10, odd=0.2)
+    est = Sampling(probe_share="estimated")
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 9, est, unpinned=frozenset({2, 5})) is None
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 9, est, unpinned=frozenset({9})) is None
+    assert data[("b", c.id)].sets["wall_us"][9] == _share_data(10, odd=0.2)[1][("b", c.id)].sets["wall_us"][9]
     c, data = _share_data(10, odd=0.2)
     for s in range(10):  # now b's calls follow its probe exactly (CPU speed, as on the H200): share 1
         for m in ("wall_us", "host_us"):
             cd = data[("b", c.id)]
             cd.raw[m][s] = {k: 100.0 * (cd.refs[m][s][k] / data[("a", c.id)].refs[m][s][k]) ** 0.8 for k in range(6)}
     assert runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="estimated")) == pytest.approx(1.0)
+
+
+def test_probe_share_shifts_each_cycle_by_the_slope_it_was_adjusted_with():
+    """A --resume starts its slopes afresh, so its first cycles ran unadjusted (slope 0): those get no
+    shift (review: the set's last slope had been applied to every cycle)."""
+    from matrix_runner import runner
+    from matrix_runner.config import Sampling
+
+    c, data = _share_data(10, odd=0.2)
+    b = data[("b", c.id)]
+    b.sets["wall_us"][9][0] = b.raw["wall_us"][9][0]  # cycle 0 of the last set ran with slope 0
+    data[("a", c.id)].sets["wall_us"][9][0] = data[("a", c.id)].raw["wall_us"][9][0]
+    for cd in data.values():
+        cd.cycle_beta["wall_us"][9] = {k: (0.0 if k == 0 else 0.8) for k in range(6)}
+    runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="estimated"))
+    a = data[("a", c.id)]
+    assert b.sets["wall_us"][9][0] / a.sets["wall_us"][9][0] == pytest.approx(1.0)  # plain, and left plain
+    assert b.sets["wall_us"][9][3] / a.sets["wall_us"][9][3] == pytest.approx(1.0)  # adjusted, then shifted back

@@ -1125,9 +1125,22 @@ def test_a_cpu_hop_run_says_its_sets_followed_the_fast_cpu_and_compare_warns():
 
 def test_the_report_says_what_share_of_the_probe_difference_the_adjustment_counted():
     """sampling.probe_share: estimated: the sets record the share used (runner.apply_probe_share)."""
-    doc = {"cases": [{"metrics": {"wall_us": {"ref_by_set": {"0": {"1": 3.8}}}}}],
-           "sets": [{"set": i, "probe_share": v} for i, v in enumerate((1.0, 1.0, 0.31, 0.12))]}
+    doc = {"cases": [{"metrics": {"wall_us": {"ref_by_set": {"0": {"1": 3.8}}}}}], "settings": {"probe_share": "estimated"},
+           "sets": [{"set": i} for i in range(8)] + [{"set": 8 + i, "probe_share": v} for i, v in enumerate((0.31, 0.12))]}
     note = report.probe_note(doc)
-    assert "the speed adjustment counted 0.12-1.00 of each set's between-worker probe difference " \
-           "(sampling.probe_share: estimated" in note
-    assert "between-worker" not in report.probe_note({**doc, "sets": [{"set": 0}]})
+    assert "; in 2 process sets the speed adjustment counted 0.12-0.31 of the set's between-worker probe " \
+           "difference, the share the earlier pinned sets' calls followed (sampling.probe_share: estimated; " \
+           "the first 8 pinned sets counted all of it)" in note
+    few = report.probe_note({**doc, "sets": [{"set": 0}]})
+    assert "sampling.probe_share: estimated, but no set came after 8 earlier pinned sets" in few
+    assert "between-worker" not in report.probe_note({**doc, "settings": {}, "sets": [{"set": 0}]})
+
+
+def test_compare_warns_when_one_run_counted_only_part_of_its_probe_differences():
+    from matrix_runner import commands
+    share = results.load(ROOT / "reports" / "h200-variant-probe-share-2.6.3-vs-2.7.0.post2-1")
+    full = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-04-36")
+    assert min(s["probe_share"] for s in share["sets"] if "probe_share" in s) < 1
+    (why,) = commands.setting_differences(share, full)
+    assert why.startswith("A's speed adjustment counted only part of its sets' between-worker probe differences")
+    assert commands.setting_differences(full, full) == []
