@@ -300,6 +300,9 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
             console.print(f"resuming in {cwd}, where the run was started: its command's relative paths "
                           "(--envs-dir, --find-links, --config) are read from there")
         os.chdir(cwd)  # the stored command's relative paths are relative to it
+    elif isinstance(cwd, str) and cwd:  # (review: the confusing case had said nothing)
+        console.print(f"the run was started in {cwd}, which is not here: its command's relative paths "
+                      f"(--envs-dir, --find-links, --config) are read from {Path.cwd()}")
     new.output, new.resume = str(run_dir), str(run_dir)
     if st.get("device") in ("cuda", "cpu"):
         new.device = st["device"]
@@ -322,7 +325,12 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
             try:
                 lockstep.parse_cpus(v)
             except ValueError as ex:
-                raise bad(key, str(ex).split(": ", 1)[-1]) from None
+                why = str(ex).split(": ", 1)[-1]
+                if "not allowed" in why:  # another machine's CPUs, not a damaged file (review)
+                    raise UsageError(f"{src}: the run was pinned with --cpus {v}, and {why}: resume it on the "
+                                     "machine it ran on, or set settings.cpus_request to auto in that "
+                                     "results.json") from None
+                raise bad(key, why) from None
         if key not in ("quick", "cpus_request"):
             whole = key in ("max_sets", "workers_per_env")
             if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not math.isfinite(v) or v <= 0:
@@ -414,6 +422,19 @@ class Run:
             cfg = resumed_config(prior, str(results.find(Path(args.resume))))
             self.t_start -= float(((prior.get("timing") or {}).get("total_s")) or 0.0)
         samp = cfg.sampling
+        try:
+            self._check_numbers(cfg, samp)
+        except UsageError as ex:
+            if prior is None:
+                raise
+            # a resumed run's numbers come from its results.json, not from flags anybody typed (review)
+            raise UsageError(f"{results.find(Path(args.resume))}: the run's stored settings: {ex} -- fix that "
+                             "results.json or start the run again with its original command") from None
+        self._check_requests(cfg, samp)
+
+    def _check_numbers(self, cfg, samp) -> None:
+        """The command line's overrides of the sampling, and every usage check of the numbers."""
+        args = self.args
         for name, attr in (("min_effect", "min_effect"), ("max_sets", "max_sets"), ("set_seconds", "set_seconds"),
                            ("burst_ms", "burst_ms"), ("time_budget", "time_budget_s"),
                            ("workers_per_env", "workers_per_env")):
@@ -443,6 +464,11 @@ class Run:
                              "the budget (an interval needs at least two process sets), or a larger --time-budget")
         if not 0 < samp.min_effect < 1:
             raise UsageError(f"--min-effect {samp.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
+
+    def _check_requests(self, cfg, samp) -> None:
+        """The flags' syntax (--gpus, --fail-on-regression, --cpus), the version requests (a version the
+        index lacks is a usage error) and the run id."""
+        args, prior = self.args, self.prior
         if getattr(args, "gpus", None) not in (None, "all"):  # its syntax now; which GPUs exist once probed
             shard.gpu_indices(args.gpus)
         if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
