@@ -105,17 +105,9 @@ def two_slope(d: dict, min_sets: int = MIN_SETS) -> dict:
     rows: dict = {}  # case id -> [(set, beta*dm, plain mean log ratio)]
     for sid in order:
         s = str(sid)
-        # rho from the earlier sets only
-        xs, ys = [], []
-        for cid, pts in rows.items():
-            if len(pts) >= 2:
-                mx = sum(p[1] for p in pts) / len(pts)
-                my = sum(p[2] for p in pts) / len(pts)
-                xs += [p[1] - mx for p in pts]
-                ys += [p[2] - my for p in pts]
+        # rho from the earlier sets only, by the runner's estimator
         n_prev = len({p[0] for pts in rows.values() for p in pts})
-        sxx = sum(x * x for x in xs)
-        rho = 1.0 if n_prev < min_sets or sxx <= 0 else min(1.0, max(0.0, sum(x * y for x, y in zip(xs, ys)) / sxx))
+        rho = 1.0 if n_prev < min_sets else stats.probe_share([[(x, y) for _, x, y in pts] for pts in rows.values()])
         for cid, pair in by.items():
             if base not in pair or cand not in pair:
                 continue

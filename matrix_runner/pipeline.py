@@ -336,9 +336,6 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
             if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not math.isfinite(v) or v <= 0:
                 raise bad(key, "must be a positive " + ("whole number" if whole else "number"))
         setattr(new, arg, v)  # the values the run used, whatever today's defaults are
-    resumed_config(doc, str(results.find(run_dir)))  # its stored settings checked before a word of resuming
-    console.print(f"resuming {doc.get('run_id')} in {run_dir}: {len(doc.get('sets') or [])} process sets "
-                  f"and {len(doc.get('cases') or [])} case records kept")
     return new, new_argv, doc
 
 
@@ -353,12 +350,10 @@ def resumed_config(prior: dict, src: str):
     (:data:`RESUMED_SAMPLING`, from ``settings``) put back, checked by the same rules as a config
     file (:func:`config.parse_config`), so a results.json whose settings were edited or damaged is a
     ConfigError naming it (``src``: its path) and the setting, before anything is built. A run from
-    before ``host_precision`` existed cycled its decided host items to 1 %."""
+    before ``host_precision`` existed cycled its decided host items to 1 %. ``settings`` is a mapping
+    or missing (:func:`resume_args` refuses any other)."""
     conf = prior.get("config")
     st = prior.get("settings") or {}
-    if not isinstance(st, dict):
-        raise ConfigError(f"{src}: settings: {st!r} must be a mapping (the results.json of the run to resume "
-                          "is damaged: start that run again with its original command)")
     if isinstance(conf, dict):
         samp = conf.get("sampling")
         samp = dict(samp) if isinstance(samp, dict) else ({} if samp is None else samp)
@@ -418,19 +413,20 @@ class Run:
         args, prior = self.args, self.prior
         if prior is None:
             cfg = load_config(args.config, max_cases=None if args.yes else MAX_CASES)
+            self._check_numbers(cfg, cfg.sampling)
         else:  # the config as the run stored it (the file may have changed since; its size was accepted)
-            cfg = resumed_config(prior, str(results.find(Path(args.resume))))
+            src = results.find(Path(args.resume))
+            cfg = resumed_config(prior, str(src))
             self.t_start -= float(((prior.get("timing") or {}).get("total_s")) or 0.0)
-        samp = cfg.sampling
-        try:
-            self._check_numbers(cfg, samp)
-        except UsageError as ex:
-            if prior is None:
-                raise
-            # a resumed run's numbers come from its results.json, not from flags anybody typed (review)
-            raise UsageError(f"{results.find(Path(args.resume))}: the run's stored settings: {ex} -- fix that "
-                             "results.json or start the run again with its original command") from None
-        self._check_requests(cfg, samp)
+            try:
+                self._check_numbers(cfg, cfg.sampling)
+            except UsageError as ex:  # its numbers come from its results.json, not from flags anybody typed
+                raise UsageError(f"{src}: the run's stored settings: {ex} -- fix that results.json or start the "
+                                 "run again with its original command") from None
+            # its stored settings checked before a word of resuming
+            console.print(f"resuming {prior.get('run_id')} in {src.parent}: {len(prior.get('sets') or [])} process "
+                          f"sets and {len(prior.get('cases') or [])} case records kept")
+        self._check_requests(cfg, cfg.sampling)
 
     def _check_numbers(self, cfg, samp) -> None:
         """The command line's overrides of the sampling, and every usage check of the numbers."""
@@ -739,8 +735,9 @@ class Run:
         except ValueError as ex:
             raise UsageError(str(ex)) from None
         base_doc["settings"]["cpus"] = cpus
-        if samp.cpu_hop and not gpus and lockstep.hop_idle(cpus):  # said up front, not found in the report
-            warn(f"sampling.cpu_hop: true does nothing in this run: {lockstep.hop_idle(cpus)}")
+        idle = lockstep.hop_idle(cpus) if samp.cpu_hop and not gpus else None
+        if idle:  # said up front, not found in the report (runner.run_all records it there)
+            warn(f"sampling.cpu_hop: true does nothing in this run: {idle}")
         if samp.workers_per_env is None and not gpus:  # auto: 1 (config.Sampling.workers_per_env)
             samp.workers_per_env = 1
         base_doc["settings"]["workers_per_env"] = samp.workers_per_env

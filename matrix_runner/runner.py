@@ -819,6 +819,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         # CPU steal on the set's core over its cycles (the hypervisor running something else: a
         # 2-core CPU VM had 20-50 % in the minutes its A/A intervals widened to +-10-20 %)
         steal_cpus = [cpu] if cpu is not None else None
+        unguarded_now = unguarded | ({sid} if not rec["pinned"] else frozenset())  # this set too, if unpinned
         hopping = hopper is not None and cpu is not None
         j0 = machine.cpu_jiffies(steal_cpus)
         if hopping:  # steal over the stretches on each CPU the set moves to (_stretch_to)
@@ -828,14 +829,11 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout, stop=stop,
                                     rng=rng, on_progress=on_progress, fault=fault, labels=labels, pairs=pairs,
                                     slopes=slopes if slopes is not None else {},
-                                    unguarded=unguarded | ({sid} if not rec["pinned"] else frozenset()),
-                                    hopper=hopper if cpu is not None and rec["pinned"] else None,
+                                    unguarded=unguarded_now, hopper=hopper if cpu is not None and rec["pinned"] else None,
                                     more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
         finally:  # whatever of the set's cycles ran (an interrupt keeps them) is taken at the estimated share
             t_cyc_end = time.monotonic()
-            share = apply_probe_share(data, labels, ready, sid, sampling,
-                                      unpinned=unguarded | ({sid} if not rec["pinned"] else frozenset()),
-                                      cache=share_cache)
+            share = apply_probe_share(data, labels, ready, sid, sampling, unpinned=unguarded_now, cache=share_cache)
             if share is not None and rec.get("cycles"):
                 rec["probe_share"] = round(share, 4)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
@@ -1189,9 +1187,10 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
 
 
 def share_points(data: dict, labels: list[str], cases: list[Case], sid: int, metric: str = "wall_us") -> dict:
-    """(case id, env label) -> (x, y) of set ``sid`` for :func:`stats.probe_share`: over the cycles
-    every env timed, dm = the mean of the env's log probe reading (µs) less the envs' mean, x = the
-    case's speed slope times dm, y = the same difference of the plain log burst medians (µs)."""
+    """(case id, env label) -> (beta, dm, dy) of set ``sid``: over the cycles every env timed, dm = the
+    mean of the env's log probe reading (µs) less the envs' mean, dy = the same difference of the
+    plain log burst medians (µs), beta the case's speed slope at the set's end; :func:`stats.probe_share`
+    takes (beta * dm, dy)."""
     out = {}
     for c in cases:
         cds = [data.get((lab, c.id)) for lab in labels]
@@ -1214,7 +1213,7 @@ def share_points(data: dict, labels: list[str], cases: list[Case], sid: int, met
                 dms[i] += (lx[i] - mx) / len(ks)
                 dys[i] += (ly[i] - my) / len(ks)
         for lab, dm, dy in zip(labels, dms, dys):
-            out[(c.id, lab)] = (beta * dm, dy)
+            out[(c.id, lab)] = (beta, dm, dy)
     return out
 
 
@@ -1242,23 +1241,20 @@ def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int
     for s in earlier:
         if s not in cache:
             cache[s] = share_points(data, labels, cases, s)
-        for key, pt in cache[s].items():
-            groups.setdefault(key, []).append(pt)
+        for key, (beta, dm, dy) in cache[s].items():
+            groups.setdefault(key, []).append((beta * dm, dy))
     share = stats.probe_share(list(groups.values()))
     if share < 1.0:
         for m in CYCLED:
-            for (cid, lab), (x, _) in share_points(data, labels, cases, sid, m).items():
+            for (cid, lab), (beta, dm, _) in share_points(data, labels, cases, sid, m).items():
                 cd = data[(lab, cid)]
                 vals = cd.sets[m].get(sid)
-                sp = cd.speed[m].get(sid) or {}
-                beta = float(sp.get("beta") or 0.0)
                 if not isinstance(vals, dict) or not vals or beta <= 0:
                     continue
-                dm = x / beta  # share_points' x is the set's slope times dm
                 betas = cd.cycle_beta[m].get(sid) or {}
                 shifts = {k: (1.0 - share) * float(betas.get(k, beta)) * dm for k in vals}
                 cd.sets[m][sid] = {k: v * math.exp(shifts[k]) for k, v in vals.items()}
-                sp["between"] = round(sum(shifts.values()) / len(shifts), 5)
+                cd.speed[m][sid]["between"] = round(sum(shifts.values()) / len(shifts), 5)
     return share
 
 

@@ -818,15 +818,12 @@ def probe_share(groups) -> float:
     into a 20-25 % set ratio in an A/A run (CPU self-check 2026-12-04 evening: 8 of 40 comparisons
     not "same", all in the two runs with such sets). The share is estimated from earlier sets only,
     so a set's values are fixed before they are judged (the confidence sequence needs that)."""
-    sxx = sxy = 0.0
+    sums = []
     for pts in groups:
         pts = [(x, y) for x, y in pts if math.isfinite(x) and math.isfinite(y)]
-        if len(pts) < 2:
-            continue
-        mx = sum(x for x, _ in pts) / len(pts)
-        my = sum(y for _, y in pts) / len(pts)
-        sxx += sum((x - mx) ** 2 for x, _ in pts)
-        sxy += sum((x - mx) * (y - my) for x, y in pts)
+        sums.append([len(pts), sum(x for x, _ in pts), sum(y for _, y in pts), sum(x * x for x, _ in pts),
+                     sum(x * y for x, y in pts)])
+    sxx, sxy, _, _ = within_sums(sums)  # each group's own mean removed, as SpeedSlope's slope
     if sxx <= 1e-12:
         return 1.0
     return min(1.0, max(0.0, sxy / sxx))
