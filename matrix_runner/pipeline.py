@@ -300,9 +300,11 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
             console.print(f"resuming in {cwd}, where the run was started: its command's relative paths "
                           "(--envs-dir, --find-links, --config) are read from there")
         os.chdir(cwd)  # the stored command's relative paths are relative to it
-    elif isinstance(cwd, str) and cwd:  # (review: the confusing case had said nothing)
-        console.print(f"the run was started in {cwd}, which is not here: its command's relative paths "
-                      f"(--envs-dir, --find-links, --config) are read from {Path.cwd()}")
+    elif isinstance(cwd, str) and cwd:  # refused: it had built envs wherever the resume ran (new-user trial)
+        raise UsageError(f"{src}: the run was started in {cwd}, which is not here, and its command's relative "
+                         f"paths (--envs-dir, --find-links, --config) would be read from {Path.cwd()}: set "
+                         "settings.cwd in that results.json to the directory they are relative to, or start the run "
+                         "again with its original command")
     new.output, new.resume = str(run_dir), str(run_dir)
     if st.get("device") in ("cuda", "cpu"):
         new.device = st["device"]
@@ -310,10 +312,8 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     def bad(key: str, rule: str):
         return UsageError(f"{src}: the run's stored settings: settings.{key} = {st[key]!r}: {rule} -- fix that "
                           "results.json or start the run again with its original command")
-    for arg, key in (("max_sets", "max_sets"), ("set_seconds", "set_seconds"), ("burst_ms", "burst_ms"),
-                     ("workers_per_env", "workers_per_env"),
-                     ("time_budget", "time_budget_s"), ("min_effect", "min_effect"),
-                     ("case_timeout", "case_timeout_s"), ("quick", "quick"), ("cpus", "cpus_request")):
+    for arg, key in (*((flag[2:].replace("-", "_"), key) for flag, key in RESUMED_FLAGS.items()),
+                     ("quick", "quick"), ("cpus", "cpus_request")):
         v = st.get(key)
         if v is None:
             continue
@@ -339,6 +339,12 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     return new, new_argv, doc
 
 
+#: The flags whose values a resumed run takes from its results.json ``settings`` (:func:`resume_args`),
+#: and their keys there: an error in one names the key, not a flag nobody typed.
+RESUMED_FLAGS = {"--max-sets": "max_sets", "--set-seconds": "set_seconds", "--burst-ms": "burst_ms",
+                 "--workers-per-env": "workers_per_env", "--time-budget": "time_budget_s",
+                 "--min-effect": "min_effect", "--case-timeout": "case_timeout_s"}
+
 #: The sampling rules a resumed run keeps from its results.json ``settings`` where today's defaults
 #: differ (the numbers the command line can set come back through :func:`resume_args`).
 RESUMED_SAMPLING = ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth",
@@ -363,7 +369,8 @@ def resumed_config(prior: dict, src: str):
                 samp["host_precision"] = 0.01
             conf = {**conf, "sampling": samp}
     try:
-        return parse_config(conf, f"{src} (the run being resumed)", max_cases=None)
+        # the config's own source, as the run recorded it (a resume had overwritten it with results.json's path)
+        return parse_config(conf, prior.get("config_source") or "results.json", max_cases=None)
     except ConfigError as ex:
         raise ConfigError(f"{src}: the run's stored settings: {ex} -- fix that results.json or start the run "
                           "again with its original command") from None
@@ -421,7 +428,10 @@ class Run:
             try:
                 self._check_numbers(cfg, cfg.sampling)
             except UsageError as ex:  # its numbers come from its results.json, not from flags anybody typed
-                raise UsageError(f"{src}: the run's stored settings: {ex} -- fix that results.json or start the "
+                why = str(ex)
+                for flag, key in RESUMED_FLAGS.items():
+                    why = why.replace(flag, f"settings.{key}")
+                raise UsageError(f"{src}: the run's stored settings: {why} -- fix that results.json or start the "
                                  "run again with its original command") from None
             # its stored settings checked before a word of resuming
             console.print(f"resuming {prior.get('run_id')} in {src.parent}: {len(prior.get('sets') or [])} process "

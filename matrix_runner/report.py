@@ -445,7 +445,8 @@ def probe_note(res: dict) -> str:
             hop += f" (its CPU scout had stopped by the end of {dead} of them)"
     shares = [s["probe_share"] for s in res.get("sets") or [] if isinstance(s.get("probe_share"), (int, float))]
     if shares:  # sampling.probe_share: estimated (runner.apply_probe_share: pinned sets after the first 8)
-        hop += (f"; in {len(shares)} process sets the speed adjustment counted {min(shares):.2f}-{max(shares):.2f} of "
+        rng = f"{min(shares):.2f}" + (f"-{max(shares):.2f}" if max(shares) > min(shares) else "")
+        hop += (f"; in {len(shares)} process set{'s' if len(shares) != 1 else ''} the speed adjustment counted {rng} of "
                 "the set's between-worker probe difference, the share the earlier pinned sets' calls followed "
                 f"(sampling.probe_share: estimated; the first {stats.PROBE_SHARE_MIN_SETS} pinned sets counted all of it)")
     elif (res.get("settings") or {}).get("probe_share") == "estimated":

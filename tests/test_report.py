@@ -1131,6 +1131,8 @@ def test_the_report_says_what_share_of_the_probe_difference_the_adjustment_count
     assert "; in 2 process sets the speed adjustment counted 0.12-0.31 of the set's between-worker probe " \
            "difference, the share the earlier pinned sets' calls followed (sampling.probe_share: estimated; " \
            "the first 8 pinned sets counted all of it)" in note
+    one = report.probe_note({**doc, "sets": [{"set": 8, "probe_share": 0.83}]})
+    assert "; in 1 process set the speed adjustment counted 0.83 of the set's" in one  # (new-user trial: "1 process sets ... 0.83-0.83")
     few = report.probe_note({**doc, "sets": [{"set": 0}]})
     assert "sampling.probe_share: estimated, but no set came after 8 earlier pinned sets" in few
     assert "between-worker" not in report.probe_note({**doc, "settings": {}, "sets": [{"set": 0}]})

@@ -596,8 +596,9 @@ def test_compare_with_an_aa_run_says_why_versions_do_not_match(capsys):
     ({"cpus_request": "99"}, "the run was pinned with --cpus 99, and CPU(s) [99] not allowed to this process"),
     ({"cpus_request": "x,y"}, "settings.cpus_request = 'x,y': give auto, unpinned or a comma list"),
     # numbers the config's rules accept but the run's checks do not: named in results.json, not as flags
-    ({"set_seconds": 0.05}, "the run's stored settings: --set-seconds 0.05: give at least 0.1"),
-    ({"min_effect": 1.5}, "the run's stored settings: --min-effect 1.5: give a fraction between 0 and 1"),
+    ({"set_seconds": 0.05}, "the run's stored settings: settings.set_seconds 0.05: give at least 0.1"),
+    ({"min_effect": 1.5}, "the run's stored settings: settings.min_effect 1.5: give a fraction between 0 and 1"),
+    ({"workers_per_env": 99}, "the run's stored settings: settings.workers_per_env 99: give at most 8"),
 ])
 def test_resume_checks_the_stored_sampling_rules_as_a_config_file_is_checked(capsys, tmp_path, edit, named):
     """--resume puts the sampling rules the run ran under back from results.json's settings; they went in
@@ -644,13 +645,21 @@ def test_an_interrupt_early_in_a_resume_says_the_earlier_sets_are_kept(capsys, t
 
 
 def test_resume_says_where_it_reads_the_commands_relative_paths(capsys, tmp_path):
-    """--resume works in the directory the run was started in; where that is missing here it says so
-    (review: it had stayed in the current directory without a word)."""
+    """--resume works in the directory the run was started in; where that is missing here it refuses
+    (a new-user trial: it had built envs wherever the resume ran)."""
     p = _edited(tmp_path, "1.0")
     d = json.loads(p.read_text())
     d["settings"]["cwd"] = str(tmp_path / "gone")
-    d["settings"]["set_seconds"] = 0.05  # stop before anything is built
     p.write_text(json.dumps(d))
     code, err = main(capsys, "--resume", str(p.parent))
     err = " ".join(err.split())
     assert code == 2 and f"the run was started in {tmp_path / 'gone'}, which is not here" in err, err
+    assert "set settings.cwd in that results.json" in err and not (tmp_path / "envs").exists()  # refused, nothing built
+
+
+def test_resume_keeps_the_config_source_the_run_recorded(tmp_path):
+    """A resume had recorded results.json's own path as the config's source (new-user trial)."""
+    from matrix_runner import pipeline
+    d = json.loads(results.read_text(REAL))
+    d["config_source"] = "/somewhere/est.yaml"
+    assert pipeline.resumed_config(d, "x/results.json").source == "/somewhere/est.yaml"
