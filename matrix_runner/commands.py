@@ -250,8 +250,10 @@ def setting_differences(a: dict, b: dict) -> list[str]:
     questions: ``cpu_state`` (usual: the ratio at one CPU speed; all: averaged over the speeds the run
     met; new-user trial 2026-12-04: a usual run compared with an all run without a word), and
     ``cpu_hop`` (a run whose sets moved to follow the fast CPU speed -- its recorded moves, not
-    the setting -- met it more often), and ``probe_share`` (a run whose sets counted only part of
-    their between-worker probe difference -- their recorded shares)."""
+    the setting -- met it more often), and ``probe_share`` (a run whose sets were taken at an
+    estimated share of their between-worker probe difference -- any set recording its share, 1
+    included; a run that never got that far, e.g. one with fewer sets than
+    stats.PROBE_SHARE_MIN_SETS + 1, counted all of it, as ``full``)."""
     out = []
     sa, sb = ((d.get("settings") or {}).get("cpu_state") or "all" for d in (a, b))
     if sa != sb:
@@ -264,11 +266,11 @@ def setting_differences(a: dict, b: dict) -> list[str]:
         out.append(f"{'A' if ha else 'B'}'s process sets moved between CPUs to follow the fast speed "
                    f"(sampling.cpu_hop), {'B' if ha else 'A'}'s stayed on one CPU each: they met the CPU's two "
                    "speeds in different shares, and host-heavy ratios differ between the speeds")
-    pa, pb = (any(isinstance(s.get("probe_share"), (int, float)) and s["probe_share"] < 1 for s in d.get("sets") or [])
-              for d in (a, b))
-    if pa != pb:  # runner.apply_probe_share: the sets' recorded shares, not the setting
-        out.append(f"{'A' if pa else 'B'}'s speed adjustment counted only part of its sets' between-worker probe "
-                   f"differences (sampling.probe_share: estimated), {'B' if pa else 'A'}'s all of them: where the "
+    pa, pb = (any(isinstance(s.get("probe_share"), (int, float)) for s in d.get("sets") or []) for d in (a, b))
+    if pa != pb:  # runner.apply_probe_share: a set records the share it was taken at (1 included)
+        out.append(f"{'A' if pa else 'B'}'s speed adjustment counted the share of its sets' between-worker probe "
+                   f"differences that earlier sets' calls followed (sampling.probe_share: estimated), "
+                   f"{'B' if pa else 'A'}'s all of them: where the "
                    "workers' probes differ without the calls following, the two take the ratio differently")
     return out
 

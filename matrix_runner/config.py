@@ -43,7 +43,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       cuda_at_start: false  # later sets' workers create their CUDA context while they start, not in their set's set-up
       cpu_state: all        # turns a wall/host ratio counts: all, or usual (both bursts at the CPU speed most of the first set ran at)
       cpu_hop: false        # move a set's workers, between cycles, to a CPU of the set pool that runs fast now (lockstep.Hopper)
-      probe_share: full     # how much of a set's between-worker probe difference the adjustment counts: full, or estimated from earlier sets (stats.probe_share)
+      probe_share: estimated  # how much of a set's between-worker probe difference the adjustment counts: estimated from earlier sets (stats.probe_share), or full
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
 (batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
@@ -375,24 +375,22 @@ class Sampling:
     #: correlation, sets move after slow cycles). Not the default.
     cpu_hop: bool = False
     #: How much of a process set's *between-worker* speed-probe difference (one worker's probe reading
-    #: higher than its partner's over the whole set) the speed adjustment counts: ``full`` -- all of
-    #: it, as if it were CPU speed the calls felt (the within-set slope applied to it); ``estimated`` --
-    #: the share the earlier pinned sets' plain call ratios followed (stats.probe_share; once 8 earlier
-    #: pinned sets give it; before that, and in a set that ran unpinned, all of it). Why: on the 2-core CPU machine a worker's probe can read 20-25 % slower than its
-    #: partner's for a whole set while their calls match, and ``full`` turned that into a 20-25 % A/A
-    #: set ratio (CPU self-check 2026-12-04 evening, A/A 8 of 40 comparisons not "same", all from such
-    #: sets); on the H200 the share over a run is ~1 (median 0.95 over 58 runs), the workers of a set
-    #: meeting different CPU speeds. Replayed offline (benchmarks/probe_center_replay.py,
-    #: benchmarks/results/probe-center-replay-12-04.txt): CPU self-check A/A "same" 35 of 36 vs 27 of
-    #: 36, 1 of 72 intervals excluding 1 vs 0; the H200's 58 default runs nearly as run (A/A "same"
-    #: 341 of 348 both, seed batch-2 fwd median +-3.55 % vs +-3.46 %). Live: its CPU self-check had
-    #: 4 of 40 A/A comparisons not "same" (benchmarks/results/cpu-selfcheck-s25-probe-share.txt), all
-    #: in one run whose offset set was its 6th (before any share is estimated), against 8 of 40 with the
-    #: default that evening; on the H200 (two runs, benchmarks/results/h200-runs-12-04-g.txt) the
-    #: shares were 0.64-1.00 and no interval moved by more than 0.14 points against the default rule
-    #: on the same cycles. Not the default yet: it acts only from the 9th pinned set on, and it has had two
-    #: H200 runs. Needs ``speed_adjust``.
-    probe_share: str = "full"
+    #: higher than its partner's over the whole set) the speed adjustment counts: ``estimated`` (the
+    #: default) -- the share the earlier pinned sets' plain call ratios followed (stats.probe_share;
+    #: once stats.PROBE_SHARE_MIN_SETS = 3 earlier pinned sets give it; before that, and in a set that
+    #: ran unpinned, all of it); ``full`` -- all of it, as if it were CPU speed the calls felt (the
+    #: within-set slope applied to it; the default until the evening of 2026-12-04). Why: on the 2-core CPU machine a
+    #: worker's probe can read 20-25 % slower than its partner's for a whole set while their calls
+    #: match, and ``full`` turned that into a 20-25 % A/A set ratio (CPU self-check 2026-12-04 evening,
+    #: A/A 8 of 40 comparisons not "same", all from such sets); on the H200 the share over a run is ~1
+    #: (median 0.94 over 65 runs), the workers of a set meeting different CPU speeds, so there it
+    #: changes little. Replayed offline (benchmarks/probe_center_replay.py --min-sets 3,
+    #: benchmarks/results/probe-center-replay-12-04-b.txt): CPU self-check A/A "same" 36 of 36 vs 27 of 36
+    #: with ``full``, 1 of 72 intervals excluding 1 vs 0; the H200's 65 default runs nearly as run (A/A
+    #: "same" 341 of 348 both, A/A batch-2 median +-1.95 % vs +-1.92 %, seed batch-2 fwd +-3.46 % vs
+    #: +-3.44 %). Live: see benchmarks/results/cpu-selfcheck-s26.txt and h200-runs-12-04-h.txt. With
+    #: ``speed_adjust: false`` there is no adjustment to share, and the default falls back to ``full``.
+    probe_share: str = "estimated"
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
     #: (H200, 2026-12-02, default config, 60 s; benchmarks/results/h200-lockstep-runs-12-02.txt):
@@ -988,7 +986,8 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         cuda_at_start=_bool("sampling.cuda_at_start", sd.get("cuda_at_start", Sampling.cuda_at_start)),
         cpu_state=sd.get("cpu_state", Sampling.cpu_state),
         cpu_hop=_bool("sampling.cpu_hop", sd.get("cpu_hop", Sampling.cpu_hop)),
-        probe_share=sd.get("probe_share", Sampling.probe_share),
+        probe_share=sd.get("probe_share", Sampling.probe_share if sd.get("speed_adjust", True) is not False
+                           else "full"),  # nothing to share without the adjustment
         prefetch_depth=_prefetch_depth(sd.get("prefetch_depth")),
         host_precision=_pos_number("sampling.host_precision", sd.get("host_precision", Sampling.host_precision)),
     )
@@ -1026,8 +1025,8 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
                           "it judges a set's CPU by are taken only with it; remove one of the two")
     if sampling.probe_share not in ("full", "estimated"):
         raise _err("sampling.probe_share", sampling.probe_share,
-                   "must be full (a set's whole between-worker probe difference counts, the default) or estimated "
-                   "(the share the earlier sets' calls followed: stats.probe_share)")
+                   "must be estimated (the share of a set's between-worker probe difference the earlier sets' calls "
+                   "followed counts: stats.probe_share, the default) or full (the whole difference counts)")
     if sampling.probe_share == "estimated" and not sampling.speed_adjust:
         raise ConfigError("sampling.probe_share: estimated needs sampling.speed_adjust: true -- it changes how much "
                           "of the speed probe's readings the adjustment counts; remove one of the two")

@@ -55,6 +55,7 @@ from . import (
     results,
     runner,
     shard,
+    stats,
     wheels,
 )
 from . import envs as envmod
@@ -367,6 +368,8 @@ def resumed_config(prior: dict, src: str):
             samp.update({k: st[k] for k in RESUMED_SAMPLING if st.get(k) is not None})
             if st and "host_precision" not in st:
                 samp["host_precision"] = 0.01
+            if st and "probe_share" not in st:  # made before the setting existed: the whole difference counted
+                samp["probe_share"] = "full"
             conf = {**conf, "sampling": samp}
     try:
         # the config's own source, as the run recorded it (a resume had overwritten it with results.json's path)
@@ -627,6 +630,8 @@ class Run:
                     "host_every": samp.host_every, "max_repeats": samp.max_repeats, "host_precision": samp.host_precision,
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn, "cpu_state": samp.cpu_state,
                     "cpu_hop": samp.cpu_hop, "probe_share": samp.probe_share,
+                    # earlier pinned sets before a share is estimated (runner.apply_probe_share)
+                    "probe_share_min_sets": stats.PROBE_SHARE_MIN_SETS if samp.probe_share == "estimated" else None,
                     "preimport": samp.preimport, "prefetch_depth": samp.prefetch_depth, "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                     "fail_on_regression": args.fail_on_regression,
                     "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,

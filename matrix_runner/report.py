@@ -444,13 +444,15 @@ def probe_note(res: dict) -> str:
         if dead:  # lockstep.Hopper.health: no readings, so no move (its log: scout.log in the work dir)
             hop += f" (its CPU scout had stopped by the end of {dead} of them)"
     shares = [s["probe_share"] for s in res.get("sets") or [] if isinstance(s.get("probe_share"), (int, float))]
-    if shares:  # sampling.probe_share: estimated (runner.apply_probe_share: pinned sets after the first 8)
+    first = (res.get("settings") or {}).get("probe_share_min_sets")
+    first = first if isinstance(first, int) and not isinstance(first, bool) else 8  # runs before the late evening of 2026-12-04: 8
+    if shares:  # sampling.probe_share: estimated (runner.apply_probe_share: pinned sets after the first few)
         rng = f"{min(shares):.2f}" + (f"-{max(shares):.2f}" if max(shares) > min(shares) else "")
         hop += (f"; in {len(shares)} process set{'s' if len(shares) != 1 else ''} the speed adjustment counted {rng} of "
                 "the set's between-worker probe difference, the share the earlier pinned sets' calls followed "
-                f"(sampling.probe_share: estimated; the first {stats.PROBE_SHARE_MIN_SETS} pinned sets counted all of it)")
+                f"(sampling.probe_share: estimated; the first {first} pinned sets counted all of it)")
     elif (res.get("settings") or {}).get("probe_share") == "estimated":
-        hop += (f"; sampling.probe_share: estimated, but no set came after {stats.PROBE_SHARE_MIN_SETS} earlier "
+        hop += (f"; sampling.probe_share: estimated, but no set came after {first} earlier "
                 "pinned sets, so every set counted its whole between-worker probe difference")
     return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "
             f"burst) read a median of {m:.2f} µs in this run{hop}; host overhead follows the CPU speed, so compare "

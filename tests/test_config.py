@@ -332,11 +332,13 @@ def test_cpu_hop_setting():
 
 
 def test_probe_share_setting():
-    """sampling.probe_share: full by default; full or estimated; estimated changes the speed
-    adjustment, so it needs it."""
-    assert parse_config({}).sampling.probe_share == "full"
+    """sampling.probe_share: estimated by default (full without the speed adjustment, which it
+    shares out); full or estimated; an explicit estimated needs the adjustment."""
+    assert parse_config({}).sampling.probe_share == "estimated"
+    assert parse_config({"sampling": {"speed_adjust": False}}).sampling.probe_share == "full"
+    assert parse_config({"sampling": {"probe_share": "full"}}).sampling.probe_share == "full"
     assert parse_config({"sampling": {"probe_share": "estimated"}}).sampling.probe_share == "estimated"
-    with pytest.raises(ConfigError, match="sampling.probe_share = 'half': must be full"):
+    with pytest.raises(ConfigError, match="sampling.probe_share = 'half': must be estimated"):
         parse_config({"sampling": {"probe_share": "half"}})
     with pytest.raises(ConfigError, match="sampling.probe_share: estimated needs sampling.speed_adjust: true"):
         parse_config({"sampling": {"probe_share": "estimated", "speed_adjust": False}})

@@ -1013,7 +1013,7 @@ def test_probe_share_estimated_takes_a_per_process_probe_offset_out_of_the_set_r
     ratio = lambda: statistics.median(data[("b", c.id)].sets["wall_us"][9][k] / data[("a", c.id)].sets["wall_us"][9][k]
                                       for k in range(6))
     assert ratio() == pytest.approx(math.exp(-0.8 * 0.2), rel=1e-9)  # the full adjustment: 0.852
-    assert runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling()) is None  # probe_share: full
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="full")) is None
     assert ratio() == pytest.approx(0.852, abs=1e-3)
     cache: dict = {}
     share = runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="estimated"), cache=cache)
@@ -1027,19 +1027,23 @@ def test_probe_share_estimated_takes_a_per_process_probe_offset_out_of_the_set_r
     assert vals[5] / vals[0] == pytest.approx((1.05) ** -0.8, rel=1e-9)
 
 
-def test_probe_share_waits_for_eight_earlier_sets_and_keeps_calls_that_followed_the_probe():
-    from matrix_runner import runner
+def test_probe_share_waits_for_three_earlier_pinned_sets_and_keeps_calls_that_followed_the_probe():
+    from matrix_runner import runner, stats
     from matrix_runner.config import Sampling
 
-    c, data = _share_data(5, odd=0.2)  # 4 earlier sets: too few to judge by, the whole difference counts
-    before = dict(data[("b", c.id)].sets["wall_us"][4])
-    assert runner.apply_probe_share(data, ["a", "b"], [c], 4, Sampling(probe_share="estimated")) is None
-    assert data[("b", c.id)].sets["wall_us"][4] == before and "between" not in data[("b", c.id)].speed["wall_us"][4]
-    # 9 earlier sets, but two ran unpinned (their workers did not share a core): 7 pinned ones are too few,
+    assert stats.PROBE_SHARE_MIN_SETS == 3
+    c, data = _share_data(3, odd=0.2)  # 2 earlier sets: too few to judge by, the whole difference counts
+    before = dict(data[("b", c.id)].sets["wall_us"][2])
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 2, Sampling(probe_share="estimated")) is None
+    assert data[("b", c.id)].sets["wall_us"][2] == before and "between" not in data[("b", c.id)].speed["wall_us"][2]
+    c, data = _share_data(4, odd=0.2)  # 3 earlier sets: the share is estimated (0 here: the calls never followed)
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 3, Sampling(probe_share="estimated")) == pytest.approx(0.0)
+    # 3 earlier sets, but one ran unpinned (its workers did not share a core): 2 pinned ones are too few,
     # and an unpinned set itself keeps the whole adjustment (its probe difference is CPU speed)
-    c, data = _share_data(10, odd=0.2)
+    c, data = _share_data(4, odd=0.2)
     est = Sampling(probe_share="estimated")
-    assert runner.apply_probe_share(data, ["a", "b"], [c], 9, est, unpinned=frozenset({2, 5})) is None
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 3, est, unpinned=frozenset({1})) is None
+    c, data = _share_data(10, odd=0.2)
     assert runner.apply_probe_share(data, ["a", "b"], [c], 9, est, unpinned=frozenset({9})) is None
     assert data[("b", c.id)].sets["wall_us"][9] == _share_data(10, odd=0.2)[1][("b", c.id)].sets["wall_us"][9]
     c, data = _share_data(10, odd=0.2)

@@ -1136,6 +1136,9 @@ def test_the_report_says_what_share_of_the_probe_difference_the_adjustment_count
     few = report.probe_note({**doc, "sets": [{"set": 0}]})
     assert "sampling.probe_share: estimated, but no set came after 8 earlier pinned sets" in few
     assert "between-worker" not in report.probe_note({**doc, "settings": {}, "sets": [{"set": 0}]})
+    # runs from the late evening of 2026-12-04 on record how many pinned sets came before the share (stats.PROBE_SHARE_MIN_SETS)
+    now = report.probe_note({**doc, "settings": {"probe_share": "estimated", "probe_share_min_sets": 3}})
+    assert "(sampling.probe_share: estimated; the first 3 pinned sets counted all of it)" in now
 
 
 def test_compare_warns_when_one_run_counted_only_part_of_its_probe_differences():
@@ -1144,5 +1147,11 @@ def test_compare_warns_when_one_run_counted_only_part_of_its_probe_differences()
     full = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-04-36")
     assert min(s["probe_share"] for s in share["sets"] if "probe_share" in s) < 1
     (why,) = commands.setting_differences(share, full)
-    assert why.startswith("A's speed adjustment counted only part of its sets' between-worker probe differences")
-    assert commands.setting_differences(full, full) == []
+    assert why.startswith("A's speed adjustment counted the share of its sets' between-worker probe differences "
+                          "that earlier sets' calls followed (sampling.probe_share: estimated), B's all of them")
+    assert commands.setting_differences(full, full) == [] and commands.setting_differences(share, share) == []
+    # a set taken at share 1 was still estimated: two estimated runs are not told apart by their shares
+    ones = {**share, "sets": [{**s, "probe_share": 1.0} if "probe_share" in s else s for s in share["sets"]]}
+    assert commands.setting_differences(share, ones) == []
+    (why,) = commands.setting_differences(full, ones)
+    assert why.startswith("B's speed adjustment counted the share")

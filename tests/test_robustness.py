@@ -625,6 +625,12 @@ def test_resume_keeps_the_stored_sampling_rules(tmp_path):
     assert (cfg.sampling.max_repeats, cfg.sampling.cpu_state, cfg.sampling.speed_adjust) == (3, "usual", True)
     d["settings"].pop("host_precision", None)  # a run from before that setting: 1 %
     assert pipeline.resumed_config(d, "x/results.json").sampling.host_precision == 0.01
+    # probe_share: a run from before the setting counted the whole probe difference (full), whatever the
+    # default is now; one that stored it keeps what it stored
+    d["settings"].pop("probe_share", None)
+    assert pipeline.resumed_config(d, "x/results.json").sampling.probe_share == "full"
+    d["settings"]["probe_share"] = "estimated"
+    assert pipeline.resumed_config(d, "x/results.json").sampling.probe_share == "estimated"
 
 
 def test_an_interrupt_early_in_a_resume_says_the_earlier_sets_are_kept(capsys, tmp_path, monkeypatch):
