@@ -25,6 +25,10 @@ widths.hw), for A/A runs the wall intervals inside +-3 % of 1 and the wall/host 
 (each one a miss); totals per kind of run at the end. Offline, on what the runs sampled (the runner
 stopped cycling a comparison once within 1 %: a live run would give the others those cycles).
 
+Pretest rule (``pretest``, tried 2026-12-04 late and not taken): the two-slope rule, but rho is used
+only where its one-sided 95 % upper bound (:func:`probe_share_bound`, over per-set points) is below
+1, else 1 -- the full rule unless the earlier sets show the calls did not follow.
+
 Two-slope rule (``2-slope``): the between-worker part counts with rho * beta, rho estimated from the
 earlier sets (:func:`two_slope`). Per run it also prints the share rho over all its sets
 (:func:`share`, a diagnostic): ~1 where the sets' probe difference is CPU speed the calls felt as
@@ -35,7 +39,11 @@ a set's dm and plain ratio need 2+ common cycles (the runner: 1), every earlier 
 runner: pinned ones; these runs' sets were all pinned) and the host clock takes the wall clock's
 factor (the runner: its own cycles').
 
-Usage: python benchmarks/probe_center_replay.py [--min-sets N] RUN [RUN ...]
+``--as-full``: a run made with ``sampling.probe_share: estimated`` (the default since the late evening
+of 2026-12-04) is first taken back to the ``full`` rule on the same cycles (:func:`undone`), so "as run"
+is ``full`` and the two-slope rule starts from it, as for the older runs.
+
+Usage: python benchmarks/probe_center_replay.py [--min-sets N] [--as-full] RUN [RUN ...]
 """
 from __future__ import annotations
 
@@ -50,13 +58,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_state_replay  # noqa: E402
 from widths import cli, excluding_one, hw, inside  # noqa: E402
 
+from scipy import stats as sps  # noqa: E402
+
 from matrix_runner import report, results, stats  # noqa: E402
 
-MODES = ("as run", "centred", "2-slope")
+MODES = ("as run", "centred", "2-slope", "pretest")
 #: Earlier sets before the two-slope rule estimates its share (until then: the runner's rule);
 #: ``--min-sets N`` sets another (the runner's is stats.PROBE_SHARE_MIN_SETS).
 MIN_SETS = stats.PROBE_SHARE_MIN_SETS
+#: ``--as-full``: take runs made with probe_share: estimated back to full first (:func:`undone`)
+AS_FULL = False
 CLOCKS = ("wall_us", "host_us")
+
+
+def undone(d: dict) -> dict:
+    """A copy of results ``d`` with every set's between-worker shift (``speed_by_set[set]["between"]``,
+    runner.apply_probe_share under ``sampling.probe_share: estimated``) taken back out of its wall and
+    host values: the values the ``full`` rule gives on the same cycles (a run made with ``full`` has no
+    shifts and comes back unchanged)."""
+    d = copy.deepcopy(d)
+    for c in d["cases"]:
+        for clock in CLOCKS:
+            m = (c.get("metrics") or {}).get(clock) or {}
+            for sid, per in (m.get("by_set") or {}).items():
+                b = ((m.get("speed_by_set") or {}).get(sid) or {}).get("between")
+                if b and isinstance(per, dict):
+                    m["by_set"][sid] = {k: (v * math.exp(-b) if isinstance(v, (int, float)) else v) for k, v in per.items()}
+    return d
 
 
 def worker_medians(cases: list[dict]) -> dict:
@@ -87,7 +115,32 @@ def centred(d: dict) -> dict:
     return d
 
 
-def two_slope(d: dict, min_sets: int = MIN_SETS) -> dict:
+def probe_share_bound(groups, level: float = 0.95) -> tuple[float, float]:
+    """The share of :func:`probe_share` with a one-sided upper confidence bound, from points that are
+    independent: one (x, y) per earlier process set and contrast (a contrast: an env against the
+    others, one fewer than the envs, as their differences sum to 0), x and y each the mean over the
+    set's cases of beta * dm and dy (:func:`probe_share`'s x and y). Least squares of y on x with each
+    contrast's own mean removed (the version difference); residual SD on sum(n_g - 1) - 1 degrees of
+    freedom; the bound is the slope plus Student's t quantile at ``level`` times its standard error
+    (the textbook slope interval, e.g. Draper & Smith, Applied Regression Analysis, ch. 1). Returns
+    (the slope clamped to [0, 1], the bound, unclamped); (1.0, inf) where there is no spread or no
+    degree of freedom to judge by."""
+    sums = []
+    for pts in groups:
+        pts = [(x, y) for x, y in pts if math.isfinite(x) and math.isfinite(y)]
+        sums.append([len(pts), sum(x for x, _ in pts), sum(y for _, y in pts), sum(x * x for x, _ in pts),
+                     sum(x * y for x, y in pts), sum(y * y for _, y in pts)])
+    sxx, sxy, _, _ = stats.within_sums([g[:5] for g in sums])
+    syy = sum(yy - sy * sy / n for n, _, sy, _, _, yy in sums if n >= 2)
+    df = sum(n - 1 for n, *_ in sums if n >= 2) - 1
+    if sxx <= 1e-12 or df < 1:
+        return 1.0, math.inf
+    b = sxy / sxx
+    se = math.sqrt(max(syy - b * sxy, 0.0) / df / sxx)
+    return min(1.0, max(0.0, b)), b + float(sps.t.ppf(level, df)) * se
+
+
+def two_slope(d: dict, min_sets: int = MIN_SETS, pretest: bool = False) -> dict:
     """A copy of results ``d`` under the two-slope rule: a set's between-worker probe difference (per
     case, the mean over its cycles of the two bursts' log probe difference, dm) counts with
     rho * beta instead of beta, rho the share of it that reached the plain call ratios in the
@@ -107,7 +160,16 @@ def two_slope(d: dict, min_sets: int = MIN_SETS) -> dict:
         s = str(sid)
         # rho from the earlier sets only, by the runner's estimator
         n_prev = len({p[0] for pts in rows.values() for p in pts})
-        rho = 1.0 if n_prev < min_sets else stats.probe_share([[(x, y) for _, x, y in pts] for pts in rows.values()])
+        if pretest:  # the share only where the earlier sets' calls followed less than all of it (its bound < 1)
+            per: dict = {}
+            for pts in rows.values():
+                for sid0, x, y in pts:
+                    per.setdefault(sid0, []).append((x, y))
+            pts1 = [(sum(x for x, _ in v) / len(v), sum(y for _, y in v) / len(v)) for _, v in sorted(per.items())]
+            est, upper = probe_share_bound([pts1])
+            rho = 1.0 if n_prev < min_sets or upper >= 1.0 else est
+        else:
+            rho = 1.0 if n_prev < min_sets else stats.probe_share([[(x, y) for _, x, y in pts] for pts in rows.values()])
         for cid, pair in by.items():
             if base not in pair or cand not in pair:
                 continue
@@ -173,6 +235,8 @@ def main(runs: list[str]) -> None:
                "aa_b2": []} for m in MODES}
     for run in runs:
         d = results.load(results.find(run))
+        if AS_FULL:
+            d = undone(d)
         st = d.get("settings") or {}
         if st.get("quick") or len(d.get("envs") or []) < 2 or not d.get("sets") or not st.get("speed_adjust"):
             continue
@@ -181,7 +245,8 @@ def main(runs: list[str]) -> None:
         probe = report.probe_median_us(d)
         parts = []
         for mode in MODES:
-            cs = judged(d if mode == "as run" else centred(d) if mode == "centred" else two_slope(d, MIN_SETS))
+            cs = judged(d if mode == "as run" else centred(d) if mode == "centred"
+                        else two_slope(d, MIN_SETS, pretest=mode == "pretest"))
             w = [c for c in cs if c["metric"] == "wall_us"]
             b512 = [hw(c) for c in w if c["label"].startswith("B512 ") and c["op"] == "fwd"]
             b2 = [hw(c) for c in w if c["label"].startswith("B2 ") and c["op"] == "fwd"]
@@ -234,4 +299,7 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["--min-sets"]:
         MIN_SETS = int(sys.argv[2])
         del sys.argv[1:3]
+    if sys.argv[1:2] == ["--as-full"]:
+        AS_FULL = True
+        del sys.argv[1:2]
     cli(main, __doc__)

@@ -4,8 +4,6 @@ the default ``full`` rule gives on the same cycles. Prints per run the batch-2 f
 batch-512 forward wall half-widths (%, widths.hw), the verdicts and the intervals inside +-3 % of 1.
 Usage: python benchmarks/probe_share_undo.py RUN [RUN ...]
 """
-import copy
-import math
 import sys
 from pathlib import Path
 
@@ -17,13 +15,7 @@ from widths import hw, inside  # noqa: E402
 from matrix_runner import results  # noqa: E402
 
 for r in sys.argv[1:]:
-    d=results.load(results.find(r)); f=copy.deepcopy(d)
-    for c in f['cases']:
-        for clock in ('wall_us','host_us'):
-            m=c['metrics'].get(clock) or {}
-            for s,per in (m.get('by_set') or {}).items():
-                b=(m.get('speed_by_set') or {}).get(s,{}).get('between')
-                if b: m['by_set'][s]={k:(v*math.exp(-b) if isinstance(v,(int,float)) else v) for k,v in per.items()}
+    d=results.load(results.find(r)); f=P.undone(d)
     for name,doc in (('as run (estimated)',d),('full (undone)',f)):
         w=[c for c in P.judged(doc) if c['metric']=='wall_us']
         print(r.split('/')[-1], name, 'B2 fwd', '/'.join(f"{hw(c):.2f}" for c in w if c['label'].startswith('B2 ') and c['op']=='fwd'), 'B2 bwd', '/'.join(f"{hw(c):.2f}" for c in w if c['label'].startswith('B2 ') and c['op']=='bwd'), 'B512 fwd', '/'.join(f"{hw(c):.2f}" for c in w if c['label'].startswith('B512 ') and c['op']=='fwd'), 'verdicts', {v:sum(c['verdict']==v for c in w) for v in ('same','slower','ambiguous')}, 'inside', sum(inside(c) for c in w))

@@ -16,13 +16,14 @@
 
 Every run is a real `matrix-run --device cpu` process (real uv envs, lockstep process sets of real
 worker subprocesses). Prints one line per run and the summary.
-Usage: python benchmarks/selfcheck_cpu.py [--sampling 'KEY: VALUE, ...'] [REPEATS [QUICK [BUDGET_S]]]
-(--sampling: added to the runs' sampling settings, e.g. 'cpu_state: usual'; BUDGET_S: the runs' time budget,
+Usage: python benchmarks/selfcheck_cpu.py [--keep DIR] [--sampling 'KEY: VALUE, ...'] [REPEATS [QUICK [BUDGET_S]]]
+(--keep DIR: each A/A run's results.json kept in DIR as aaN.json.gz; --sampling: added to the runs' sampling settings, e.g. 'cpu_state: usual'; BUDGET_S: the runs' time budget,
 default 60 s: on this 2-core machine a set's length is the import of its two workers, ~7-8 s, so 60 s
 hold 7-8 sets, and the A/A intervals are as wide as 7-8 processes per version let them be)
 """
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -73,6 +74,11 @@ def main() -> int:
         CONFIG = CONFIG.replace("set_seconds: 2}", f"set_seconds: 2, {sys.argv[2]}}}")
         print(f"# sampling: {yaml.safe_load(CONFIG)['sampling']}")
         del sys.argv[1:3]
+    keep = None
+    if sys.argv[1:2] == ["--keep"]:  # DIR: every A/A run's results.json kept there as aaN.json.gz (benchmarks/data/)
+        keep = Path(sys.argv[2])
+        keep.mkdir(parents=True, exist_ok=True)
+        del sys.argv[1:3]
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     quick = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     budget = float(sys.argv[3]) if len(sys.argv) > 3 else 60.0
@@ -84,6 +90,8 @@ def main() -> int:
         print("A/A (a=2.6.3, b=2.6.3): wall verdicts per case")
         for i in range(repeats):
             res = run(tmp, "a=2.6.3,b=2.6.3", tmp / "w0", f"aa{i}")
+            if keep is not None:
+                (keep / f"aa{i}.json.gz").write_bytes(gzip.compress((tmp / f"aa{i}" / "results.json").read_bytes(), mtime=0))
             w = [c for c in res["comparisons"] if c["metric"] == "wall_us"]
             aa_total += len(w)
             aa_not_same += sum(c["verdict"] != "same" for c in w)
