@@ -307,12 +307,14 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                          "settings.cwd in that results.json to the directory they are relative to, or start the run "
                          "again with its original command")
     new.output, new.resume = str(run_dir), str(run_dir)
-    if st.get("device") in ("cuda", "cpu"):
-        new.device = st["device"]
 
     def bad(key: str, rule: str):
         return UsageError(f"{src}: the run's stored settings: settings.{key} = {st[key]!r}: {rule} -- fix that "
                           "results.json or start the run again with its original command")
+    if st.get("device") in ("cuda", "cpu"):
+        new.device = st["device"]
+    elif st.get("device") is not None:  # it had been ignored, and the resume ran on the command's device
+        raise bad("device", "must be cuda or cpu (where the run timed its calls)")
     for arg, key in (*((flag[2:].replace("-", "_"), key) for flag, key in RESUMED_FLAGS.items()),
                      ("quick", "quick"), ("cpus", "cpus_request")):
         v = st.get(key)

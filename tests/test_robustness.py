@@ -599,6 +599,8 @@ def test_compare_with_an_aa_run_says_why_versions_do_not_match(capsys):
     ({"set_seconds": 0.05}, "the run's stored settings: settings.set_seconds 0.05: give at least 0.1"),
     ({"min_effect": 1.5}, "the run's stored settings: settings.min_effect 1.5: give a fraction between 0 and 1"),
     ({"workers_per_env": 99}, "the run's stored settings: settings.workers_per_env 99: give at most 8"),
+    # a device the run cannot have timed on had been ignored (the resume ran on the command's device)
+    ({"device": "gpu"}, "settings.device = 'gpu': must be cuda or cpu"),
 ])
 def test_resume_checks_the_stored_sampling_rules_as_a_config_file_is_checked(capsys, tmp_path, edit, named):
     """--resume puts the sampling rules the run ran under back from results.json's settings; they went in
