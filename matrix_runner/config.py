@@ -388,8 +388,11 @@ class Sampling:
     #: benchmarks/results/probe-center-replay-12-04-b.txt): CPU self-check A/A "same" 36 of 36 vs 27 of 36
     #: with ``full``, 1 of 72 intervals excluding 1 vs 0; the H200's 65 default runs nearly as run (A/A
     #: "same" 341 of 348 both, A/A batch-2 median +-1.95 % vs +-1.92 %, seed batch-2 fwd +-3.46 % vs
-    #: +-3.44 %). Live: see benchmarks/results/cpu-selfcheck-s26.txt and h200-runs-12-04-h.txt. With
-    #: ``speed_adjust: false`` there is no adjustment to share, and the default falls back to ``full``.
+    #: +-3.44 %). Live on the CPU machine (benchmarks/results/cpu-selfcheck-s26.txt): two self-checks,
+    #: A/A 0 of 40 not "same" each; on their cycles ``full`` gave batch-2 intervals of median +-1.51 % and
+    #: +-1.65 % against +-1.33 % and +-1.44 %. Not yet run live on the H200 at 3 sets (two runs at 8:
+    #: benchmarks/results/h200-runs-12-04-g.txt). With ``speed_adjust: false`` there is no adjustment
+    #: to share, and the default falls back to ``full``.
     probe_share: str = "estimated"
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
