@@ -432,7 +432,8 @@ def probe_note(res: dict) -> str:
     sets = [s for s in res.get("sets") or [] if isinstance(s.get("hops"), int)]
     hop = ""
     idle = (res.get("timing") or {}).get("cpu_hop_idle")
-    if isinstance(idle, str) and idle:  # runner.run_all: sampling.cpu_hop was on and could do nothing
+    idle = idle if isinstance(idle, str) and idle else None
+    if idle and not any(s["hops"] for s in sets):  # runner.run_all: sampling.cpu_hop was on and could do nothing
         hop = f"; sampling.cpu_hop was on but did nothing: {idle}"
     elif sets:  # sampling.cpu_hop (lockstep.Hopper): what the sets did, not the setting
         moves, moved = sum(s["hops"] for s in sets), sum(1 for s in sets if s["hops"])
@@ -443,6 +444,8 @@ def probe_note(res: dict) -> str:
                    and s.get("status") != "interrupted")  # an interrupt stops the scout first
         if dead:  # lockstep.Hopper.health: no readings, so no move (its log: scout.log in the work dir)
             hop += f" (its CPU scout had stopped by the end of {dead} of them)"
+        if idle:  # a --resume where it could not act, after a part whose sets moved (it had hidden those moves)
+            hop += f"; in one part of the run (a --resume) it could do nothing: {idle}"
     shares = [s["probe_share"] for s in res.get("sets") or [] if isinstance(s.get("probe_share"), (int, float))]
     first = (res.get("settings") or {}).get("probe_share_min_sets")
     first = first if isinstance(first, int) and not isinstance(first, bool) else 8  # runs before the late evening of 2026-12-04: 8

@@ -979,6 +979,11 @@ def test_cpu_hop_that_cannot_move_says_why_in_the_results_and_the_report(tmp_pat
     assert not (tmp_path / "work" / "scout.log").exists()
     doc = {"cases": [{"metrics": {"wall_us": {"ref_by_set": {"0": {"1": 3.5}}}}}], "sets": sets, "timing": timing}
     assert "; sampling.cpu_hop was on but did nothing: the process sets have 1 CPU to run on" in report.probe_note(doc)
+    # a --resume where it could do nothing, after a part whose sets moved: both are said (the moves had been hidden)
+    moved = {**doc, "sets": [{"set": 0, "hops": 3}, {"set": 1, "hops": 0}, *[{**s, "set": 2} for s in sets]]}
+    note = report.probe_note(moved)
+    assert "1 of 2 process sets moved between CPUs to follow the fast speed (sampling.cpu_hop: 3 moves" in note
+    assert "; in one part of the run (a --resume) it could do nothing: the process sets have 1 CPU to run on" in note
 
 
 def _share_data(n_sets: int, odd: float):
