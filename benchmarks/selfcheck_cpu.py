@@ -18,8 +18,10 @@ Every run is a real `matrix-run --device cpu` process (real uv envs, lockstep pr
 worker subprocesses). Prints one line per run and the summary.
 Usage: python benchmarks/selfcheck_cpu.py [--keep DIR] [--sampling 'KEY: VALUE, ...'] [REPEATS [QUICK [BUDGET_S]]]
 (--keep DIR: each A/A run's results.json kept in DIR as aaN.json.gz; --sampling: added to the runs' sampling settings, e.g. 'cpu_state: usual'; BUDGET_S: the runs' time budget,
-default 60 s: on this 2-core machine a set's length is the import of its two workers, ~7-8 s, so 60 s
-hold 7-8 sets, and the A/A intervals are as wide as 7-8 processes per version let them be)
+default 60 s: on this 2-core machine a set's length is the import of the next set's workers, ~3-4 s
+since they start during the current set's cycles, so 60 s hold 15-19 sets (benchmarks/results/
+cpu-selfcheck-s26.txt; 7-8 sets before that prefetch), and the A/A intervals are as wide as that many
+processes per version let them be)
 """
 from __future__ import annotations
 

@@ -196,7 +196,12 @@ def cmd_report(args) -> int:
     p = report.write_html(res, out, json_name)
     if args.markdown:
         Path(args.markdown).write_text(report.markdown(res))
-    report.terminal_table(res, Console())
+    unmeasured = [r for r in runs if (r.get("timing") or {}).get("stop_reason") == "no GPU"]
+    if unmeasured and len(unmeasured) == len(runs):  # its envs were skipped: an empty table said nothing of why
+        console.print("that run measured nothing: no NVIDIA GPU was visible where it ran, so every env was skipped "
+                      "(its report says so); run it on a machine with a GPU")
+    else:
+        report.terminal_table(res, Console())
     console.print(f"report: {p}")
     return EXIT_OK
 
@@ -275,6 +280,26 @@ def setting_differences(a: dict, b: dict) -> list[str]:
     return out
 
 
+def compare_warnings(a: dict, b: dict, pa, pb) -> list[str]:
+    """What ``compare`` warns of runs ``a`` and ``b`` (read from ``pa`` and ``pb``), in the terminal,
+    the HTML and the Markdown: the same run twice; a copy of one run resumed apart from it (same run
+    id, different sets: the sets they share are the same measurements, which pulls the ratios towards
+    1 -- the new-user trial's copy was told "every ratio is 1 by construction" while it had 7 new sets
+    each side); :func:`machine_differences`; :func:`setting_differences`."""
+    out = []
+    if a.get("run_id") and a.get("run_id") == b.get("run_id"):
+        if a.get("sets") == b.get("sets") and a.get("cases") == b.get("cases"):
+            out.append(f"A and B are the same run ({a['run_id']}: {pa} and {pb}); every ratio below is 1 by "
+                       "construction, not a measured A/A")
+        else:
+            same = sum(1 for x, y in zip(a.get("sets") or [], b.get("sets") or []) if x == y)
+            out.append(f"A and B share a run id ({a['run_id']}: {pa} and {pb}): one is a copy of the other, resumed "
+                       f"or edited apart; their first {same} process set(s) are the same measurements, which pulls "
+                       "every ratio below towards 1")
+    out += [f"{why}: the ratios B/A below compare machines as much as versions" for why in machine_differences(a, b)]
+    return out + setting_differences(a, b)
+
+
 def cmd_compare(args) -> int:
     if args.markdown:
         check_writable_file(Path(args.markdown), "--markdown")
@@ -308,12 +333,8 @@ def cmd_compare(args) -> int:
             "dtype, ...); compare runs of the same config")
     # the warnings, once there is a comparison to warn about (they had come before the error that
     # there was none: new-user trial)
-    if a.get("run_id") and a.get("run_id") == b.get("run_id"):
-        print(f"warning: A and B are the same run ({a['run_id']}: {pa} and {pb}); every ratio below is 1 "
-              "by construction, not a measured A/A", file=sys.stderr)
-    for why in machine_differences(a, b):  # new-user trial: an H200 run against a CPU stand-in, no word
-        print(f"warning: {why}: the ratios B/A below compare machines as much as versions", file=sys.stderr)
-    for why in setting_differences(a, b):
+    cmp["warnings"] = compare_warnings(a, b, pa, pb)
+    for why in cmp["warnings"]:  # and in the HTML and Markdown (new-user trial: they were in the terminal only)
         print(f"warning: {why}", file=sys.stderr)
     report.compare_terminal(cmp, Console())
     if args.output:

@@ -370,14 +370,21 @@ def resumed_config(prior: dict, src: str):
             samp.update({k: st[k] for k in RESUMED_SAMPLING if st.get(k) is not None})
             if st and "host_precision" not in st:
                 samp["host_precision"] = 0.01
-            if st and "probe_share" not in st:  # made before the setting existed: the whole difference counted
+            if st and st.get("probe_share") is None:  # made before the setting existed: the whole difference counted
                 samp["probe_share"] = "full"
+                console.print(f"{src}: its settings have no probe_share (a run from before the setting, or an edited "
+                              "file): the resumed sets count the whole between-worker probe difference "
+                              "(sampling.probe_share: full, the rule before it existed)")
             conf = {**conf, "sampling": samp}
     try:
         # the config's own source, as the run recorded it (a resume had overwritten it with results.json's path)
         return parse_config(conf, prior.get("config_source") or "results.json", max_cases=None)
     except ConfigError as ex:
-        raise ConfigError(f"{src}: the run's stored settings: {ex} -- fix that results.json or start the run "
+        msg = str(ex)
+        for k in RESUMED_SAMPLING:  # a value taken from settings is named as results.json has it (new-user trial)
+            if st.get(k) is not None:
+                msg = msg.replace(f"sampling.{k}", f"settings.{k}")
+        raise ConfigError(f"{src}: the run's stored settings: {msg} -- fix that results.json or start the run "
                           "again with its original command") from None
 
 
@@ -600,6 +607,12 @@ class Run:
         torch_info = dprobe.get("torch") or {}
         device = args.device
         no_gpu_msg = None
+        if device == "cuda" and not (torch_info.get("cuda_available") or mach.get("nvidia_smi")) and prior is not None:
+            # a --resume takes the device from results.json: no flag to name (new-user trial)
+            raise UsageError(f"{args.resume}: the run timed its calls on cuda (settings.device in its results.json), "
+                             "and no CUDA device is visible here (nvidia-smi is missing and torch "
+                             f"{torch_info.get('version', '(not importable)')} reports none): resume it on a machine "
+                             "with an NVIDIA GPU")
         if device == "cuda" and not (torch_info.get("cuda_available") or mach.get("nvidia_smi")):
             raise UsageError("--device cuda: no CUDA device is visible here (nvidia-smi is missing and torch "
                              f"{torch_info.get('version', '(not importable)')} reports none); "

@@ -698,7 +698,7 @@ def kv_gbps(case: dict) -> float | None:
 def markdown(res: dict) -> str:
     """A GitHub-comment-sized summary: the headline per candidate and the verdict table in Markdown."""
     vm = view_model(res)
-    esc = lambda x: html.escape(str(x)).replace("|", "\\|")  # noqa: E731
+    esc = lambda x: html.escape(str(x), quote=False).replace("|", "\\|")  # noqa: E731  (Markdown shows &#x27; as is)
     lines = [f"### {esc(res.get('title', 'matrix-run'))}", ""]
     m = res.get("machine") or {}
     lines.append(esc(f"{m.get('gpu') or 'CPU'} · driver {m.get('driver') or '–'} · CUDA {m.get('cuda') or '–'} · "
@@ -1017,12 +1017,16 @@ def compare_terminal(cmp: dict, console=None) -> None:
 
 
 def compare_markdown(cmp: dict) -> str:
-    esc = lambda x: html.escape(str(x)).replace("|", "\\|")  # noqa: E731
+    esc = lambda x: html.escape(str(x), quote=False).replace("|", "\\|")  # noqa: E731  (Markdown shows &#x27; as is)
     a, b = cmp["a"], cmp["b"]
     lines = ["### matrix-run compare: B / A", "",
              f"- **A**: {esc(a['run_id'])} · {esc(a['gpu'])} · driver {esc(a['driver'] or '–')} · CUDA {esc(a['cuda'] or '–')} · torch {esc(a['torch'] or '–')} · {esc(a['created'])}",
              f"- **B**: {esc(b['run_id'])} · {esc(b['gpu'])} · driver {esc(b['driver'] or '–')} · CUDA {esc(b['cuda'] or '–')} · torch {esc(b['torch'] or '–')} · {esc(b['created'])}",
              ""]
+    for w in cmp.get("warnings") or []:  # commands.compare_warnings: what the terminal warns, in the comment too
+        lines.append(f"> **warning:** {esc(w)}")
+    if cmp.get("warnings"):
+        lines.append("")
     for s in cmp["summaries"]:
         lines.append(f"- **{esc(s['text'])}** {esc(s['detail'])}")
     lines += ["", "| env | case | op | A wall µs | B wall µs | B/A wall [95% CI] | verdict | B/A host | B/A device |",

@@ -19,6 +19,12 @@ def test_no_gpu_says_so_plainly_and_writes_results(tmp_path):
     assert res["settings"]["device"] == "none"
     assert "flash-attn needs an NVIDIA GPU" in (tmp_path / "out" / "index.html").read_text()
     assert not (tmp_path / "envs" / "2.6.3").exists()
+    # `report` of it says that nothing was measured (it printed an empty, garbled table: new-user trial)
+    cp = run_cli("report", str(tmp_path / "out"), "-o", str(tmp_path / "rep"))
+    text = " ".join((cp.stdout + cp.stderr).split())
+    assert cp.returncode == 0 and "that run measured nothing: no NVIDIA GPU was visible where it ran" in text, text
+    assert "case op" not in text  # no empty table
+    assert "flash-attn needs an NVIDIA GPU" in (tmp_path / "rep" / "index.html").read_text()
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -984,10 +984,26 @@ def test_first_call_ms_is_summarized_and_survives_a_resume():
     assert results.first_call_record({}) is None
 
 
-def test_compare_of_a_run_with_itself_warns_that_its_ratios_are_1_by_construction():
-    cp = run_cli("compare", str(H200), str(H200))
+def test_compare_of_a_run_with_itself_warns_that_its_ratios_are_1_by_construction(tmp_path):
+    cp = run_cli("compare", str(H200), str(H200), "-o", str(tmp_path / "c"), "--markdown", str(tmp_path / "c.md"))
     assert cp.returncode == 0, cp.stderr
     assert "warning: A and B are the same run" in cp.stderr and "not a measured A/A" in cp.stderr
+    # the warnings are in the HTML and the Markdown too (new-user trial: the terminal only)
+    assert "A and B are the same run" in (tmp_path / "c" / "index.html").read_text()
+    md = (tmp_path / "c.md").read_text()
+    assert "> **warning:** A and B are the same run" in md and "&#x27;" not in md
+
+
+def test_compare_of_a_copy_resumed_apart_says_which_sets_they_share():
+    """Same run id, different sets (a copy of an interrupted run resumed beside the original): not "1 by
+    construction" (new-user trial: each side had 7 sets of its own)."""
+    from matrix_runner import commands
+    a = results.load(ROOT / "reports" / "h200-aa-96")
+    b = {**a, "sets": a["sets"][:3] + [{**s, "cycles": (s.get("cycles") or 0) + 1} for s in a["sets"][3:]]}
+    (why, *_) = commands.compare_warnings(a, b, "A/results.json", "B/results.json")
+    assert why.startswith(f"A and B share a run id ({a['run_id']}: A/results.json and B/results.json): one is a copy")
+    assert "their first 3 process set(s) are the same measurements" in why
+    assert commands.compare_warnings(a, a, "x", "x")[0].startswith("A and B are the same run")
 
 
 def test_a_one_set_run_says_one_process_set(tmp_path):

@@ -583,10 +583,10 @@ def test_compare_with_an_aa_run_says_why_versions_do_not_match(capsys):
 
 
 @pytest.mark.parametrize("edit, named", [
-    ({"cpu_hop": True, "speed_adjust": False}, "sampling.cpu_hop: true needs sampling.speed_adjust: true"),
-    ({"cpu_state": "sometimes"}, "sampling.cpu_state = 'sometimes'"),
-    ({"max_repeats": 0}, "sampling.max_repeats"),
-    ({"host_precision": 7}, "sampling.host_precision = 7"),
+    ({"cpu_hop": True, "speed_adjust": False}, "settings.cpu_hop: true needs settings.speed_adjust: true"),
+    ({"cpu_state": "sometimes"}, "settings.cpu_state = 'sometimes'"),
+    ({"max_repeats": 0}, "settings.max_repeats"),
+    ({"host_precision": 7}, "settings.host_precision = 7"),
     # the numbers resume_args puts back as if typed on the command line (a string had raised TypeError
     # with a traceback; -1 was blamed on --set-seconds, which nobody typed: new-user trial)
     ({"time_budget_s": "40"}, "settings.time_budget_s = '40': must be a positive number"),
@@ -601,6 +601,7 @@ def test_compare_with_an_aa_run_says_why_versions_do_not_match(capsys):
     ({"workers_per_env": 99}, "the run's stored settings: settings.workers_per_env 99: give at most 8"),
     # a device the run cannot have timed on had been ignored (the resume ran on the command's device)
     ({"device": "gpu"}, "settings.device = 'gpu': must be cuda or cpu"),
+    ({"probe_share": "half"}, "settings.probe_share = 'half': must be estimated"),
 ])
 def test_resume_checks_the_stored_sampling_rules_as_a_config_file_is_checked(capsys, tmp_path, edit, named):
     """--resume puts the sampling rules the run ran under back from results.json's settings; they went in
@@ -650,6 +651,24 @@ def test_an_interrupt_early_in_a_resume_says_the_earlier_sets_are_kept(capsys, t
     assert code == 130, err
     assert "interrupted before this part measured anything; the 10 process sets measured before are kept" in err
     assert f"matrix-run --resume {p.parent}" in err and "before anything was measured" not in err
+
+
+def test_resume_of_a_cuda_run_without_a_gpu_names_the_stored_device_not_a_flag(capsys, tmp_path):
+    """--resume refuses every other option, so "--device cuda: ... or use --device cpu" sent the user
+    to a flag they could not give (new-user trial); it names settings.device. And a run whose settings
+    have no probe_share resumes with full, and says so."""
+    p = _edited(tmp_path, "1.0")
+    d = json.loads(p.read_text())
+    assert d["settings"]["device"] == "cuda"
+    d["settings"].pop("probe_share", None)
+    p.write_text(json.dumps(d))
+    code = cli.main(["--resume", str(p.parent)])
+    cap = capsys.readouterr()
+    out, err = " ".join(cap.out.split()), " ".join(cap.err.split())
+    assert code == 2, err
+    assert "the run timed its calls on cuda (settings.device in its results.json), and no CUDA device is visible" in err
+    assert "resume it on a machine with an NVIDIA GPU" in err and "--device cpu" not in err
+    assert "its settings have no probe_share" in out + err and "sampling.probe_share: full" in out + err
 
 
 def test_resume_says_where_it_reads_the_commands_relative_paths(capsys, tmp_path):
