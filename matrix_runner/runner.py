@@ -834,7 +834,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         finally:  # whatever of the set's cycles ran (an interrupt keeps them) is taken at the estimated share
             t_cyc_end = time.monotonic()
             share = apply_probe_share(data, labels, ready, sid, sampling, unpinned=unguarded_now, cache=share_cache)
-            if share is not None and rec.get("cycles"):
+            # an interrupted set's cycles count is not set, but its values were shifted: say so too (new-user trial)
+            if share is not None and (rec.get("cycles") or any(cd.sets["wall_us"].get(sid) for (lab, _), cd in data.items()
+                                                               if lab in labels)):
                 rec["probe_share"] = round(share, 4)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, t_cyc_end - t_cyc - budget), 3)
