@@ -74,8 +74,10 @@ CLOCKS = ("wall_us", "host_us")
 def undone(d: dict) -> dict:
     """A copy of results ``d`` with every set's between-worker shift (``speed_by_set[set]["between"]``,
     runner.apply_probe_share under ``sampling.probe_share: estimated``) taken back out of its wall and
-    host values: the values the ``full`` rule gives on the same cycles (a run made with ``full`` has no
-    shifts and comes back unchanged)."""
+    host values: nearly the values the ``full`` rule gives on the same cycles -- the runner shifted each
+    cycle by its own slope (``CaseData.cycle_beta``, not stored), this takes the set's mean shift back
+    from every cycle, which differs by the slope's drift within a set (~1-2 % of the shift here). A
+    run made with ``full`` has no shifts and comes back unchanged."""
     d = copy.deepcopy(d)
     for c in d["cases"]:
         for clock in CLOCKS:
@@ -237,6 +239,9 @@ def main(runs: list[str]) -> None:
         d = results.load(results.find(run))
         if AS_FULL:
             d = undone(d)
+        elif (d.get("settings") or {}).get("probe_share") == "estimated":  # its 2-slope would share twice (review)
+            sys.exit(f"{run}: made with sampling.probe_share: estimated (its sets' values already carry the share): "
+                     "give --as-full to take it back to full first")
         st = d.get("settings") or {}
         if st.get("quick") or len(d.get("envs") or []) < 2 or not d.get("sets") or not st.get("speed_adjust"):
             continue
@@ -296,10 +301,11 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--min-sets"]:
-        MIN_SETS = int(sys.argv[2])
-        del sys.argv[1:3]
-    if sys.argv[1:2] == ["--as-full"]:
-        AS_FULL = True
-        del sys.argv[1:2]
+    while sys.argv[1:2] in (["--min-sets"], ["--as-full"]):  # either order
+        if sys.argv[1] == "--as-full":
+            AS_FULL = True
+            del sys.argv[1:2]
+        else:
+            MIN_SETS = int(sys.argv[2])
+            del sys.argv[1:3]
     cli(main, __doc__)

@@ -1,6 +1,7 @@
 """A run made with ``sampling.probe_share: estimated`` judged both ways: as run, and with every set's
 between-worker shift (``speed_by_set[set]["between"]``, runner.apply_probe_share) undone -- the values
-the default ``full`` rule gives on the same cycles. Prints per run the batch-2 forward/backward and
+the ``full`` rule (the default before the late evening of 2026-12-04)
+gives on the same cycles (nearly: probe_center_replay.undone). Prints per run the batch-2 forward/backward and
 batch-512 forward wall half-widths (%, widths.hw), the verdicts and the intervals inside +-3 % of 1.
 Usage: python benchmarks/probe_share_undo.py RUN [RUN ...]
 """

@@ -72,14 +72,14 @@ def run(tmp: Path, versions: str, wheels: Path, name: str, *extra: str) -> dict:
 
 def main() -> int:
     global CONFIG
-    if sys.argv[1:2] == ["--sampling"]:  # e.g. 'cpu_state: usual': a sampling option checked the same way
-        CONFIG = CONFIG.replace("set_seconds: 2}", f"set_seconds: 2, {sys.argv[2]}}}")
-        print(f"# sampling: {yaml.safe_load(CONFIG)['sampling']}")
-        del sys.argv[1:3]
     keep = None
-    if sys.argv[1:2] == ["--keep"]:  # DIR: every A/A run's results.json kept there as aaN.json.gz (benchmarks/data/)
-        keep = Path(sys.argv[2])
-        keep.mkdir(parents=True, exist_ok=True)
+    while sys.argv[1:2] in (["--sampling"], ["--keep"]):  # either order (review: --keep first had crashed)
+        if sys.argv[1] == "--sampling":  # e.g. 'cpu_state: usual': a sampling option checked the same way
+            CONFIG = CONFIG.replace("set_seconds: 2}", f"set_seconds: 2, {sys.argv[2]}}}")
+            print(f"# sampling: {yaml.safe_load(CONFIG)['sampling']}")
+        else:  # DIR: every A/A run's results.json kept there as aaN.json.gz (benchmarks/data/)
+            keep = Path(sys.argv[2])
+            keep.mkdir(parents=True, exist_ok=True)
         del sys.argv[1:3]
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     quick = int(sys.argv[2]) if len(sys.argv) > 2 else 3

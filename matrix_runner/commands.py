@@ -255,10 +255,8 @@ def setting_differences(a: dict, b: dict) -> list[str]:
     questions: ``cpu_state`` (usual: the ratio at one CPU speed; all: averaged over the speeds the run
     met; new-user trial 2026-12-04: a usual run compared with an all run without a word), and
     ``cpu_hop`` (a run whose sets moved to follow the fast CPU speed -- its recorded moves, not
-    the setting -- met it more often), and ``probe_share`` (a run whose sets were taken at an
-    estimated share of their between-worker probe difference -- any set recording its share, 1
-    included; a run that never got that far, e.g. one with fewer sets than
-    stats.PROBE_SHARE_MIN_SETS + 1, counted all of it, as ``full``)."""
+    the setting -- met it more often), and ``probe_share`` (the setting, ``full`` where a run
+    predates it: two runs under the same rule can record different shares, as their data differ)."""
     out = []
     sa, sb = ((d.get("settings") or {}).get("cpu_state") or "all" for d in (a, b))
     if sa != sb:
@@ -271,11 +269,12 @@ def setting_differences(a: dict, b: dict) -> list[str]:
         out.append(f"{'A' if ha else 'B'}'s process sets moved between CPUs to follow the fast speed "
                    f"(sampling.cpu_hop), {'B' if ha else 'A'}'s stayed on one CPU each: they met the CPU's two "
                    "speeds in different shares, and host-heavy ratios differ between the speeds")
-    pa, pb = (any(isinstance(s.get("probe_share"), (int, float)) for s in d.get("sets") or []) for d in (a, b))
-    if pa != pb:  # runner.apply_probe_share: a set records the share it was taken at (1 included)
-        out.append(f"{'A' if pa else 'B'}'s speed adjustment counted the share of its sets' between-worker probe "
-                   f"differences that earlier sets' calls followed (sampling.probe_share: estimated), "
-                   f"{'B' if pa else 'A'}'s all of them: where the "
+    pa, pb = ((d.get("settings") or {}).get("probe_share") or "full" for d in (a, b))  # missing: from before it, full
+    if pa != pb:  # the setting, not the shares: a run's shares follow its data (review, new-user trial)
+        est = "A" if pa == "estimated" else "B"
+        out.append(f"{est}'s speed adjustment counted the share of its sets' between-worker probe differences that "
+                   f"earlier sets' calls followed (sampling.probe_share: estimated), {'B' if est == 'A' else 'A'}'s all "
+                   "of them (full): where the "
                    "workers' probes differ without the calls following, the two take the ratio differently")
     return out
 
@@ -292,10 +291,15 @@ def compare_warnings(a: dict, b: dict, pa, pb) -> list[str]:
             out.append(f"A and B are the same run ({a['run_id']}: {pa} and {pb}); every ratio below is 1 by "
                        "construction, not a measured A/A")
         else:
-            same = sum(1 for x, y in zip(a.get("sets") or [], b.get("sets") or []) if x == y)
+            same = 0
+            for x, y in zip(a.get("sets") or [], b.get("sets") or []):  # the leading sets they share
+                if x != y:
+                    break
+                same += 1
             out.append(f"A and B share a run id ({a['run_id']}: {pa} and {pb}): one is a copy of the other, resumed "
-                       f"or edited apart; their first {same} process set(s) are the same measurements, which pulls "
-                       "every ratio below towards 1")
+                       "or edited apart; " + (f"their first {same} process set(s) are the same measurements, which "
+                                              "pulls every ratio below towards 1" if same else
+                                              "they share no process set"))
     out += [f"{why}: the ratios B/A below compare machines as much as versions" for why in machine_differences(a, b)]
     return out + setting_differences(a, b)
 

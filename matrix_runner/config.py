@@ -394,6 +394,10 @@ class Sampling:
     #: benchmarks/results/h200-runs-12-04-g.txt). With ``speed_adjust: false`` there is no adjustment
     #: to share, and the default falls back to ``full``.
     probe_share: str = "estimated"
+    #: Not a config key: the earlier pinned sets before ``estimated`` gives a share, where a --resume
+    #: keeps the one its run started with (settings.probe_share_min_sets; 8 for runs made before the
+    #: late evening of 2026-12-04); None: stats.PROBE_SHARE_MIN_SETS.
+    probe_share_min_sets: int | None = None
     #: Workers per env in each process set: a set's value averages its processes (one worker
     #: process of a version can sit a few % off another). None (auto): 1. Measured side by side
     #: (H200, 2026-12-02, default config, 60 s; benchmarks/results/h200-lockstep-runs-12-02.txt):

@@ -370,15 +370,20 @@ def resumed_config(prior: dict, src: str):
             samp.update({k: st[k] for k in RESUMED_SAMPLING if st.get(k) is not None})
             if st and "host_precision" not in st:
                 samp["host_precision"] = 0.01
-            if st and st.get("probe_share") is None:  # made before the setting existed: the whole difference counted
+            if st.get("probe_share") is None:  # made before the setting existed: the whole difference counted
                 samp["probe_share"] = "full"
-                console.print(f"{src}: its settings have no probe_share (a run from before the setting, or an edited "
-                              "file): the resumed sets count the whole between-worker probe difference "
-                              "(sampling.probe_share: full, the rule before it existed)")
             conf = {**conf, "sampling": samp}
     try:
         # the config's own source, as the run recorded it (a resume had overwritten it with results.json's path)
-        return parse_config(conf, prior.get("config_source") or "results.json", max_cases=None)
+        cfg = parse_config(conf, prior.get("config_source") or "results.json", max_cases=None)
+        if st.get("probe_share") is None and cfg.sampling.speed_adjust:
+            console.print(f"{src}: its settings have no probe_share (a run from before the setting, or an edited "
+                          "file): the resumed sets count the whole between-worker probe difference "
+                          "(sampling.probe_share: full, the rule before it existed)")
+        if cfg.sampling.probe_share == "estimated":  # the threshold the run started with (8 before it was stored)
+            k = st.get("probe_share_min_sets")
+            cfg.sampling.probe_share_min_sets = k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 8
+        return cfg
     except ConfigError as ex:
         msg = str(ex)
         for k in RESUMED_SAMPLING:  # a value taken from settings is named as results.json has it (new-user trial)
@@ -646,7 +651,8 @@ class Run:
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn, "cpu_state": samp.cpu_state,
                     "cpu_hop": samp.cpu_hop, "probe_share": samp.probe_share,
                     # earlier pinned sets before a share is estimated (runner.apply_probe_share)
-                    "probe_share_min_sets": stats.PROBE_SHARE_MIN_SETS if samp.probe_share == "estimated" else None,
+                    "probe_share_min_sets": ((samp.probe_share_min_sets or stats.PROBE_SHARE_MIN_SETS)
+                                             if samp.probe_share == "estimated" else None),
                     "preimport": samp.preimport, "prefetch_depth": samp.prefetch_depth, "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                     "fail_on_regression": args.fail_on_regression,
                     "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,

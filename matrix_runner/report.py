@@ -454,7 +454,10 @@ def probe_note(res: dict) -> str:
         hop += (f"; in {len(shares)} process set{'s' if len(shares) != 1 else ''} the speed adjustment counted {rng} of "
                 "the set's between-worker probe difference, the share the earlier pinned sets' calls followed "
                 f"(sampling.probe_share: estimated; the first {first} pinned sets counted all of it)")
-    elif (res.get("settings") or {}).get("probe_share") == "estimated":
+    elif ((res.get("settings") or {}).get("probe_share") == "estimated" and not (res.get("settings") or {}).get("quick")
+          and sum(1 for e in res.get("envs") or [] if e.get("status") == "ok") >= 2
+          and any(s.get("pinned") for s in res.get("sets") or [])):
+        # only where a share could have come (2+ envs, pinned sets, not --quick: review), so the reason is this one
         hop += (f"; sampling.probe_share: estimated, but no set came after {first} earlier "
                 "pinned sets, so every set counted its whole between-worker probe difference")
     return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "

@@ -1230,14 +1230,14 @@ def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int
     ``between`` in ``CaseData.speed``. Returns the share, or None where the option is off, the speed
     is not adjusted, the set has one env, it ran unpinned (``unpinned``: its workers did not share a
     core, so their probe difference is CPU speed: the whole of it counts) or fewer than
-    ``stats.PROBE_SHARE_MIN_SETS`` earlier pinned sets give the share (until then the whole
-    difference counts, as with ``full``)."""
+    ``sampling.probe_share_min_sets`` (a resumed run's own; else stats.PROBE_SHARE_MIN_SETS) earlier
+    pinned sets give the share (until then the whole difference counts, as with ``full``)."""
     if sampling.probe_share != "estimated" or not sampling.speed_adjust or len(labels) < 2 or sid in unpinned:
         return None
     cache = {} if cache is None else cache
     earlier = sorted({s for (lab, _), cd in data.items() if lab in labels for s in cd.raw["wall_us"]
                       if s < sid and s not in unpinned})
-    if len(earlier) < stats.PROBE_SHARE_MIN_SETS:
+    if len(earlier) < (sampling.probe_share_min_sets or stats.PROBE_SHARE_MIN_SETS):
         return None
     groups: dict = {}
     for s in earlier:

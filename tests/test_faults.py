@@ -869,6 +869,9 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     # a run started under other sampling defaults (max_repeats was 1 until 2026-12-03) resumes with its own
     doc = json.loads((out / "results.json").read_text())
     assert doc["settings"]["max_repeats"] == 4
+    # the default probe share rule and the sets it waits for are recorded (a resume keeps them)
+    assert (doc["settings"]["probe_share"], doc["settings"]["probe_share_min_sets"]) == ("estimated", 3)
+    doc["settings"]["probe_share_min_sets"] = 5  # as if started with another threshold
     doc["settings"]["max_repeats"] = 1
     del doc["settings"]["host_precision"]  # a run from before the setting: its host items were cycled to 1 %
     (out / "results.json").write_text(json.dumps(doc))
@@ -877,6 +880,7 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     assert "resuming" in cp.stderr
     res = load_results(out)
     assert res["settings"]["max_repeats"] == 1 and res["settings"]["host_precision"] == 0.01
+    assert res["settings"]["probe_share_min_sets"] == 5  # kept, not the current default
     assert res["run_id"] == first["run_id"] and res["command"] == first["command"] and len(res["resumed"]) == 1
     assert res["timing"]["stop_reason"] != "interrupted"
     # the sets measured before the interrupt are kept as they were; new sets get new ids; an

@@ -1003,6 +1003,10 @@ def test_compare_of_a_copy_resumed_apart_says_which_sets_they_share():
     (why, *_) = commands.compare_warnings(a, b, "A/results.json", "B/results.json")
     assert why.startswith(f"A and B share a run id ({a['run_id']}: A/results.json and B/results.json): one is a copy")
     assert "their first 3 process set(s) are the same measurements" in why
+    c = {**a, "sets": [{**s, "cycles": (s.get("cycles") or 0) + 1} for s in a["sets"]]}
+    assert commands.compare_warnings(a, c, "A", "B")[0].endswith("resumed or edited apart; they share no process set")
+    d = {**a, "sets": [{**a["sets"][0], "cycles": -1}] + a["sets"][1:]}  # the first differs: none shared, from the start
+    assert "they share no process set" in commands.compare_warnings(a, d, "A", "B")[0]
     assert commands.compare_warnings(a, a, "x", "x")[0].startswith("A and B are the same run")
 
 
@@ -1149,8 +1153,14 @@ def test_the_report_says_what_share_of_the_probe_difference_the_adjustment_count
            "the first 8 pinned sets counted all of it)" in note
     one = report.probe_note({**doc, "sets": [{"set": 8, "probe_share": 0.83}]})
     assert "; in 1 process set the speed adjustment counted 0.83 of the set's" in one  # (new-user trial: "1 process sets ... 0.83-0.83")
-    few = report.probe_note({**doc, "sets": [{"set": 0}]})
+    two = [{"label": "a", "status": "ok"}, {"label": "b", "status": "ok"}]
+    few = report.probe_note({**doc, "envs": two, "sets": [{"set": 0, "pinned": True}]})
     assert "sampling.probe_share: estimated, but no set came after 8 earlier pinned sets" in few
+    # where no share could come, that reason would be false: one env, only unpinned sets, --quick (review)
+    for odd in ({"envs": two[:1], "sets": [{"set": i, "pinned": True} for i in range(20)]},
+                {"envs": two, "sets": [{"set": 0, "pinned": False}]},
+                {"envs": two, "sets": [{"set": 0, "pinned": True}], "settings": {"probe_share": "estimated", "quick": True}}):
+        assert "probe_share" not in report.probe_note({**doc, **odd}), odd
     assert "between-worker" not in report.probe_note({**doc, "settings": {}, "sets": [{"set": 0}]})
     # runs from the late evening of 2026-12-04 on record how many pinned sets came before the share (stats.PROBE_SHARE_MIN_SETS)
     now = report.probe_note({**doc, "settings": {"probe_share": "estimated", "probe_share_min_sets": 3}})
@@ -1162,12 +1172,15 @@ def test_compare_warns_when_one_run_counted_only_part_of_its_probe_differences()
     share = results.load(ROOT / "reports" / "h200-variant-probe-share-2.6.3-vs-2.7.0.post2-1")
     full = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-04-36")
     assert min(s["probe_share"] for s in share["sets"] if "probe_share" in s) < 1
+    assert "probe_share" not in full["settings"]  # made before the setting: full
     (why,) = commands.setting_differences(share, full)
     assert why.startswith("A's speed adjustment counted the share of its sets' between-worker probe differences "
-                          "that earlier sets' calls followed (sampling.probe_share: estimated), B's all of them")
+                          "that earlier sets' calls followed (sampling.probe_share: estimated), B's all of them (full)")
     assert commands.setting_differences(full, full) == [] and commands.setting_differences(share, share) == []
-    # a set taken at share 1 was still estimated: two estimated runs are not told apart by their shares
+    # the setting, not the shares: two estimated runs whose data gave different shares (even none) are alike
     ones = {**share, "sets": [{**s, "probe_share": 1.0} if "probe_share" in s else s for s in share["sets"]]}
     assert commands.setting_differences(share, ones) == []
+    none = {**share, "sets": [{k: v for k, v in s.items() if k != "probe_share"} for s in share["sets"]]}
+    assert commands.setting_differences(share, none) == []
     (why,) = commands.setting_differences(full, ones)
     assert why.startswith("B's speed adjustment counted the share")

@@ -633,7 +633,11 @@ def test_resume_keeps_the_stored_sampling_rules(tmp_path):
     d["settings"].pop("probe_share", None)
     assert pipeline.resumed_config(d, "x/results.json").sampling.probe_share == "full"
     d["settings"]["probe_share"] = "estimated"
-    assert pipeline.resumed_config(d, "x/results.json").sampling.probe_share == "estimated"
+    samp = pipeline.resumed_config(d, "x/results.json").sampling
+    assert (samp.probe_share, samp.probe_share_min_sets) == ("estimated", 8)  # started before the threshold was stored
+    d["settings"]["probe_share_min_sets"] = 3
+    assert pipeline.resumed_config(d, "x/results.json").sampling.probe_share_min_sets == 3
+    assert pipeline.resumed_config({**d, "settings": {}}, "x/results.json").sampling.probe_share == "full"  # none stored
 
 
 def test_an_interrupt_early_in_a_resume_says_the_earlier_sets_are_kept(capsys, tmp_path, monkeypatch):
@@ -653,6 +657,7 @@ def test_an_interrupt_early_in_a_resume_says_the_earlier_sets_are_kept(capsys, t
     assert f"matrix-run --resume {p.parent}" in err and "before anything was measured" not in err
 
 
+@pytest.mark.skipif(bool(__import__("shutil").which("nvidia-smi")), reason="needs a machine without a GPU")
 def test_resume_of_a_cuda_run_without_a_gpu_names_the_stored_device_not_a_flag(capsys, tmp_path):
     """--resume refuses every other option, so "--device cuda: ... or use --device cpu" sent the user
     to a flag they could not give (new-user trial); it names settings.device. And a run whose settings
