@@ -309,8 +309,7 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     new.output, new.resume = str(run_dir), str(run_dir)
 
     def bad(key: str, rule: str):
-        return UsageError(f"{src}: the run's stored settings: settings.{key} = {st[key]!r}: {rule} -- fix that "
-                          "results.json or start the run again with its original command")
+        return UsageError(stored_settings_error(src, f"settings.{key} = {st[key]!r}: {rule}"))
     if st.get("device") in ("cuda", "cpu"):
         new.device = st["device"]
     elif st.get("device") is not None:  # it had been ignored, and the resume ran on the command's device
@@ -340,6 +339,13 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                 raise bad(key, "must be a positive " + ("whole number" if whole else "number"))
         setattr(new, arg, v)  # the values the run used, whatever today's defaults are
     return new, new_argv, doc
+
+
+def stored_settings_error(src, why: str) -> str:
+    """The message of a resumed run whose results.json (``src``) holds a setting its checks refuse
+    (``why`` names it as results.json has it: settings.X)."""
+    return (f"{src}: the run's stored settings: {why} -- fix that results.json or start the run again with its "
+            "original command")
 
 
 #: The flags whose values a resumed run takes from its results.json ``settings`` (:func:`resume_args`),
@@ -382,15 +388,15 @@ def resumed_config(prior: dict, src: str):
                           "(sampling.probe_share: full, the rule before it existed)")
         if cfg.sampling.probe_share == "estimated":  # the threshold the run started with (8 before it was stored)
             k = st.get("probe_share_min_sets")
-            cfg.sampling.probe_share_min_sets = k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else 8
+            cfg.sampling.probe_share_min_sets = (k if isinstance(k, int) and not isinstance(k, bool) and k >= 1
+                                                 else stats.PROBE_SHARE_MIN_SETS_UNRECORDED)
         return cfg
     except ConfigError as ex:
         msg = str(ex)
         for k in RESUMED_SAMPLING:  # a value taken from settings is named as results.json has it (new-user trial)
             if st.get(k) is not None:
                 msg = msg.replace(f"sampling.{k}", f"settings.{k}")
-        raise ConfigError(f"{src}: the run's stored settings: {msg} -- fix that results.json or start the run "
-                          "again with its original command") from None
+        raise ConfigError(stored_settings_error(src, msg)) from None
 
 
 class Run:
@@ -448,8 +454,7 @@ class Run:
                 why = str(ex)
                 for flag, key in RESUMED_FLAGS.items():
                     why = why.replace(flag, f"settings.{key}")
-                raise UsageError(f"{src}: the run's stored settings: {why} -- fix that results.json or start the "
-                                 "run again with its original command") from None
+                raise UsageError(stored_settings_error(src, why)) from None
             # its stored settings checked before a word of resuming
             console.print(f"resuming {prior.get('run_id')} in {src.parent}: {len(prior.get('sets') or [])} process "
                           f"sets and {len(prior.get('cases') or [])} case records kept")
@@ -612,16 +617,13 @@ class Run:
         torch_info = dprobe.get("torch") or {}
         device = args.device
         no_gpu_msg = None
-        if device == "cuda" and not (torch_info.get("cuda_available") or mach.get("nvidia_smi")) and prior is not None:
-            # a --resume takes the device from results.json: no flag to name (new-user trial)
-            raise UsageError(f"{args.resume}: the run timed its calls on cuda (settings.device in its results.json), "
-                             "and no CUDA device is visible here (nvidia-smi is missing and torch "
-                             f"{torch_info.get('version', '(not importable)')} reports none): resume it on a machine "
-                             "with an NVIDIA GPU")
         if device == "cuda" and not (torch_info.get("cuda_available") or mach.get("nvidia_smi")):
-            raise UsageError("--device cuda: no CUDA device is visible here (nvidia-smi is missing and torch "
-                             f"{torch_info.get('version', '(not importable)')} reports none); "
-                             "run on a machine with an NVIDIA GPU, or use --device cpu")
+            none = (f"no CUDA device is visible here (nvidia-smi is missing and torch "
+                    f"{torch_info.get('version', '(not importable)')} reports none)")
+            if prior is not None:  # a --resume takes the device from results.json: no flag to name (new-user trial)
+                raise UsageError(f"{args.resume}: the run timed its calls on cuda (settings.device in its results.json), "
+                                 f"and {none}: resume it on a machine with an NVIDIA GPU")
+            raise UsageError(f"--device cuda: {none}; run on a machine with an NVIDIA GPU, or use --device cpu")
         if device == "auto":
             has_gpu = bool(torch_info.get("cuda_available") or mach.get("nvidia_smi"))
             device = "cuda" if has_gpu else "none"

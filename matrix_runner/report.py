@@ -447,14 +447,15 @@ def probe_note(res: dict) -> str:
         if idle:  # a --resume where it could not act, after a part whose sets moved (it had hidden those moves)
             hop += f"; in one part of the run (a --resume) it could do nothing: {idle}"
     shares = [s["probe_share"] for s in res.get("sets") or [] if isinstance(s.get("probe_share"), (int, float))]
-    first = (res.get("settings") or {}).get("probe_share_min_sets")
-    first = first if isinstance(first, int) and not isinstance(first, bool) else 8  # runs before the late evening of 2026-12-04: 8
+    st = res.get("settings") or {}
+    first = st.get("probe_share_min_sets")
+    first = first if isinstance(first, int) and not isinstance(first, bool) else stats.PROBE_SHARE_MIN_SETS_UNRECORDED
     if shares:  # sampling.probe_share: estimated (runner.apply_probe_share: pinned sets after the first few)
         rng = f"{min(shares):.2f}" + (f"-{max(shares):.2f}" if max(shares) > min(shares) else "")
         hop += (f"; in {len(shares)} process set{'s' if len(shares) != 1 else ''} the speed adjustment counted {rng} of "
                 "the set's between-worker probe difference, the share the earlier pinned sets' calls followed "
                 f"(sampling.probe_share: estimated; the first {first} pinned sets counted all of it)")
-    elif ((res.get("settings") or {}).get("probe_share") == "estimated" and not (res.get("settings") or {}).get("quick")
+    elif (st.get("probe_share") == "estimated" and not st.get("quick")
           and sum(1 for e in res.get("envs") or [] if e.get("status") == "ok") >= 2
           and any(s.get("pinned") for s in res.get("sets") or [])):
         # only where a share could have come (2+ envs, pinned sets, not --quick: review), so the reason is this one

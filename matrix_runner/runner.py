@@ -834,9 +834,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         finally:  # whatever of the set's cycles ran (an interrupt keeps them) is taken at the estimated share
             t_cyc_end = time.monotonic()
             share = apply_probe_share(data, labels, ready, sid, sampling, unpinned=unguarded_now, cache=share_cache)
-            # an interrupted set's cycles count is not set, but its values were shifted: say so too (new-user trial)
-            if share is not None and (rec.get("cycles") or any(cd.sets["wall_us"].get(sid) for (lab, _), cd in data.items()
-                                                               if lab in labels)):
+            if share is not None:  # an interrupted set too (it has no cycles count: new-user trial)
                 rec["probe_share"] = round(share, 4)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, t_cyc_end - t_cyc - budget), 3)
@@ -1228,12 +1226,14 @@ def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int
     beta_k the slope that cycle was adjusted with (``CaseData.cycle_beta``; a --resume's first cycles
     ran with none), dm its :func:`share_points` probe difference; the set's mean log shift is kept as
     ``between`` in ``CaseData.speed``. Returns the share, or None where the option is off, the speed
-    is not adjusted, the set has one env, it ran unpinned (``unpinned``: its workers did not share a
+    is not adjusted, the set has one env or timed nothing, it ran unpinned (``unpinned``: its workers did not share a
     core, so their probe difference is CPU speed: the whole of it counts) or fewer than
     ``sampling.probe_share_min_sets`` (a resumed run's own; else stats.PROBE_SHARE_MIN_SETS) earlier
     pinned sets give the share (until then the whole difference counts, as with ``full``)."""
     if sampling.probe_share != "estimated" or not sampling.speed_adjust or len(labels) < 2 or sid in unpinned:
         return None
+    if not any(cd.sets["wall_us"].get(sid) for (lab, _), cd in data.items() if lab in labels):
+        return None  # the set timed nothing: no share taken
     cache = {} if cache is None else cache
     earlier = sorted({s for (lab, _), cd in data.items() if lab in labels for s in cd.raw["wall_us"]
                       if s < sid and s not in unpinned})

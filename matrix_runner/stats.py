@@ -803,6 +803,9 @@ def within_sums(groups) -> tuple[float, float, float, float]:
 #: +-3.44 %). 8 had been the first choice (2026-12-04), but a live CPU A/A run lost its four
 #: comparisons to an offset in its 6th set; 3 leaves only the first three sets exposed.
 PROBE_SHARE_MIN_SETS = 3
+#: The threshold of ``estimated`` runs whose results.json does not record one (made before
+#: settings.probe_share_min_sets existed, with the first choice): what a resume keeps and the report names.
+PROBE_SHARE_MIN_SETS_UNRECORDED = 8
 
 
 def probe_share(groups) -> float:
