@@ -11,6 +11,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from . import envs as envmod
 from . import explain, report, results, wheels
@@ -48,9 +50,13 @@ def cmd_plan(args) -> int:
         if fa2:
             out.print("flash-attn 2 kernel files per case (slim builds compile the union; build.case_kernels):")
             dtypes = len({c.dtype for c in cfg.cases}) > 1  # the label leaves the dtype out
+            grid = Table.grid(padding=(0, 1))  # a wrapped kernel list stays in its column (new-user trial)
+            grid.add_column(no_wrap=True)
+            grid.add_column()
             for c in cfg.cases[:PLAN_CASES_SHOWN]:
-                out.print(f"  {c.label}{' ' + c.dtype if dtypes else ''} {c.op} ({FUNCS[c.func]}): "
-                          f"{', '.join(per_case[c.id]) or 'none (torch)'}")
+                grid.add_row(Text(f"  {c.label}{' ' + c.dtype if dtypes else ''} {c.op} ({FUNCS[c.func]}):"),
+                             Text(", ".join(per_case[c.id]) or "none (torch)"))
+            out.print(grid)
             if len(cfg.cases) > PLAN_CASES_SHOWN:  # a 12,800-case plan had printed 22,893 lines (new-user trial)
                 out.print(f"  … and {len(cfg.cases) - PLAN_CASES_SHOWN} more cases (matrix-run plan --json lists "
                           "every case's kernel files)")

@@ -407,13 +407,16 @@ def steal_note(sets: list[dict]) -> str:
 PROBE_SPEED_WARN = 0.15
 
 
-def probe_median_us(doc: dict) -> float | None:
+def probe_median_us(doc: dict, env: str | None = None) -> float | None:
     """The median of every CPU-speed probe reading of a run's wall bursts (µs; worker.speed_probe:
     the same pure-Python work in every worker of every version, timed between a burst's samples),
-    or None for a run without them. On the H200 machine it reads ~3.5 µs in the CPU's fast state
-    and ~6.5-7.5 µs in its slow one (reports/h200-2.6.3-vs-2.7.0.post2-12-03-m3-5: 3.5, -m3-4: 6.5)."""
+    or None for a run without them; ``env``: that env's bursts only. On the H200 machine it reads
+    ~3.5 µs in the CPU's fast state and ~6.5-7.5 µs in its slow one
+    (reports/h200-2.6.3-vs-2.7.0.post2-12-03-m3-5: 3.5, -m3-4: 6.5)."""
     vals = []
     for c in doc.get("cases") or []:
+        if env is not None and c.get("env") != env:
+            continue
         for per_set in (((c.get("metrics") or {}).get("wall_us") or {}).get("ref_by_set") or {}).values():
             for v in (per_set.values() if isinstance(per_set, dict) else per_set or []):
                 if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
@@ -461,8 +464,14 @@ def probe_note(res: dict) -> str:
         # only where a share could have come (2+ envs, pinned sets, not --quick: review), so the reason is this one
         hop += (f"; sampling.probe_share: estimated, but no set came after {first} earlier "
                 "pinned sets, so every set counted its whole between-worker probe difference")
+    read = f"a median of {m:.2f} µs in this run"
+    runs = res.get("merged_from")
+    if isinstance(runs, list) and len(runs) > 1:  # results.merge: one median over several runs' states means nothing
+        per = [(e.get("label"), probe_median_us(res, e.get("label"))) for e in res.get("envs") or []]
+        per = [f"{v:.2f} µs ({lab})" for lab, v in per if v is not None]
+        read = f"medians of {', '.join(per)} in the {len(runs)} merged runs"
     return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "
-            f"burst) read a median of {m:.2f} µs in this run{hop}; host overhead follows the CPU speed, so compare "
+            f"burst) read {read}{hop}; host overhead follows the CPU speed, so compare "
             "the µs and host-heavy ratios of runs at like readings (matrix-run compare warns when two runs differ by "
             f"more than {PROBE_SPEED_WARN * 100:.0f} %)")
 

@@ -51,8 +51,8 @@ def tiny_config(tmp_path_factory) -> Path:
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python -m matrix_runner ARGS` as a user would; returns the completed process (text)."""
     e = dict(os.environ)
-    e.update(env or {})
     e["COLUMNS"] = "200"
+    e.update(env or {})  # a test may set its own COLUMNS
     return subprocess.run([sys.executable, "-m", "matrix_runner", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=e)
 

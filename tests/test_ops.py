@@ -142,7 +142,7 @@ def test_plan_lists_kernel_files_per_case(tmp_path):
     cp = run_cli("plan", "--versions", "2.6.3", "--config", "kvcache-decode", "--offline", "--archs", "90",
                  "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"))
     assert "kernel files per case" in cp.stdout, cp.stdout + cp.stderr
-    assert "(flash_attn_with_kvcache): fwd_hdim128_bf16, fwd_split_hdim128_bf16" in cp.stdout.replace("\n", " ")
+    assert "(flash_attn_with_kvcache): fwd_hdim128_bf16, fwd_split_hdim128_bf16" in " ".join(cp.stdout.split())
     cp = run_cli("plan", "--versions", "2.6.3", "--config", "varlen", "--offline", "--archs", "90", "--json",
                  "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"))
     per = json.loads(cp.stdout)[0]["case_kernels"]
@@ -318,8 +318,15 @@ def test_plan_lists_at_most_50_cases_and_names_the_dtype_where_cases_differ_in_i
                    + "], seqlen: 64, nheads: 4, head_dim: 64}\n")
     cp = run_cli("plan", "--versions", "2.6.3", "--config", str(cfg), "--offline", "--archs", "90",
                  "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"))
-    out = cp.stdout.replace("\n", " ")
+    out = " ".join(cp.stdout.split())  # the kernel lists are a column: shorter labels are padded
     assert "B1 S64 H4 D64 fp16 fwd (flash_attn_func): fwd_hdim64_fp16" in out
     assert "B1 S64 H4 D64 bf16 fwd (flash_attn_func): fwd_hdim64_bf16" in out
     assert "… and 10 more cases (matrix-run plan --json lists every case's kernel files)" in out
     assert out.count("(flash_attn_func):") == 50
+    narrow = run_cli("plan", "--versions", "2.6.3", "--offline", "--archs", "90", "--envs-dir", str(tmp_path / "envs"),
+                     "--wheel-cache", str(tmp_path / "cache"), env={"COLUMNS": "70"}).stdout
+    lines = narrow.splitlines()  # the default config's bwd cases need 3 kernel files: too long for 70 columns
+    first = next(i for i, ln in enumerate(lines) if ln.startswith("  B512 S50 H16 D16 bwd (flash_attn_func):"))
+    assert "fwd_hdim32_fp16," in lines[first] and lines[first + 1].lstrip().startswith("fwd_split_hdim32_fp16")
+    col = lines[first].index("fwd_hdim32_fp16")  # a wrapped kernel list goes on in its column (new-user trial)
+    assert lines[first + 1][:col].strip() == "" and lines[first + 1][col:].startswith("fwd_split"), narrow

@@ -1120,6 +1120,18 @@ def test_the_report_says_what_cpu_speed_the_run_met():
     assert report.probe_note({"cases": []}) == ""
 
 
+def test_a_merged_report_gives_each_envs_probe_reading_not_one_for_this_run():
+    """A merged report (results.merge, e.g. tox envs) holds runs that met different CPU states: one
+    median over them all means nothing (new-user trial: it said "in this run")."""
+    slow = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-03-m3-4")
+    fast = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-03-m3-5")
+    note = report.probe_note(results.merge([slow, fast]))
+    assert "in this run" not in note
+    assert ("read medians of 6.47 µs (2.6.3), 6.58 µs (2.7.0.post2), 3.44 µs (2.6.3'), 3.48 µs (2.7.0.post2') "
+            "in the 2 merged runs;") in note
+    assert round(report.probe_median_us(slow, "2.7.0.post2"), 2) == 6.58 and report.probe_median_us(slow, "x") is None
+
+
 def test_a_cpu_hop_run_says_its_sets_followed_the_fast_cpu_and_compare_warns():
     """sampling.cpu_hop (lockstep.Hopper): a committed H200 run whose sets moved between CPUs says
     so beside its probe reading, and compare names the difference from a run that stayed."""
