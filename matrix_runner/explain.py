@@ -597,7 +597,7 @@ def parse_folded(text: str) -> dict:
         keys = [_frame_key(f) for f in frames[idx:]]
         n += k
         self_[keys[-1]] = self_.get(keys[-1], 0) + k
-        for key in set(keys):
+        for key in dict.fromkeys(keys):  # once per sample; in stack order (a set's order varies per process)
             total[key] = total.get(key, 0) + k
     return {"n": n, "self": self_, "total": total}
 
@@ -606,11 +606,17 @@ def frame_diff(base: dict, cand: dict, base_us: float, cand_us: float, top: int 
     """Differential view of two :func:`parse_folded` results, each scaled by its loop's µs per call:
     per frame ``{frame, base_self_us, cand_self_us, delta_self_us, base_total_us, cand_total_us,
     delta_total_us, base_share, cand_share, se_us, status}``; status appears / vanishes / grows /
-    shrinks / same (|delta| under 2 binomial standard errors of the two shares). Sorted by
-    delta_self_us, largest growth first; the ``top`` largest |delta| rows are kept."""
+    shrinks / same (|delta| under 2 binomial standard errors of the two shares). A delta of 0 is
+    always ``same``: with no self samples in either version (a frame seen only further out on the
+    stack) the standard error is 0 too, and "under 0" would have called it shrinks. A nonzero delta
+    with a standard error of 0 (shares of exactly 0 or 1 in both: the binomial error vanishes there)
+    grows or shrinks by its sign. Sorted by delta_self_us, largest growth first; the ``top`` largest
+    |delta| rows are kept. Ties (e.g. the many frames at delta 0) go by frame name, in both the cut
+    and the order, so the same record renders the same table in every process (a set's iteration
+    order, which the rows were built in, changes with the interpreter's hash seed)."""
     rows = []
     nb, nc = max(base["n"], 1), max(cand["n"], 1)
-    for f in set(base["total"]) | set(cand["total"]):
+    for f in sorted(set(base["total"]) | set(cand["total"])):
         bs, cs = base["self"].get(f, 0), cand["self"].get(f, 0)
         bt, ct = base["total"].get(f, 0), cand["total"].get(f, 0)
         pb, pc = bs / nb, cs / nc
@@ -620,7 +626,7 @@ def frame_diff(base: dict, cand: dict, base_us: float, cand_us: float, top: int 
             status = "appears"
         elif ct == 0:
             status = "vanishes"
-        elif abs(d) < 2 * se:
+        elif d == 0 or abs(d) < 2 * se:
             status = "same"
         else:
             status = "grows" if d > 0 else "shrinks"
@@ -628,9 +634,9 @@ def frame_diff(base: dict, cand: dict, base_us: float, cand_us: float, top: int 
                      "base_total_us": bt / nb * base_us, "cand_total_us": ct / nc * cand_us,
                      "delta_total_us": ct / nc * cand_us - bt / nb * base_us,
                      "base_share": pb, "cand_share": pc, "se_us": se, "status": status})
-    rows.sort(key=lambda r: -abs(r["delta_self_us"]))
+    rows.sort(key=lambda r: (-abs(r["delta_self_us"]), r["frame"]))
     rows = rows[:top]
-    rows.sort(key=lambda r: -r["delta_self_us"])
+    rows.sort(key=lambda r: (-r["delta_self_us"], r["frame"]))
     return rows
 
 
@@ -816,7 +822,8 @@ def analyze(doc: dict) -> dict | None:
                 ev["folded_lines"] = len(e["folded"].splitlines())
                 ev["top_self"] = sorted(({"frame": f, "us": s / max(parsed[lab]["n"], 1) * (on or 0),
                                           "share": s / max(parsed[lab]["n"], 1)}
-                                         for f, s in parsed[lab]["self"].items()), key=lambda r: -r["us"])[:12]
+                                         for f, s in parsed[lab]["self"].items()),
+                                        key=lambda r: (-r["us"], r["frame"]))[:12]
             ev["calls_total"] = (e.get("counts") or {}).get("total")
             pv["envs"][lab] = ev
         for lab in labels[1:]:
@@ -867,10 +874,16 @@ def analyze(doc: dict) -> dict | None:
 
 
 def summary_lines(view: dict | None) -> list[str]:
-    """A short terminal summary of :func:`analyze`'s view (µs per call, host clock for the layers)."""
+    """A short terminal summary of :func:`analyze`'s view (µs per call, host clock for the layers).
+
+    A version's missing layers ("has no custom_op (...)") are said once per version and distinct
+    text, after the cases' sentences: the layers a version has are the same in most of its cases,
+    and one paragraph per case and version repeated the same words. Cases are named only where the
+    text holds for some of the layer cases, not all."""
     if not view:
         return []
     out = ["explain (host µs per call; own worker processes after the timing, not in any verdict):"]
+    gone_in: dict = {}  # (version, text) -> the cases it holds in, in first-seen order
     for lv in view["layers"]:
         for c in lv["comparisons"]:
             if c["sentence"]:
@@ -878,7 +891,10 @@ def summary_lines(view: dict | None) -> list[str]:
         for lab, e in lv["envs"].items():
             gone = [f"{x['kind']} ({x['note']})" for x in e["layers"] if not x["exists"]]
             if gone:
-                out.append(f"  {lv['label']}: {lab} has no {'; no '.join(gone)}")
+                gone_in.setdefault((lab, "; no ".join(gone)), []).append(lv["label"])
+    for (lab, text), where in gone_in.items():
+        every = len(where) == len(view["layers"])
+        out.append(f"  {lab} has no {text}" + ("" if every else f" (in {', '.join(where)})"))
     for f in view["first_call"]:
         out.append(f"  first call {f['label']}: " + ", ".join(
             f"{lab} {ms:.1f} ms" for lab, ms in f["ms"].items() if ms is not None)

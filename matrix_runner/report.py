@@ -185,7 +185,7 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
         unb = sum(1 for c in counts["ambiguous"] if c.get("unbounded"))
         rest.append(f"ambiguous in {len(counts['ambiguous'])}" + (
             f" ({unb} with too few process sets for a finite interval at this level, about 5 are needed: "
-            "raise --time-budget)" if unb else ""))
+            + ("--resume adds sets)" if interrupted else "raise --time-budget)") if unb else ""))
     if counts["provisional"]:
         lo = min(counts["provisional"], key=lambda c: c["ratio"])
         hi = max(counts["provisional"], key=lambda c: c["ratio"])

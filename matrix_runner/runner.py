@@ -29,8 +29,9 @@ the run there, naming the case and blaming nobody (a GPU-sized config on a 2-cor
 set up one case); a set that has begun its cycles finishes them.
 
 Faults: a worker that crashes or hangs (no reply within ``case_timeout`` s) fails the case it was
-working on in that env; the set ends (the cycles already timed are kept) and the next set retries
-that case once; a second fault fails it for the run. A case whose worker reports an error (a
+working on in that env; the set ends (the cycles already timed are kept; a worker lost before the
+cycles ends the set before them, as the rest could time only one side) and the next set retries
+that case once; a second fault fails it for the run. Once every case has failed, the run stops. A case whose worker reports an error (a
 kernel not built, out of memory) fails at once. A worker that cannot start (import error, no CUDA)
 fails its env; one that dies or hangs at start in an env that has imported before ends that set
 and the next set tries again (the second time, the env fails). With one env left there is nothing
@@ -168,7 +169,8 @@ class Interrupted(Exception):
 
 
 class _SetFailed(Exception):
-    """A worker of the set could not start (died or hung) in an env known to import: the set is given up."""
+    """The set is given up and the next one tries again: a worker of the set could not start (died or
+    hung) in an env known to import, or the workers left after set-up cover no comparison."""
 
 
 class _BudgetSpent(Exception):
@@ -517,6 +519,9 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             if not labels:
                 reason = "no env could be timed (every env failed its import check)"
                 break
+            if sets and not _todo(data, cases, labels):  # new-user trial: 27 more sets that timed nothing
+                reason = "every case failed (its error is in the report): nothing left to time"
+                break
             if len(labels) < 2 and any(cd.sets["wall_us"] for (lab, _), cd in data.items() if lab in labels):
                 reason = "one env: nothing to compare, one process set timed it"
                 break
@@ -815,6 +820,20 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                 if rep.get("status") != "ok":
                     rec["pinned"] = False
                     rec["error"] = f"pinning failed: {rep.get('error')}"
+        ok_labels = [lab for lab in labels if envs.get(lab) is None or envs[lab].status != "failed"]
+        live_labels = {lab_of[k] for k in live}
+        run_pairs = [(b, k) for b, k in stats.pairs_among(labels, pairs) if b in ok_labels and k in ok_labels]
+        if run_pairs and not any(b in live_labels and k in live_labels for b, k in run_pairs):
+            # a worker lost in set-up or pinning (its case faulted): the rest could only time one side
+            # (new-user trial: 4 sets of 405 cycles of one env, used by no comparison); the next set retries
+            lost = sorted(lab for lab in ok_labels if lab not in live_labels)
+            why = "; ".join(rec["workers"].get(k, {}).get("error") or "" for k in st.workers
+                            if lab_of[k] in lost and rec["workers"].get(k, {}).get("error"))
+            rec["status"] = "failed"
+            rec["error"] = (f"{', '.join(lost)}: no worker left after set-up ({why or 'lost'}): no cycles, "
+                            "nothing to pair; the next set tries again")
+            on_progress(f"set {sid}: ended before its cycles: {rec['error']}")
+            raise _SetFailed()
         t_cyc = time.monotonic()
         # CPU steal on the set's core over its cycles (the hypervisor running something else: a
         # 2-core CPU VM had 20-50 % in the minutes its A/A intervals widened to +-10-20 %)

@@ -69,6 +69,74 @@ def test_folded_stacks_are_cut_at_the_loop_and_diffed_per_call():
     assert f["delta_total_us"] == pytest.approx(20.0)
 
 
+def _parsed(frames: dict, n: int) -> dict:
+    """A parse_folded result with each frame's (self, total) samples, inserted in ``frames``' order."""
+    return {"n": n, "self": {f: v[0] for f, v in frames.items() if v[0]}, "total": {f: v[1] for f, v in frames.items()}}
+
+
+def test_frame_diff_orders_and_cuts_ties_by_frame_name_whatever_the_input_order():
+    # 30 frames at delta 0 (no self samples: only further out on the stack), one grower, one shrinker
+    frames = {f"w{i:02d} (pkg/m.py)": (0, 50) for i in range(30)}
+    base = {**frames, "grow (pkg/g.py)": (10, 10), "shrink (pkg/s.py)": (40, 40)}
+    cand = {**frames, "grow (pkg/g.py)": (30, 30), "shrink (pkg/s.py)": (20, 20)}
+    rows = explain.frame_diff(_parsed(base, 100), _parsed(cand, 100), 100.0, 100.0, top=25)
+    names = [r["frame"] for r in rows]
+    # the two changes, then the first 23 tied frames by name (the cut at 25 keeps those), in name order
+    assert names == ["grow (pkg/g.py)", *[f"w{i:02d} (pkg/m.py)" for i in range(23)], "shrink (pkg/s.py)"]
+    rev = lambda d: dict(reversed(d.items()))  # noqa: E731
+    assert explain.frame_diff(_parsed(rev(base), 100), _parsed(rev(cand), 100), 100.0, 100.0, top=25) == rows
+
+
+DIFF_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from matrix_runner import explain
+top = "serve (/x/worker.py:600);_explain_loop (/x/worker.py:551)"
+text = "\n".join([f"{top};f{i} (/e/site-packages/pkg/m{i}.py:10) 10" for i in range(30)]
+                 + [f"{top};g{i} (/e/site-packages/pkg/g.py:1);h (/e/site-packages/pkg/h.py:2) 5" for i in range(5)])
+p = explain.parse_folded(text)
+print(json.dumps(explain.frame_diff(p, p, 100.0, 100.0)))
+"""
+
+
+def test_frame_diff_is_the_same_in_processes_with_different_hash_seeds():
+    # the report of one results.json differed between runs of `matrix-run explain`: a set's order
+    # (which changes with PYTHONHASHSEED) decided ties
+    outs = set()
+    for seed in ("1", "2", "3"):
+        cp = subprocess.run([sys.executable, "-c", DIFF_SCRIPT, str(REPO)], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONHASHSEED": seed}, timeout=120)
+        assert cp.returncode == 0, cp.stderr
+        outs.add(cp.stdout)
+    assert len(outs) == 1
+
+
+def test_a_zero_self_delta_is_same_even_with_a_zero_standard_error():
+    # _plant in neither version's innermost frame (self 0 and 0: se 0, delta 0) was called "shrinks"
+    base = {"_plant (pkg/m.py)": (0, 40), "all (pkg/a.py)": (100, 100)}
+    cand = {"_plant (pkg/m.py)": (0, 90), "all (pkg/a.py)": (100, 100)}
+    rows = {r["frame"]: r for r in explain.frame_diff(_parsed(base, 100), _parsed(cand, 100), 100.0, 120.0)}
+    p = rows["_plant (pkg/m.py)"]
+    assert (p["delta_self_us"], p["se_us"], p["status"]) == (0.0, 0.0, "same")
+    assert p["delta_total_us"] == pytest.approx(0.9 * 120 - 0.4 * 100)
+    # a share of 1 in both: se 0, the delta is the loops' difference and grows by its sign
+    a = rows["all (pkg/a.py)"]
+    assert (a["delta_self_us"], a["se_us"], a["status"]) == (20.0, 0.0, "grows")
+
+
+def test_a_versions_missing_layer_is_said_once_not_per_case():
+    note = "this version has no custom op (no torch.library.custom_op in flash_attn_interface)"
+    lay = lambda miss: [{"kind": k, "exists": k not in miss, "note": note if k in miss else None}  # noqa: E731
+                        for k in explain.KINDS]
+    cases = [{"label": f"c{i} fwd", "comparisons": [], "envs": {"2.6.3": {"layers": lay({"custom_op"})},
+                                                                  "2.7.0": {"layers": lay(set())}}} for i in range(3)]
+    cases[2]["envs"]["2.7.0"] = {"layers": lay({"python"})}  # a text that holds in one case only
+    view = {"base": "2.6.3", "labels": ["2.6.3", "2.7.0"], "layers": cases, "first_call": [], "profile": None,
+            "notes": []}
+    gone = [ln for ln in explain.summary_lines(view) if " has no " in ln]
+    assert gone == [f"  2.6.3 has no custom_op ({note})", f"  2.7.0 has no python ({note}) (in c2 fwd)"]
+
+
 def test_call_counts_diff():
     d = explain.counts_diff({"per_call": {"a": 1.0, "b": 2.0}, "total": 3.0},
                             {"per_call": {"a": 1.0, "b": 5.0, "c": 4.0}, "total": 10.0})

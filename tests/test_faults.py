@@ -190,7 +190,15 @@ def test_a_worker_fault_every_time_fails_that_case_after_one_retry(tmp_path, nam
             cd = data[(env, c.id)]
             assert cd.status == "ok" and cd.faults == 0 and cd.error is None and 2 in measured(cd), (env, c.id, cd)
             assert cd.correctness
-    assert [(s["set"], s["status"]) for s in sets] == [(0, "ok"), (1, "ok"), (2, "ok")]
+    if phase == "setup":  # the worker lost before the cycles: the rest could time one side only, so
+        # the set ends there (new-user trial: sets of one env's cycles that no comparison used)
+        assert [(s["set"], s["status"], s["cycles"]) for s in sets] == [(0, "failed", 0), (1, "failed", 0), (2, "ok", sets[2]["cycles"])]
+        for s in sets[:2]:
+            assert s["error"].startswith("bad: no worker left after set-up (set-up: ") and "the next set tries again" in s["error"]
+        for c in cs:
+            assert measured(data[("good", c.id)]) == ([] if c is cs[1] else [2])  # never one side alone
+    else:
+        assert [(s["set"], s["status"]) for s in sets] == [(0, "ok"), (1, "ok"), (2, "ok")]
     for s in sets[:2]:  # each set names the worker lost and the step
         assert WHAT[phase] in s["workers"]["bad"]["error"]
     assert "error" not in sets[2]["workers"]["bad"] and sets[2]["cycles"] > 0
@@ -229,8 +237,9 @@ def test_a_transient_worker_fault_is_retried_in_the_next_set(tmp_path, name, pha
     if cpus["pinned"]:
         assert {c["cpu"] for c in cmds(tmp_path, "good") if c["cmd"] == "pin"} <= set(cpus["set_cpus"])
     if cpus.get("spare_cpus"):  # set 1's config and set-ups were queued after set 0's cycles, without
-        # the case under retry (set 0 faulted it); set 2's after set 1's, all cases (the retry went well)
-        for s, want in ((1, [cs[0], cs[2]]), (2, cs)):
+        # the case under retry (set 0 faulted it); set 2's after set 1's, all cases (the retry went well).
+        # A fault in set-up ends set 0 before its cycles (no worker left to pair), so nothing is queued then.
+        for s, want in ((1, [] if phase == "setup" else [cs[0], cs[2]]), (2, cs)):
             got = [c for c in cmds(tmp_path, "good") if c["_set"] == s and c["cmd"] == "setup"]
             assert [c["case"] for c in got if c.get("warmup_s") == 0.0] == [c.id for c in want], got
     assert not any(alive(p) for p in pids(tmp_path))
@@ -312,6 +321,26 @@ def test_an_error_reply_fails_its_case_at_once(tmp_path):
         assert data[("good", c.id)].status != "error"
     assert all("error" not in s["workers"]["bad"] for s in sets)
     assert len(pids(tmp_path, "bad")) == 3
+    assert not any(alive(p) for p in pids(tmp_path))
+
+
+def test_a_run_whose_every_case_failed_stops_instead_of_timing_nothing(tmp_path):
+    """New-user trial: every case failed in set 0 (an old torch), and the run went on for 27 more
+    sets that timed nothing, to the end of its budget. Now it stops after the set that failed the last
+    case; a crash is still retried once before that."""
+    fault = """
+        if cmd["cmd"] == "setup" and batch(cmd) == 1:
+            send(type="setup", case=cmd["case"], status="error", error_kind="error", error="TypeError: planted")
+            continue
+        if cmd["cmd"] == "setup" and batch(cmd) == 2:
+            os.abort()
+    """
+    envs = [fake_env(tmp_path, "good"), fake_env(tmp_path, "bad", fault)]
+    cs = cases(1, 2)
+    reason, data, sets = run(envs, cs, tmp_path, max_sets=10)
+    assert reason == "every case failed (its error is in the report): nothing left to time", reason
+    assert len(sets) == 2  # batch 2's crash in set 0 and its retry in set 1; batch 1 failed at once
+    assert data[("bad", cs[0].id)].error_kind == "error" and data[("bad", cs[1].id)].faults == 2
     assert not any(alive(p) for p in pids(tmp_path))
 
 
@@ -663,7 +692,11 @@ def test_fault_run_exits_3_with_results_written(fault_run):
     assert res["timing"]["stop_reason"] == f"max_sets {FAULT_SETS} reached" or \
         res["timing"]["stop_reason"].startswith("all wall-time verdicts decided")
     assert [s["set"] for s in res["sets"]] == list(range(FAULT_SETS))
-    assert all(s["status"] == "ok" for s in res["sets"])
+    # sets 0-3 lost the faulty env's worker in a set-up (a crash, then a hang, each retried once): each
+    # ended before its cycles, as the good env could only have timed its side alone
+    assert [s["status"] for s in res["sets"]] == ["failed"] * 4 + ["ok"] * (FAULT_SETS - 4)
+    assert all(s["cycles"] == 0 and s["error"].startswith("faulty: no worker left after set-up (set-up: ")
+               for s in res["sets"][:4])
     assert (fault_run["out"] / "index.html").is_file()
 
 
@@ -688,8 +721,10 @@ def test_failed_envs_name_the_reason_and_show_the_log_tail(fault_run):
     assert rec["fingerprint"] is None and rec["status"] == "import-failed"
     assert "planted import failure" in rec["import_error"]
     assert not any(c["env"] in ("corrupt", "nobuild", "noimport") for c in res["cases"])
-    # its worker was started once, in set 0 (which names it and went on with the other envs)
-    assert "preflight" in res["sets"][0]["workers"]["noimport"]["error"] and res["sets"][0]["cycles"] > 0
+    # its worker was started once, in set 0 (which names it; the set would have gone on with the other
+    # envs, but the faulty env's worker crashed in a set-up there: test_fault_run_exits_3_with_results_written)
+    assert "preflight" in res["sets"][0]["workers"]["noimport"]["error"]
+    assert "noimport" not in res["sets"][0]["error"].split(": no worker left")[0]  # not among the envs lost
     assert all("noimport" not in s["workers"] for s in res["sets"][1:])
 
 

@@ -512,6 +512,12 @@ def test_headline_of_an_interrupted_run_is_not_called_quick():
     assert "Quick run" not in s
     q = report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a", quick=True)["text"]
     assert "Quick run" in q and "interrupted" not in q
+    # too few sets for an interval: an interrupted run is told to resume, not to raise its budget (new-user trial)
+    amb = [{"case": "c1", "verdict": "ambiguous", "ratio": 1.01, "unbounded": True, "attribution": None}]
+    cut = report.summarize(amb, 1, {"c1": "B2 fwd"}, "b", "a", interrupted=True)["text"]
+    assert "about 5 are needed: --resume adds sets)" in cut and "--time-budget" not in cut
+    full = report.summarize(amb, 1, {"c1": "B2 fwd"}, "b", "a")["text"]
+    assert "about 5 are needed: raise --time-budget)" in full
 
 
 def test_compare_runs_is_unpaired_so_round_order_does_not_matter(h200):
