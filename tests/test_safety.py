@@ -120,3 +120,39 @@ def test_envs_clean_without_labels_asks_for_all_and_removes_nothing(tmp_path):
     cp = run_cli("envs", "clean", "--all", "--envs-dir", str(tmp_path))
     assert cp.returncode == 0, cp.stderr
     assert not env.exists()
+
+
+def test_a_failed_rebuild_puts_the_working_env_back(standins, tmp_path, monkeypatch):
+    """New-user trial: ``--torch 1.0`` (no wheel for this Python) re-created a run's working envs and
+    uv then failed: both were gone. The old env now waits aside until the new one is whole."""
+    import sys
+
+    from matrix_runner import envs
+    from matrix_runner.config import Case
+    from matrix_runner.envs import prepare
+    opts = envs.Options(envs_dir=tmp_path / "envs", cache_dir=tmp_path / "cache", find_links=[standins["wheels"]])
+    opts.envs_dir.mkdir()
+    cases = [Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)]
+    dprobe = envs.probe(sys.executable)
+    req = envs.parse_versions("2.6.3")[0]
+    first = envs.prepare_env(req, envs.plan_env(req, cases, opts, dprobe), opts, dprobe, cases)
+    assert first.status == "ok", first.error
+    env_dir = opts.envs_dir / "2.6.3"
+    (env_dir / "mine.txt").write_text("the working env")
+    record = (env_dir / envs.RECORD).read_text()
+    from dataclasses import replace
+    rebuild = envs.plan_env(req, cases, replace(opts, rebuild=True), dprobe)
+    assert rebuild.method != "reuse"
+
+    def fails(*a, **k):
+        assert not (env_dir / "mine.txt").exists()  # a new venv is being made at the env's path
+        raise envs.EnvError("planted: no solution found when resolving dependencies")
+    monkeypatch.setattr(prepare, "_prepare_flash_attn", fails)
+    res = envs.prepare_env(req, rebuild, replace(opts, rebuild=True), dprobe, cases)
+    assert res.status == "failed" and "planted" in res.error
+    assert (env_dir / "mine.txt").read_text() == "the working env" and (env_dir / envs.RECORD).read_text() == record
+    assert sorted(p.name for p in opts.envs_dir.iterdir() if p.name.endswith(".previous")) == []
+    monkeypatch.undo()
+    again = envs.prepare_env(req, rebuild, replace(opts, rebuild=True), dprobe, cases)  # a rebuild that works
+    assert again.status == "ok" and not (env_dir / "mine.txt").exists() and (env_dir / envs.RECORD).is_file()
+    assert sorted(p.name for p in opts.envs_dir.iterdir() if p.name.endswith(".previous")) == []

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,7 +29,7 @@ from .plan import (
     waits_for_cache,
 )
 from .preflight import preflight, static_preflight
-from .record import RECORD, RECORD_SCHEMA, load_record, write_record
+from .record import RECORD, RECORD_SCHEMA, is_matrix_run_env, load_record, write_record
 from .requests import EnvRequest
 from .venv import (
     BUILD_DEPS,
@@ -142,15 +142,21 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
                     if item.method == "failed":
                         raise EnvError(item.error or "no way to rebuild this env") from None
             if done is None:
-                progress(req.label, "creating venv (uv)")
-                py = create_venv(item.env_dir, driver_probe.get("executable") or sys.executable, tid, opts, log)
-                res.python = str(py)  # set now: a failure from here on still names the env's python
-                if req.package != subjects.DEFAULT and req.subject.tree:
-                    done = _prepare_tree(req, item, opts, py, tid, driver_probe, progress, log)
-                elif req.package != subjects.DEFAULT:
-                    done = _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log)
-                else:
-                    done = _prepare_flash_attn(req, item, opts, py, tid, driver_probe, progress, log, rebuilt)
+                with _kept_until_replaced(item.env_dir) as kept:
+                    progress(req.label, "creating venv (uv)")
+                    py = create_venv(item.env_dir, driver_probe.get("executable") or sys.executable, tid, opts, log)
+                    res.python = str(py)  # set now: a failure from here on still names the env's python
+                    if req.package != subjects.DEFAULT and req.subject.tree:
+                        done = _prepare_tree(req, item, opts, py, tid, driver_probe, progress, log)
+                    elif req.package != subjects.DEFAULT:
+                        done = _prepare_subject(req, item, opts, py, tid, driver_probe, progress, log)
+                    else:
+                        done = _prepare_flash_attn(req, item, opts, py, tid, driver_probe, progress, log, rebuilt)
+                    if done.record is not None:  # the new env is whole once its record is written
+                        res.probe, res.python, res.import_checked = done.probe, done.python, done.import_checked
+                        write_record(item.env_dir / RECORD, done.record)
+                        done.record = None
+                    kept.replaced = True
             res.probe, res.python, res.import_checked = done.probe, done.python, done.import_checked
             if done.record is not None:  # after the result is filled: a failed write still reports the probe
                 write_record(item.env_dir / RECORD, done.record)
@@ -166,6 +172,39 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
             res.error, res.error_tail = f"interrupted while {step['now']}", None
     res.build["seconds"] = round(time.monotonic() - t0, 2)
     return res
+
+
+class _Kept:
+    """What :func:`_kept_until_replaced` set aside; ``replaced``: the new env is whole."""
+
+    def __init__(self, aside: Path | None):
+        self.aside, self.replaced = aside, False
+
+
+@contextmanager
+def _kept_until_replaced(env_dir: Path):
+    """An existing matrix-run env at ``env_dir`` is moved aside (``.<name>.previous`` beside it) while
+    a new one is made there, deleted once the new one is whole (``kept.replaced``), and put back if
+    making it failed or was interrupted (the half-made one deleted). A new-user trial's
+    ``--torch 1.0`` (no wheel for its Python) had deleted both of a run's working envs before uv
+    failed. A directory that is not a matrix-run env is left where it is (create_venv refuses it).
+    The env goes back to its own path, so nothing in it has to move (a venv is not relocatable)."""
+    aside = None
+    if env_dir.exists() and is_matrix_run_env(env_dir):
+        aside = env_dir.with_name(f".{env_dir.name}.previous")
+        if aside.exists():
+            shutil.rmtree(aside)
+        env_dir.rename(aside)
+    kept = _Kept(aside)
+    try:
+        yield kept
+    finally:
+        if aside is not None:
+            if kept.replaced:
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                shutil.rmtree(env_dir, ignore_errors=True)
+                aside.rename(env_dir)
 
 
 def _prepare_reused(req: EnvRequest, item: PlanItem) -> Prepared:
