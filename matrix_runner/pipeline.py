@@ -68,7 +68,7 @@ from .config import (
     load_config,
     parse_config,
 )
-from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, UsageError
+from .errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_REGRESSION, StageFailed, UsageError
 from .ui import console, print_plan, progress, warn
 
 
@@ -397,6 +397,11 @@ def resumed_config(prior: dict, src: str):
             if st.get(k) is not None:
                 msg = msg.replace(f"sampling.{k}", f"settings.{k}")
         raise ConfigError(stored_settings_error(src, msg)) from None
+
+
+class ResultsNotWritten(StageFailed):
+    """The run's results.json could not be written where it belongs (a full disk): exit 3, never 2 --
+    nothing the user typed was wrong (:meth:`Run._write_files` says where they went instead)."""
 
 
 class Run:
@@ -826,7 +831,8 @@ class Run:
                         samp.finish_s = max(samp.finish_s, time.monotonic() - t_fin)
                         results.write_json(self.out_dir / "results.json", partial)
                     except Exception as ex:  # noqa: BLE001 - a partial write must never stop the run
-                        console.print(f"[dim]partial results not written: {ex}[/]")
+                        console.print(f"[dim]partial results not written to {self.out_dir / 'results.json'} "
+                                      f"({escape(str(ex))}): the run goes on, and writes them at its end[/]")
                     last_write[0] = time.monotonic()
                 if not console.is_terminal:  # a log: the sets as lines (no spinner there)
                     console.print(f"set {rec['set']}: {rec['cycles']} cycles, {rec['seconds']:.1f} s"
@@ -908,15 +914,37 @@ class Run:
         return doc
 
     def _write_files(self) -> None:
-        """results.json, index.html, ``--markdown``; the terminal table; where they are."""
+        """results.json, index.html, ``--markdown``; the terminal table; where they are. A results.json
+        that cannot be written (a full disk: new-user trial, which had ended in "error: No space left on
+        device", exit 2, with the last partial write's 3 of 6 sets) is written to a rescue folder under
+        the temporary directory instead, and the error names both and how to go on (exit 3)."""
         doc, out_dir = self.doc, self.out_dir
-        results.write_json(out_dir / "results.json", doc)
-        p = report.write_html(doc, out_dir, "results.json")
+        try:
+            results.write_json(out_dir / "results.json", doc)
+        except OSError as ex:
+            rescue = Path(tempfile.gettempdir()) / f"matrix-run-rescue-{doc.get('run_id') or 'run'}"
+            try:
+                results.write_json(rescue / "results.json", doc)
+                kept = (f"every set measured ({len(doc.get('sets') or [])}) was written to {rescue / 'results.json'} "
+                        f"instead: once {out_dir} can be written, move it there (or give `matrix-run report "
+                        f"{rescue}` for its report)")
+            except OSError as ex2:
+                kept = (f"nor to {rescue} ({ex2.strerror or ex2}): {out_dir / 'results.json'} holds the sets up to "
+                        "its last partial write, if any")
+            raise ResultsNotWritten(
+                f"results not written to {out_dir / 'results.json'} ({ex.strerror or ex}); {kept}; "
+                f"`matrix-run --resume {out_dir}` then adds sets") from None
+        try:
+            p = report.write_html(doc, out_dir, "results.json")
+        except OSError as ex:  # the results are written: the report can be made from them later
+            p = None
+            warn(f"report not written to {out_dir / 'index.html'} ({ex.strerror or ex}): "
+                 f"`matrix-run report {out_dir}` writes it from the results")
         if getattr(self.args, "markdown", None):
             Path(self.args.markdown).write_text(report.markdown(doc))
         if doc["cases"]:
             report.terminal_table(doc, Console())
-        console.print(f"results: {out_dir / 'results.json'}\nreport:  {p}")
+        console.print(f"results: {out_dir / 'results.json'}" + (f"\nreport:  {p}" if p else ""))
 
     def write(self) -> None:
         """The results document written (:meth:`_write_files`), the explanation's summary, and where

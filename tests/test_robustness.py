@@ -695,3 +695,37 @@ def test_resume_keeps_the_config_source_the_run_recorded(tmp_path):
     d = json.loads(results.read_text(REAL))
     d["config_source"] = "/somewhere/est.yaml"
     assert pipeline.resumed_config(d, "x/results.json").source == "/somewhere/est.yaml"
+
+
+def test_a_full_disk_at_the_end_keeps_every_set_and_says_how_to_go_on(capsys, standins, tiny_config, tmp_path,
+                                                                      monkeypatch):
+    """New-user trial (-o on a 300 KB tmpfs): "error: No space left on device", exit 2 (a usage error),
+    with 3 of the 6 sets measured in the last partial write. Now the results go to a rescue folder
+    and the error names both places, --resume and exit 3; a report that cannot be written is a warning."""
+    import errno
+
+    out = tmp_path / "out"
+    real = results.write_json
+
+    def full(path, data):
+        if Path(path).parent == out:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data)
+    monkeypatch.setattr(results, "write_json", full)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    code, err = main(capsys, "--versions", "2.6.3,2.7.0.post2", "--device", "cpu", "--config", str(tiny_config),
+                     "--max-sets", "2", "--set-seconds", "0.3", "--find-links", str(standins["wheels"]),
+                     "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"), "--output", str(out))
+    assert code == 3, err
+    assert f"results not written to {out / 'results.json'} (No space left on device)" in err, err
+    assert "partial results not written to" in err and "the run goes on" in err
+    (rescue,) = (tmp_path / "tmp").glob("matrix-run-rescue-*")
+    assert f"every set measured (2) was written to {rescue / 'results.json'} instead" in err, err
+    assert f"`matrix-run --resume {out}` then adds sets" in err
+    assert len(json.loads((rescue / "results.json").read_text())["sets"]) == 2
+    monkeypatch.setattr(results, "write_json", real)  # the rescued run's report
+    code, err = main(capsys, "report", str(rescue), "-o", str(tmp_path / "rep"))
+    assert code == 0 and (tmp_path / "rep" / "index.html").is_file(), err
