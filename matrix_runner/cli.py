@@ -1,4 +1,5 @@
-"""The ``matrix-run`` command line: it parses and dispatches, nothing else. ``run`` is
+"""The ``matrix-run`` command line: it parses (no abbreviated options), refuses options the command
+would ignore or that contradict each other, and dispatches, nothing else. ``run`` is
 :mod:`pipeline` (settings → output → device → envs → timing → explain → write → exit code); the
 other subcommands are :mod:`commands`. :func:`main` turns :mod:`errors`' classes into their exit codes.
 
@@ -9,11 +10,13 @@ internal error (a bug); 130 interrupted (results measured so far written). 1 win
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from . import __version__, commands, pipeline, shard, wheels
 from .config import MAX_CASES
 from .errors import EXIT_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, MatrixRunError  # noqa: F401 - the codes, for callers
+from .errors import UsageError
 
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish", "explain")
 EXIT_HELP = ("Exit codes: 0 done; 1 a wall-time regression over --fail-on-regression; 2 usage or config error; "
@@ -97,7 +100,7 @@ def _timing_option_names() -> set[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="matrix-run",
+        prog="matrix-run", allow_abbrev=False,
         description="Time flash_attn_func across flash-attn versions, each in its own env; say per shape which "
                     "version is faster, by how much, how sure, and whether it is host overhead or kernel time.",
         epilog="Subcommands: run (default), plan, report, compare, publish, envs, wheelhouse, explain; `matrix-run SUBCOMMAND -h` "
@@ -204,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--envs-dir", default="envs")
     # each subcommand's handler (main only parses and dispatches)
     def run(a, argv):  # pipeline.run re-parses a stored command line for --resume
-        return pipeline.run(a, argv, parse=lambda v: build_parser().parse_args(v))
+        return pipeline.run(a, argv, parse=_parse_stored)
 
     for name, fn in (("run", run), ("plan", lambda a, _: commands.cmd_plan(a)),
                      ("report", lambda a, _: commands.cmd_report(a)),
@@ -213,8 +216,51 @@ def build_parser() -> argparse.ArgumentParser:
                      ("publish", lambda a, _: commands.cmd_publish(a)),
                      ("explain", lambda a, _: commands.cmd_explain(a))):
         sub.choices[name].set_defaults(func=fn)
+    for sp in sub.choices.values():  # no abbreviations: `--version X` was taken as --versions (new-user trial)
+        sp.allow_abbrev = False
     ap.set_defaults(_subparsers=sub.choices)
     return ap
+
+
+def _parse_stored(argv: list[str]):
+    """A resumed run's stored command line, parsed as it was accepted (abbreviations were, before)."""
+    ap = build_parser()
+    for p in (ap, *ap.get_default("_subparsers").values()):
+        p.allow_abbrev = True
+    return ap.parse_args(argv)
+
+
+def _hint(extra: list[str], sp: argparse.ArgumentParser) -> str:
+    """A "did you mean" for the first unknown option in ``extra``: the options it abbreviates, else
+    the closest of ``sp``'s."""
+    known = [o for a in sp._actions if a.help != argparse.SUPPRESS for o in a.option_strings if o.startswith("--")]
+    for a in extra:
+        name = a.split("=", 1)[0]
+        if not name.startswith("--"):
+            continue
+        if name == "--version":
+            return " (did you mean --versions? --version, alone, prints matrix-run's version)"
+        close = [o for o in known if o.startswith(name)] or difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if close:
+            return f" (did you mean {' or '.join(close)}?)"
+    return ""
+
+
+def _check_args(args, argv: list[str]) -> None:
+    """Options the command would ignore without a word, or that contradict each other (new-user trial):
+    UsageError before anything is built or made."""
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    if args.cmd in ("run", "plan") and args.offline and "--index-url" in given:
+        raise UsageError("--offline and --index-url contradict each other: --offline uses no index at all "
+                         "(wheels and sdists come from --find-links and the wheel cache); drop one of them")
+    if args.cmd == "run" and not args.resume:  # a resume's options come from its results.json
+        shard.check_args(args, given)
+    if args.cmd == "envs" and args.action in (None, "list"):
+        if args.labels:
+            raise UsageError(f"envs list takes no labels (got {' '.join(args.labels)}): it lists every env in "
+                             "--envs-dir; labels name the envs to remove with envs clean")
+        if args.all:
+            raise UsageError("envs list takes no --all: it lists every env in --envs-dir; --all is for envs clean")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
         print(f"error: unknown subcommand {argv[0]!r}: give one of {', '.join(SUBCOMMANDS)}, or options "
               "for run (e.g. matrix-run --versions 2.6.3,2.7.0.post2)", file=sys.stderr)
+        return EXIT_USAGE
+    if argv[:1] == ["--version"] and argv[1:]:  # argparse printed the version and ignored the rest
+        print(f"error: --version takes no value (got {' '.join(argv[1:])}): did you mean --versions? "
+              "(matrix-run --version, alone, prints matrix-run's version)", file=sys.stderr)
         return EXIT_USAGE
     if argv and argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run", *argv]
@@ -244,9 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         args.labels, extra = [*args.labels, *extra], []
     if extra:  # name the subcommand's usage, not the top-level one (`matrix-run --versions X --bogus`)
         sp = (getattr(args, "_subparsers", None) or {}).get(args.cmd) or ap
-        sp.error(f"unrecognized arguments: {' '.join(extra)}")
+        sp.error(f"unrecognized arguments: {' '.join(extra)}{_hint(extra, sp)}")
     try:
         if getattr(args, "func", None) is not None:
+            _check_args(args, argv)
             return args.func(args, argv)
     except KeyboardInterrupt:  # before the run's own handlers are in place (they report what was kept)
         print("interrupted: nothing was measured yet", file=sys.stderr)

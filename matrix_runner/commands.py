@@ -138,6 +138,15 @@ def cmd_envs(args) -> int:
     return EXIT_FAILED if busy else EXIT_OK
 
 
+def _is_merge(path: Path) -> bool:
+    """Whether the results file ``path`` is a merged report (results.merge), not a run."""
+    try:
+        runs = json.loads(results.read_text(path)).get("merged_from")
+    except (OSError, ValueError, AttributeError, EOFError):
+        return False
+    return isinstance(runs, list) and len(runs) > 1
+
+
 #: Runs (and machine warnings) named when ``report`` merges several runs (``report DIR``, ``report RUN
 #: RUN ...``); the rest are counted.
 REPORT_LIST_MAX = 8
@@ -157,6 +166,9 @@ def cmd_report(args) -> int:
             # a merged report written into the searched dir earlier is not one of its runs; but a run
             # re-rendered into its own directory (report RUN -o RUN) is that run
             below = [f for f in found if f.parent.resolve() != Path(args.output).resolve()] or found
+            # nor is any other merged report below it (results.merge: merged_from), e.g. reports/tox/html
+            # from an earlier `tox -e report`, whose envs came back as copies of themselves ("2.6.3'")
+            below = [f for f in below if not _is_merge(f)] or below
             if len(below) > 1:  # say what is merged (it used to be silent: `report reports/` took every run)
                 names = [f.parent.relative_to(p).as_posix() or "." for f in below]
                 more = f" and {len(names) - REPORT_LIST_MAX} more" if len(names) > REPORT_LIST_MAX else ""
@@ -186,10 +198,17 @@ def cmd_report(args) -> int:
         if other is None or other != res.get("run_id"):
             raise UsageError(f"-o {args.output}: already holds another run's {existing.name} (run {other}); "
                              "report would overwrite its measurements: give another -o")
+    rewrites = len(runs) > 1 or args.min_effect is not None  # a results.json unlike any one run's
+    if rewrites and existing.is_file() and existing.resolve() in {Path(a).resolve() for a in args.results}:
+        # new-user trial: `report RUN -o RUN --min-effect 0.01` replaced the run's own record, verdicts
+        # and settings (a later --resume went on with them), without a word
+        what = "the merge of the runs" if len(runs) > 1 else f"its verdicts at --min-effect {args.min_effect:g}"
+        raise UsageError(f"-o {args.output}: holds one of the runs read ({existing.name}); writing {what} there "
+                         "would replace that run's own record: give another -o")
     check_writable_dir(out, "-o")
     out.mkdir(parents=True, exist_ok=True)
     json_name = None
-    if len(runs) > 1 or args.min_effect is not None:
+    if rewrites:
         results.write_json(out / "results.json", res)
         json_name = "results.json"
     else:

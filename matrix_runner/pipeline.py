@@ -856,7 +856,7 @@ class Run:
                                     on_set=on_set, on_progress=on_progress,
                                     elapsed_s=before_s + (time.monotonic() - t_tm),
                                     family_extra=(len(ok_envs) - 1) * (len(cfg.cases) - len(mine)),
-                                    timing=self.base_timing)
+                                    timing=self.base_timing, alone=len(self.reqs) == 1)
             for cd in data.values() if job else ():  # a job's cases: its GPU and the clocks seen
                 cd.gpu = {**(base_doc["shard"].get("gpu") or {}), "shard": job[0], **shard.clocks_seen(sets)}
             return reason

@@ -330,7 +330,30 @@ def cpu_state_note(comparisons: list[dict]) -> str:
             f"every turn")
 
 
-def ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None) -> str:
+#: How a merged report's rows between runs were computed (results.merge: stats.compare on the sets as
+#: independent groups): said wherever the report defines its ratios.
+MERGED_DEF = ("between runs (an env from another run than the baseline's): the ratio of the two runs' medians of "
+              "per-set medians, not paired (the runs did not take turns on one core); its 95 % interval from a "
+              "two-level bootstrap (sets, then their values), widened to a Welch t interval on the set medians "
+              "where that is wider: fixed-n, not anytime-valid nor held together with the other verdicts, and it "
+              "holds whatever differed between the runs' machines and hours too")
+
+
+def ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None,
+                     merged: bool = False) -> str:
+    """How the run's ratios were computed (:func:`_ratio_definition`); ``merged`` (results.merge): the
+    rows between runs are defined apart (:data:`MERGED_DEF`; new-user trial: a merged report's legend
+    called every ratio "paired cycle by cycle")."""
+    unp = [c for c in comparisons if c.get("paired") is False] if merged else []
+    if not unp:
+        return _ratio_definition(comparisons, method, speed_adjust)
+    own = [c for c in comparisons if c.get("paired") is not False]
+    if not any(c.get("metric") == "wall_us" for c in own):
+        return MERGED_DEF[0].upper() + MERGED_DEF[1:]
+    return "within a run: " + _ratio_definition(own, method, speed_adjust) + "; " + MERGED_DEF
+
+
+def _ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None) -> str:
     """How the run's ratios were computed: lockstep process sets with an anytime-valid interval (current
     method; ``method`` = the results' ``settings.method``, which names it even when nothing was compared
     yet, e.g. a run interrupted in its first set); for results/1 runs, paired by round with a trimmed
@@ -424,6 +447,12 @@ def probe_median_us(doc: dict, env: str | None = None) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def _merged(res: dict) -> bool:
+    """Whether ``res`` is a merge of several runs (results.merge)."""
+    runs = res.get("merged_from")
+    return isinstance(runs, list) and len(runs) > 1
+
+
 def probe_note(res: dict) -> str:
     """One sentence on the CPU speed the run met ("" for a run without speed-probe readings): host
     overhead, and the ratio of versions that differ in it, follow the CPU's speed (H200, 2026-12-03:
@@ -458,18 +487,17 @@ def probe_note(res: dict) -> str:
         hop += (f"; in {len(shares)} process set{'s' if len(shares) != 1 else ''} the speed adjustment counted {rng} of "
                 "the set's between-worker probe difference, the share the earlier pinned sets' calls followed "
                 f"(sampling.probe_share: estimated; the first {first} pinned sets counted all of it)")
-    elif (st.get("probe_share") == "estimated" and not st.get("quick")
+    elif (st.get("probe_share") == "estimated" and not st.get("quick") and not _merged(res)
           and sum(1 for e in res.get("envs") or [] if e.get("status") == "ok") >= 2
           and any(s.get("pinned") for s in res.get("sets") or [])):
         # only where a share could have come (2+ envs, pinned sets, not --quick: review), so the reason is this one
         hop += (f"; sampling.probe_share: estimated, but no set came after {first} earlier "
                 "pinned sets, so every set counted its whole between-worker probe difference")
     read = f"a median of {m:.2f} µs in this run"
-    runs = res.get("merged_from")
-    if isinstance(runs, list) and len(runs) > 1:  # results.merge: one median over several runs' states means nothing
+    if _merged(res):  # results.merge: one median over several runs' states means nothing
         per = [(e.get("label"), probe_median_us(res, e.get("label"))) for e in res.get("envs") or []]
         per = [f"{v:.2f} µs ({lab})" for lab, v in per if v is not None]
-        read = f"medians of {', '.join(per)} in the {len(runs)} merged runs"
+        read = f"medians of {', '.join(per)} in the {len(res['merged_from'])} merged runs"
     return (f"CPU speed: the speed probe (the same Python work in every worker, timed between the samples of a "
             f"burst) read {read}{hop}; host overhead follows the CPU speed, so compare "
             "the µs and host-heavy ratios of runs at like readings (matrix-run compare warns when two runs differ by "
@@ -543,7 +571,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
           "level_note": level_note(res.get("comparisons") or []),
           "steal_note": steal_note(res.get("sets") or []), "steal_warn": STEAL_WARN, "probe_note": probe_note(res),
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
-                                         (res.get("settings") or {}).get("speed_adjust")),
+                                         (res.get("settings") or {}).get("speed_adjust"), merged=_merged(res)),
           "candidates": names, "pairs": pairs, "one_base": one_base, "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
           "summaries": summaries, "common": common, "min_effect": min_effect,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
@@ -740,7 +768,7 @@ def markdown(res: dict) -> str:
                          if w else "–")
         lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
     lines.append("")
-    lines.append(f"ratio = candidate / baseline wall time: {ratio_definition(res.get('comparisons', []), (res.get('settings') or {}).get('method'), (res.get('settings') or {}).get('speed_adjust'))}; "
+    lines.append(f"ratio = candidate / baseline wall time: {vm['ratio_def']}; "
                  "(host) / (device): the difference is host overhead / kernel time.")
     if vm["level_note"]:
         lines.append(esc(vm["level_note"]) + ".")
@@ -845,16 +873,20 @@ def terminal_table(res: dict, console=None) -> None:
             console.print(table(labels, [i], ("wall_us",), title if i == 0 else ""))
     if vm["candidates"] and str((res.get("settings") or {}).get("method") or "").startswith("lockstep"):
         at_speed = " and taken at one CPU speed" if (res.get("settings") or {}).get("speed_adjust", True) else ""
-        console.print(f"[dim]µs: the bursts' plain medians; ratio: paired cycle by cycle{at_speed}, "
-                      "so it can differ from the ratio of the µs shown (on the H200 by up to ~10 % where a version's "
-                      "set medians fall into two groups; far more where few sets met unequal loads)[/]")
-        state = cpu_state_note(res.get("comparisons") or [])
+        cmps = res.get("comparisons") or []
+        unpaired = _merged(res) and any(c.get("paired") is False for c in cmps)
+        if any(c.get("paired") is not False for c in cmps if c.get("metric") == "wall_us"):
+            console.print(f"[dim]µs: the bursts' plain medians; ratio{' within a run' if unpaired else ''}: paired "
+                          f"cycle by cycle{at_speed}, so it can differ from the ratio of the µs shown (on the H200 by "
+                          "up to ~10 % where a version's set medians fall into two groups; far more where few sets "
+                          "met unequal loads)[/]")
+        state = cpu_state_note(cmps)
         if state:
             console.print(f"[dim]{escape(state[0].upper() + state[1:])}[/]")
-        if any(c.get("paired") is False for c in res.get("comparisons") or []):  # a merged report (new-user trial)
-            console.print("[dim]merged runs: an env from another run than the baseline's (its label marked ') is "
-                          "not paired with it: its rows compare the sets as independent groups, and its "
-                          "intervals hold the two runs' machine states too[/]")
+        if unpaired:  # a merged report (new-user trial: its legend called every ratio paired)
+            marked = any(str(e.get("label", "")).endswith("'") for e in res.get("envs") or [])
+            console.print(f"[dim]merged runs: ratio {escape(MERGED_DEF)}"
+                          + (" (a label marked ' was renamed: the same label in two runs)" if marked else "") + "[/]")
     note = level_note(res.get("comparisons") or [])
     if note:
         console.print(f"[dim]{escape(note)}[/]")

@@ -363,21 +363,59 @@ def load(path: str | Path) -> dict:
     one: :func:`find`); raises ResultsError with the file name and the problem."""
     p = find(path)
     try:
-        data = json.loads(read_text(p))
+        text = read_text(p)
     except OSError as e:
         raise ResultsError(f"{p}: cannot read ({e.strerror or e})") from None
     except EOFError:
         raise ResultsError(f"{p}: the compressed file is cut short (damaged): run that run again, or restore "
                            "the file from a copy (from git if it is a committed run)") from None
+    except zlib.error as e:  # damaged inside (an internal error before)
+        raise ResultsError(f"{p}: the compressed file is damaged ({e}): run that run again, or restore the file "
+                           "from a copy (from git if it is a committed run)") from None
+    except UnicodeDecodeError as e:
+        raise ResultsError(_not_text(p, e)) from None
+    try:
+        data = json.loads(text)
     except ValueError as e:
-        raise ResultsError(f"{p}: not valid JSON ({e})") from None
-    if not isinstance(data, dict) or data.get("schema") not in READABLE:
-        raise ResultsError(f"{p}: schema {data.get('schema') if isinstance(data, dict) else None!r} is not "
-                           f"one of {', '.join(READABLE)}")
+        raise ResultsError(_not_json(p, text, e)) from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{p}: holds a JSON {type(data).__name__}, not a run's results (an object with "
+                           f"\"schema\": \"{SCHEMA}\"): give the run's results.json or its directory")
+    if data.get("schema") not in READABLE:
+        raise ResultsError(f"{p}: schema {data.get('schema')!r} is not one of {', '.join(READABLE)}")
     _check_structure(p, data)
     for note in _check_metrics(p, data):
         print(f"note: {note}", file=sys.stderr)
     return data
+
+
+def _not_json(p: Path, text: str, e: ValueError) -> str:
+    """What a results file that is not JSON is, said so (the bare decoder message, "Expecting value: line
+    1 column 1 (char 0)", was all an empty file or an index.html given by mistake got: new-user trial):
+    empty, HTML, cut short (the text ends inside the JSON), or broken at a line (a hand edit)."""
+    body = text.lstrip("\ufeff \t\r\n")
+    if not body:
+        return (f"{p}: is empty: the run was interrupted before it wrote results, or give the run's "
+                "results.json")
+    if body.startswith("<"):
+        return (f"{p}: is HTML, not results.json (a run's index.html is its report, rendered from its "
+                "results.json): give the run's results.json or its directory")
+    if not isinstance(e, json.JSONDecodeError):
+        return f"{p}: not valid JSON ({e}): restore it from its run"
+    if e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):
+        return (f"{p}: is truncated: its JSON stops at line {e.lineno} column {e.colno} before the record is "
+                "complete (a partial copy?): restore it from its run, or run that run again")
+    return (f"{p}: is not valid JSON at line {e.lineno} column {e.colno} ({e.msg}; a hand edit?): restore it "
+            "from its run")
+
+
+def _not_text(p: Path, e: UnicodeDecodeError) -> str:
+    """What a results file that is not UTF-8 text is: a gzip file not named ``.gz``, or another binary."""
+    if isinstance(e.object, bytes) and e.object[:2] == b"\x1f\x8b":
+        return (f"{p}: is gzip-compressed, but its name does not end in .gz: name it {NAMES[1]} (every reader "
+                "takes that), or give the run's directory")
+    return (f"{p}: is not a text file (not UTF-8), so not a run's results.json: give the run's results.json "
+            "or its directory")
 
 
 #: Comparison fields every reader takes as numbers (or null: not measured, no interval yet).
@@ -387,11 +425,14 @@ _COMPARISON_NUMBERS = ("ratio", "ci_low", "ci_high", "base_median", "cand_median
 
 def _check_structure(p: Path, data: dict) -> None:
     """The top-level records the readers rely on: ``envs`` a list of objects with a string ``label``
-    and ``status``; ``cases`` a list of objects with a string ``id``, ``env`` and ``status``;
-    ``comparisons`` (where present) a list of objects whose :data:`_COMPARISON_NUMBERS` are numbers or
-    null; ``sets`` (where present) a list; ``settings`` and ``machine`` (where present) objects.
-    Raises ResultsError naming the file and the field (a hand-edited file gave an internal error:
-    StopIteration without envs, TypeError for a ratio "x"; new-user trial 2026-12-04)."""
+    and ``status``; ``cases`` a list of objects with a string ``id``, ``env`` (the label of one of
+    ``envs``: none without envs) and ``status``; ``comparisons`` (where present) a list of objects with
+    a string ``candidate``, ``case`` and ``metric`` whose :data:`_COMPARISON_NUMBERS` are numbers or null
+    (ratios and intervals in range: :func:`_check_comparison`); ``sets`` (where present) a list;
+    ``settings``, ``machine`` and ``config`` (where present) objects, the settings the readers take as
+    numbers in range (:data:`_SETTING_NUMBERS`). Raises ResultsError naming the file and the field (a
+    hand-edited file gave an internal error: StopIteration without envs, TypeError for a ratio "x" or a
+    min_effect "5%"; a ratio -1.0 went into the report; new-user trials 2026-12-04 and -05)."""
     def kind(v, what: str) -> str:
         return "missing" if v is None else f"{type(v).__name__}, not {what}"
 
@@ -407,18 +448,87 @@ def _check_structure(p: Path, data: dict) -> None:
                 if not isinstance(r.get(f), str):
                     raise ResultsError(f"{p}: {key}[{i}].{f} is {kind(r.get(f), 'a string')}: restore the file "
                                        "from its run")
+    labels = [e["label"] for e in data["envs"]]
+    for i, c in enumerate(data["cases"]):
+        if c["env"] not in labels:
+            if not labels:  # a case of no env: the report found no env to show it under (StopIteration)
+                raise ResultsError(f"{p}: envs is empty, but cases holds {len(data['cases'])} case record(s) "
+                                   f"(cases[{i}].env is {c['env']!r}): every run records the envs its cases ran "
+                                   "in; restore the file from its run")
+            raise ResultsError(f"{p}: cases[{i}].env is {c['env']!r}, not the label of any of envs "
+                               f"({', '.join(map(repr, labels))}): restore the file from its run")
     for key, typ, what in (("comparisons", list, "a list"), ("sets", list, "a list"), ("settings", dict, "an object"),
                            ("machine", dict, "an object")):
         v = data.get(key)
         if v is not None and not isinstance(v, typ):
             raise ResultsError(f"{p}: {key} is {kind(v, what)}: restore the file from its run")
+    conf = data.get("config")
+    if conf is not None and not isinstance(conf, dict):  # --resume had blamed the YAML file it came from
+        shown = f" ({conf!r})" if isinstance(conf, str) and len(conf) <= 40 else ""
+        raise ResultsError(f"{p}: config is {type(conf).__name__}{shown}, not an object: it holds the run's "
+                           "config as read from its YAML file (a --resume takes the cases and sampling rules from it); "
+                           "restore the file from its run")
+    _check_settings(p, data.get("settings") or {})
     for i, c in enumerate(data.get("comparisons") or []):
         if not isinstance(c, dict):
             raise ResultsError(f"{p}: comparisons[{i}] is {kind(c, 'an object')}: restore the file from its run")
+        for f in ("candidate", "case", "metric"):
+            if not isinstance(c.get(f), str):
+                raise ResultsError(f"{p}: comparisons[{i}].{f} is {kind(c.get(f), 'a string')}: restore the "
+                                   "file from its run")
         for f in _COMPARISON_NUMBERS:
             v = c.get(f)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise ResultsError(f"{p}: comparisons[{i}].{f} is {v!r}, not a number: restore the file from its run")
+        _check_comparison(p, f"comparisons[{i}]", c)
+
+
+#: ``settings`` the readers take as numbers (null or missing: the default): key -> (test, what it must
+#: be). min_effect: the verdicts' threshold (report, compare: formatted as a percentage, 1 + it);
+#: alpha and planned_sets: :func:`comparisons` (report of several runs, --min-effect) reads them with
+#: float() and int(). The bounds are the readers' (a --resume checks min_effect's upper bound itself,
+#: pipeline.resume_args, with the config's rules).
+_SETTING_NUMBERS = {
+    "min_effect": (lambda v: math.isfinite(v) and v > 0, "a positive number",
+                   "the smallest change a verdict calls faster or slower, as a fraction: 0.05 = 5%"),
+    "alpha": (lambda v: 0 < v < 1, "a number between 0 and 1", "the intervals' error rate: 0.05 = 95 % intervals"),
+    "planned_sets": (lambda v: isinstance(v, int) and v >= 1, "a positive whole number",
+                     "the process sets the run planned"),
+}
+
+
+def _check_settings(p: Path, st: dict) -> None:
+    """The :data:`_SETTING_NUMBERS` of a run's ``settings`` (an object) are numbers in range or null."""
+    for key, (ok, rule, means) in _SETTING_NUMBERS.items():
+        v = st.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not ok(v):
+            shown = f"a {'list' if isinstance(v, list) else 'object'}" if isinstance(v, (dict, list)) else repr(v)
+            raise ResultsError(f"{p}: settings.{key} is {shown}, not {rule} ({means}): fix that value in the file "
+                               "or restore the file from its run")
+
+
+def _check_comparison(p: Path, at: str, c: dict) -> None:
+    """A comparison's numbers in range (their types checked): ``ratio`` (candidate/baseline time) a
+    finite number above 0; ``ci_low`` 0 or more (0: unbounded below), ``ci_high`` above 0 (null or
+    infinite: unbounded above), not below ``ci_low``; ``base_median`` and ``cand_median`` (µs) 0 or more."""
+    def bad(f: str, rule: str) -> ResultsError:
+        return ResultsError(f"{p}: {at}.{f} is {c[f]!r}: {rule}; restore the file from its run")
+
+    r, lo, hi = c.get("ratio"), c.get("ci_low"), c.get("ci_high")
+    if r is not None and not (math.isfinite(r) and r > 0):
+        raise bad("ratio", "a ratio (candidate / baseline time) is a number above 0")
+    if lo is not None and not (math.isfinite(lo) and lo >= 0):
+        raise bad("ci_low", "an interval's low end is a ratio, 0 or more (0: unbounded below)")
+    if hi is not None and not hi > 0:
+        raise bad("ci_high", "an interval's high end is a ratio above 0 (null: unbounded above)")
+    if lo is not None and hi is not None and lo > hi:
+        raise ResultsError(f"{p}: {at}.ci_low {lo!r} is above its ci_high {hi!r}: restore the file from its run")
+    for f in ("base_median", "cand_median"):
+        v = c.get(f)
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise bad(f, "a median time (µs) is a number, 0 or more")
 
 
 def _path(parts: list) -> str:
@@ -434,7 +544,9 @@ def _check_metrics(p: Path, data: dict) -> list[str]:
     """Check every measured value under ``cases[].metrics`` (summaries, ``samples``, ``by_set``) is a
     number or null, in place: NaN and infinities become null (a missing sample, what :func:`write_json`
     stores for them; returned as notes). Raises ResultsError naming the file and the field of anything
-    else (a string, a list where a number belongs, a set or cycle id that is not an integer)."""
+    else (a string, a list where a number belongs, a set or cycle id that is not an integer), and of a
+    negative one: every value there is a time in µs or a count, never below 0, but for ``speed_by_set``
+    (a slope and a centre: signed)."""
     notes: list[str] = []
     cases = data.get("cases")
     if cases is None:
@@ -446,7 +558,7 @@ def _check_metrics(p: Path, data: dict) -> list[str]:
         return ResultsError(f"{p}: {_path(parts)} is {what}, not a number: restore it or set it to null "
                             "(a missing sample)")
 
-    def num(v, parts: list):
+    def num(v, parts: list, signed: bool = False):
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -454,6 +566,9 @@ def _check_metrics(p: Path, data: dict) -> list[str]:
         if not math.isfinite(v):
             notes.append(f"{p}: {_path(parts)} is {v!r}: sample skipped (treated as missing)")
             return None
+        if v < 0 and not signed:  # a median of -1 went into the report's charts (new-user trial)
+            raise ResultsError(f"{p}: {_path(parts)} is {v!r}: a time (µs) or a count is never negative: "
+                               "restore it or set it to null (a missing sample)")
         return v
 
     def nums(v, parts: list, depth: int):
@@ -492,7 +607,7 @@ def _check_metrics(p: Path, data: dict) -> list[str]:
                         if not isinstance(sv, dict):
                             raise bad([*at, k, sid], f"a {type(sv).__name__}")
                         for kk in list(sv):
-                            sv[kk] = num(sv[kk], [*at, k, sid, kk])
+                            sv[kk] = num(sv[kk], [*at, k, sid, kk], signed=True)
                 elif k in ("by_set", "raw_by_set", "ref_by_set"):
                     if not isinstance(v, dict):
                         raise bad([*at, k], f"a {type(v).__name__}")

@@ -35,7 +35,7 @@ that case once; a second fault fails it for the run. Once every case has failed,
 kernel not built, out of memory) fails at once. A worker that cannot start (import error, no CUDA)
 fails its env; one that dies or hangs at start in an env that has imported before ends that set
 and the next set tries again (the second time, the env fails). With one env left there is nothing
-to compare: one set times it. SIGINT/SIGTERM end the set in progress with :class:`Interrupted`; everything timed
+to compare: one set times it (a run of one env by request times sets to its budget: run_all's ``alone``). SIGINT/SIGTERM end the set in progress with :class:`Interrupted`; everything timed
 so far is kept, and ``--resume`` continues with new sets.
 """
 from __future__ import annotations
@@ -428,7 +428,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             cpus: dict | None = None, on_set: Callable[[dict], None] = lambda r: None,
             on_progress: Callable[[str], None] = lambda msg: None, elapsed_s: float = 0.0,
             seed: int = 0, family_extra: int = 0, gpu_index: int = 0, worker_env: dict | None = None,
-            timing: dict | None = None) -> str:
+            timing: dict | None = None, alone: bool = False) -> str:
     """Time ``cases`` in the ok ``envs`` in lockstep process sets and return why sampling stopped.
 
     ``data`` (filled here) maps ``(env_label, case_id)`` to :class:`CaseData`; ``sets`` receives one
@@ -444,7 +444,13 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     and ``close_reserve_s``: what the budget's last check kept back for that stop (:class:`_Closer`:
     the longest of the latest sets' reap times; without it, H200 runs of 2026-12-03 night ended up
     to 0.7 s past a 60 s budget), and ``finish_reserve_s``: what it kept back for the results put
-    together after the run (``Sampling.finish_s``)."""
+    together after the run (``Sampling.finish_s``).
+
+    ``alone``: the run times one env by request (``--backend here`` in a tox env, or one version):
+    its sets go on to the budget or ``max_sets``, so that a merged comparison of such runs
+    (results.merge, ``tox -e report``) has sets on each side (new-user trial: one set each, and the
+    merged report could only say "provisional"). Without it, one env left after the others failed
+    is timed in one set (nothing in the run to compare it with)."""
     if not envs:
         return "no env could be timed"
     work.mkdir(parents=True, exist_ok=True)
@@ -522,7 +528,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             if sets and not _todo(data, cases, labels):  # new-user trial: 27 more sets that timed nothing
                 reason = "every case failed (its error is in the report): nothing left to time"
                 break
-            if len(labels) < 2 and any(cd.sets["wall_us"] for (lab, _), cd in data.items() if lab in labels):
+            if not alone and len(labels) < 2 and any(cd.sets["wall_us"] for (lab, _), cd in data.items() if lab in labels):
                 reason = "one env: nothing to compare, one process set timed it"
                 break
             if sum(1 for s in sets if s.get("status") != "interrupted") >= max_sets:

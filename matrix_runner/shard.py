@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import shutil
 import sys
 import threading
 import time
@@ -66,6 +67,36 @@ def add_args(r: argparse.ArgumentParser) -> None:
     g.add_argument("--slurm-time", type=int, default=60, metavar="MIN",
                    help="Slurm time limit of each job, minutes (default 60; includes building/reusing envs)")
     g.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # I/N: a job's share (set by the driver)
+
+
+#: Options that mean something only for shards as jobs (``--executor slurm|submitit-local``).
+JOB_OPTIONS = ("--shards", "--slurm-partition", "--slurm-account", "--slurm-time")
+
+
+def check_args(args, given: set[str]) -> None:
+    """The scale-out options' usage checks, before anything is built or made; ``given``: the option
+    names on the command line. The job options (:data:`JOB_OPTIONS`) with the local executor had been
+    ignored without a word (new-user trial), and ``--executor slurm`` needs Slurm here (:func:`need_slurm`)."""
+    if args.executor == "local":
+        stray = [o for o in JOB_OPTIONS if o in given]
+        if stray:
+            raise UsageError(f"{', '.join(stray)} {'needs' if len(stray) == 1 else 'need'} --executor slurm or "
+                             "submitit-local (one job per shard); the local executor (the default) shards over "
+                             "this machine's GPUs, one per GPU of --gpus")
+    if args.shards is not None and args.shards < 1:
+        raise UsageError(f"--shards {args.shards}: give a positive number of jobs")
+    if submitted(args):
+        need_slurm(args.executor)
+
+
+def need_slurm(executor: str) -> None:
+    """UsageError where ``executor`` is slurm and Slurm's srun or sbatch is not on PATH (submitit's
+    SlurmExecutor looks for srun when it is made, and submits with sbatch); it had been submitit's
+    RuntimeError, an "internal error", after the run directory was made (new-user trial)."""
+    missing = [t for t in ("srun", "sbatch") if shutil.which(t) is None] if executor == "slurm" else []
+    if missing:
+        raise UsageError(f"--executor slurm needs Slurm ({'/'.join(missing)} not found on PATH): run it on a "
+                         "cluster's login node, or use --executor submitit-local to try it here")
 
 
 # -- which shards ----------------------------------------------------------------------------------
@@ -355,6 +386,7 @@ def _executor(args, folder: Path):
     except ImportError:
         raise UsageError(f"--executor {args.executor} needs submitit: pip install 'matrix-run[slurm]' "
                          "(or pip install submitit)") from None
+    need_slurm(args.executor)  # --resume of a Slurm run: its options were not checked by cli
     if args.executor == "slurm":
         ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
         params = {"timeout_min": args.slurm_time, "gpus_per_node": 1, "tasks_per_node": 1, "nodes": 1,

@@ -115,6 +115,15 @@ def test_report_refuses_to_overwrite_another_runs_results(tmp_path):
     shutil.copytree(h200, same)
     cp = run_cli("report", str(h200 / "results.json"), "-o", str(same))
     assert cp.returncode == 0, cp.stderr
+    # but not with verdicts at another --min-effect, nor a merge: they would replace the run's own record
+    # (new-user trial: `report RUN -o RUN --min-effect 0.01` rewrote it without a word)
+    before = (same / "results.json").read_bytes()
+    for extra, what in ((["--min-effect", "0.01"], "its verdicts at --min-effect 0.01"),
+                        ([str(h200 / "results.json")], "the merge of the runs")):
+        cp = run_cli("report", str(same), *extra, "-o", str(same))
+        assert cp.returncode == 2 and f"writing {what} there would replace that run's own record" in \
+            " ".join(cp.stderr.split()), cp.stderr
+        assert (same / "results.json").read_bytes() == before
 
 
 def test_report_and_compare_refuse_a_directory_holding_an_archived_run(tmp_path):
@@ -498,6 +507,12 @@ def test_report_on_a_directory_says_which_runs_it_merges(tmp_path):
     assert cp.returncode == 0, cp.stderr
     said = " ".join((cp.stdout + cp.stderr).split())
     assert f"{runs}: merging the 2 runs found below it into one report: tox/h200-aa-59, tox/h200-aa-60 " in said, said
+    # a merged report below it (an earlier `tox -e report` into reports/tox/html) is not a run: its envs
+    # came back as copies of themselves (2.6.3' vs 2.6.3, "same 1.00x")
+    cp = run_cli("report", str(runs), "-o", str(runs / "tox" / "html2"))
+    assert cp.returncode == 0, cp.stderr
+    said = " ".join((cp.stdout + cp.stderr).split())
+    assert "merging the 2 runs found below it into one report: tox/h200-aa-59, tox/h200-aa-60 " in said, said
     # one run below the directory: reported alone, nothing to announce
     shutil.rmtree(runs / "tox" / "h200-aa-60")
     cp = run_cli("report", str(runs), "-o", str(tmp_path / "one"))

@@ -287,6 +287,17 @@ def test_a_worker_that_cannot_start_fails_its_env_only(tmp_path, monkeypatch, st
     assert not any(alive(p) for p in pids(tmp_path))
 
 
+def test_a_run_of_one_env_by_request_times_sets_to_its_budget(tmp_path):
+    """tox's version envs (--backend here) each time one env; their merged report compares the runs'
+    sets as independent groups, so each run needs several (new-user trial: one set each, and every
+    merged ratio stayed "provisional"). One env left after the others failed still gets one set."""
+    cs = cases(1)
+    reason, data, sets = run([fake_env(tmp_path, "only")], cs, tmp_path, max_sets=3, alone=True)
+    assert reason == "max_sets 3 reached" and measured(data[("only", cs[0].id)]) == [0, 1, 2]
+    reason, data, sets = run([fake_env(tmp_path, "left")], cs, tmp_path, max_sets=3, work="w2")
+    assert reason == "one env: nothing to compare, one process set timed it" and len(sets) == 1
+
+
 def test_an_error_reply_fails_its_case_at_once(tmp_path):
     fault = """
         if cmd["cmd"] == "setup" and batch(cmd) == 2:

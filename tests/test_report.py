@@ -563,6 +563,34 @@ def test_merge_compares_envs_of_different_runs_unpaired(h200):
     method = {c["candidate"]: c["ci_method"] for c in again["comparisons"] if c["metric"] == "wall_us"}
     assert method == {"2.7.0.post2": "paired trimmed t", "2.6.3'": "independent bootstrap+Welch",
                       "2.7.0.post2'": "independent bootstrap+Welch"}
+    # the legend says so (new-user trial: a merged report called every ratio paired)
+    assert report.view_model(merged)["ratio_def"] == report.MERGED_DEF[0].upper() + report.MERGED_DEF[1:]
+    mixed = report.view_model(again)["ratio_def"]
+    assert mixed.startswith("within a run: trimmed mean over rounds") and mixed.endswith("; " + report.MERGED_DEF)
+
+
+def test_a_merged_report_of_lockstep_runs_defines_its_unpaired_ratios(tmp_path):
+    """Two runs of one env each (tox's version envs, --backend here) merged: the terminal legend and the
+    HTML say the ratio is between runs, unpaired and fixed-n, and claim no ' mark or probe-share rule."""
+    from rich.console import Console
+    aa = results.load(ROOT / "reports" / "h200-aa-68")
+
+    def only(label: str) -> dict:
+        r = copy.deepcopy(aa)
+        r["envs"] = [e for e in r["envs"] if e["label"] == label]
+        r["cases"] = [c for c in r["cases"] if c["env"] == label]
+        r["run_id"] += "-" + label
+        return r
+    merged = results.merge([only("a"), only("b")])
+    con = Console(record=True, width=200)
+    report.terminal_table(merged, con)
+    text = " ".join(con.export_text().split())
+    assert "paired cycle by cycle" not in text and "marked '" not in text
+    assert "merged runs: ratio between runs (an env from another run than the baseline's): the ratio of the two " \
+           "runs' medians of per-set medians, not paired" in text
+    assert "fixed-n, not anytime-valid" in text and "no set came after" not in text
+    html = report.render_html(merged)
+    assert "Between runs (an env from another run than the baseline&#39;s)" in html
 
 
 def test_a_full_run_is_never_called_quick(h200):

@@ -1,0 +1,164 @@
+"""Command-line input a new user got wrong (new-user trial): Slurm asked for where there is none,
+abbreviated options, options the command would have ignored, contradicting ones, and a closed
+output pipe (``matrix-run ... | head -2``)."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from matrix_runner import cli, entry, shard
+from matrix_runner.errors import UsageError
+
+VERSIONS = "2.6.3,2.7.0.post2"
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- --executor slurm without Slurm ------------------------------------------------------------------
+def test_executor_slurm_without_slurm_is_a_usage_error_before_the_output_dir(tmp_path):
+    """It was submitit's RuntimeError, "internal error", exit 4, with an empty run directory left."""
+    bare = tmp_path / "bin"  # a PATH with no srun or sbatch
+    bare.mkdir()
+    out = tmp_path / "DIR"
+    cp = run_cli("--versions", VERSIONS, "--device", "cpu", "--executor", "slurm", "--shards", "2", "-o", str(out),
+                 "--envs-dir", str(tmp_path / "envs"), env={"PATH": str(bare)})
+    assert cp.returncode == 2, cp.stderr
+    assert ("--executor slurm needs Slurm (srun/sbatch not found on PATH): run it on a cluster's login node, "
+            "or use --executor submitit-local to try it here") in flat(cp.stderr)
+    assert "Traceback" not in cp.stderr and "internal error" not in cp.stderr
+    assert not out.exists() and not (tmp_path / "envs").exists()
+
+
+def test_need_slurm_names_what_is_missing(monkeypatch):
+    monkeypatch.setattr(shard.shutil, "which", lambda t: None if t == "sbatch" else f"/usr/bin/{t}")
+    with pytest.raises(UsageError, match=r"\(sbatch not found on PATH\)"):
+        shard.need_slurm("slurm")
+    shard.need_slurm("submitit-local")  # submitit's local executor needs no Slurm
+    monkeypatch.setattr(shard.shutil, "which", lambda t: f"/usr/bin/{t}")
+    shard.need_slurm("slurm")
+
+
+def test_a_resumed_slurm_run_without_slurm_is_a_usage_error(monkeypatch, tmp_path):
+    """--resume takes --executor from results.json, past cli's check: shard._executor checks again."""
+    pytest.importorskip("submitit")
+    monkeypatch.setattr(shard.shutil, "which", lambda t: None)
+    args = argparse.Namespace(executor="slurm", slurm_time=60, slurm_partition=None, slurm_account=None)
+    with pytest.raises(UsageError, match="--executor slurm needs Slurm"):
+        shard._executor(args, tmp_path / ".submitit")
+    assert not (tmp_path / ".submitit").exists()
+
+
+# -- abbreviations ------------------------------------------------------------------------------------
+def test_no_parser_takes_abbreviations():
+    ap = cli.build_parser()
+    assert not ap.allow_abbrev
+    assert all(not p.allow_abbrev for p in ap.get_default("_subparsers").values())
+
+
+def test_version_for_versions_is_refused(tmp_path):
+    """`run --version X` was taken as --versions; `--version X` printed matrix-run's version, exit 0."""
+    out = tmp_path / "o"
+    cp = run_cli("run", "--version", VERSIONS, "--device", "cpu", "-o", str(out), "--envs-dir", str(tmp_path / "e"))
+    assert cp.returncode == 2, cp.stderr
+    assert f"unrecognized arguments: --version {VERSIONS} (did you mean --versions?" in flat(cp.stderr)
+    assert not out.exists()
+    cp = run_cli("--version", VERSIONS)
+    assert cp.returncode == 2 and "matrix-run" not in cp.stdout, cp.stdout
+    assert f"--version takes no value (got {VERSIONS}): did you mean --versions?" in flat(cp.stderr)
+    cp = run_cli("--version")
+    assert cp.returncode == 0 and cp.stdout.startswith("matrix-run ")
+
+
+def test_an_abbreviation_is_refused_naming_the_option(tmp_path):
+    cp = run_cli("plan", "--versions", "2.6.3", "--envs", str(tmp_path))
+    assert cp.returncode == 2 and "unrecognized arguments: --envs" in cp.stderr
+    assert "(did you mean --envs-dir?)" in cp.stderr
+
+
+def test_a_stored_command_line_with_an_abbreviation_still_resumes():
+    """A run started before abbreviations were refused stored its command line as it was typed."""
+    args = cli._parse_stored(["run", "--version", "2.6.3", "--time-bud", "30"])
+    assert args.versions == "2.6.3" and args.time_budget == 30
+
+
+# -- options that were ignored, or contradict each other ------------------------------------------------
+@pytest.mark.parametrize("extra, needle", [
+    (["--shards", "3"], "--shards needs --executor slurm or submitit-local"),
+    (["--executor", "local", "--shards=3", "--slurm-time", "5"],
+     "--shards, --slurm-time need --executor slurm or submitit-local"),
+    (["--executor", "submitit-local", "--shards", "0"], "--shards 0: give a positive number of jobs"),
+    (["--offline", "--index-url", "http://x"], "--offline and --index-url contradict each other"),
+])
+def test_ignored_or_contradicting_run_options_exit_2(extra, needle, tmp_path):
+    out = tmp_path / "o"
+    cp = run_cli("--versions", VERSIONS, "--device", "cpu", "-o", str(out), "--envs-dir", str(tmp_path / "e"), *extra)
+    assert cp.returncode == 2, cp.stderr
+    assert needle in flat(cp.stderr) and "Traceback" not in cp.stderr
+    assert not out.exists()
+
+
+def test_plan_refuses_offline_with_index_url(tmp_path):
+    cp = run_cli("plan", "--versions", "2.6.3", "--offline", "--index-url=http://x", "--envs-dir", str(tmp_path))
+    assert cp.returncode == 2 and "--offline and --index-url contradict each other" in flat(cp.stderr)
+
+
+def test_envs_list_refuses_labels_and_all(tmp_path):
+    """`envs list a b` listed every env, the labels ignored; labels are for `envs clean`."""
+    cp = run_cli("envs", "list", "a", "b", "--envs-dir", str(tmp_path))
+    assert cp.returncode == 2 and "envs list takes no labels (got a b)" in flat(cp.stderr)
+    cp = run_cli("envs", "--all", "--envs-dir", str(tmp_path))
+    assert cp.returncode == 2 and "envs list takes no --all" in flat(cp.stderr)
+    cp = run_cli("envs", "list", "--envs-dir", str(tmp_path))
+    assert cp.returncode == 0, cp.stderr
+
+
+# -- a closed output pipe -----------------------------------------------------------------------------
+def closed_pipe_run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """``matrix-run ARGS`` with its stdout a pipe whose reader has gone (every write: EPIPE)."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run([sys.executable, "-m", "matrix_runner", *args], cwd=cwd, stdout=w,
+                              stderr=subprocess.PIPE, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    finally:
+        os.close(w)
+
+
+def test_a_closed_stdout_pipe_keeps_the_commands_exit_code(tmp_path):
+    """`matrix-run ... | head -2` exited 1, the regression code (rich's SystemExit(1) on EPIPE): the
+    command now finishes, what it writes after the reader left goes nowhere, and the code is its own."""
+    (tmp_path / "fl").mkdir()
+    (tmp_path / "fl" / "flash_attn-2.6.3.tar.gz").write_bytes(b"")
+    plan = ["plan", "--versions", "2.6.3", "--offline", "--archs", "90", "--envs-dir", "T", "--wheel-cache", "T2",
+            "--find-links", "fl"]
+    fixture = Path(__file__).parent / "fixtures" / "h200-first-run-results.json"
+    for args, code in ((plan, 0), ([*plan, "--json"], 0), (["--help"], 0),
+                       (["report", str(fixture), "-o", "R"], 0)):
+        cp = closed_pipe_run(args, tmp_path)
+        assert cp.returncode == code, (args, cp.stderr)
+        assert "Traceback" not in cp.stderr and "Broken pipe" not in cp.stderr and "Exception" not in cp.stderr
+    assert (tmp_path / "R" / "index.html").exists()  # the command ran to its end
+    failing = ["plan", "--versions", "2.6.3", "--offline", "--archs", "90", "--envs-dir", "T", "--wheel-cache", "T2"]
+    assert closed_pipe_run(failing, tmp_path).returncode == 3  # no way to obtain it: 3, as on a terminal
+
+
+def test_pipe_guard_drops_what_follows_a_closed_pipe():
+    r, w = os.pipe()
+    f = os.fdopen(w, "w")
+    os.close(r)
+    g = entry.PipeGuard(f)
+    try:
+        assert g.write("x" * 200_000) == 200_000  # over a pipe's buffer: EPIPE inside the write
+        g.write("more\n")
+        g.flush()
+        assert g.fileno() == w and not g.closed
+    finally:
+        f.close()
