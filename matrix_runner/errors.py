@@ -16,6 +16,7 @@ TreeError             fa3                          not a usable FA3 source tree 
 EnvError              envs                         one env could not be prepared (run goes on)  3
 BuildError            build                        a source build failed (its env fails)        3
 StubError             stubgen                      the slim-build generator cannot handle it    3
+ResultsNotWritten     pipeline                     results.json could not be written (disk)     3
 Stopped               proc                         interrupted (SIGINT/SIGTERM)               130
 ====================  ===========================  ==========================================  ====
 
