@@ -335,8 +335,8 @@ def cpu_state_note(comparisons: list[dict]) -> str:
 MERGED_DEF = ("between runs (an env from another run than the baseline's): the ratio of the two runs' medians of "
               "per-set medians, not paired (the runs did not take turns on one core); its 95 % interval from a "
               "two-level bootstrap (sets, then their values), widened to a Welch t interval on the set medians "
-              "where that is wider: fixed-n, not anytime-valid nor held together with the other verdicts, and it "
-              "holds whatever differed between the runs' machines and hours too")
+              "where that is wider: fixed-n, not anytime-valid nor held together with the other verdicts; and "
+              "whatever differed between the two runs' machines or hours counts in it as a difference of the versions")
 
 
 def ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None,

@@ -539,8 +539,10 @@ def test_report_of_named_runs_names_them_and_warns_when_their_machines_differ(tm
             "ran at another speed: the speed probe (the same Python work in every worker) read a median of 3.74 µs "
             "in A and 6.42 µs in B (72% apart)") in err, err
     assert err.count("warning:") == 1 and "the merged report pools them" in err
-    assert ("merged runs: an env from another run than the baseline's (its label marked ') is not paired with it"
-            in " ".join(cp.stdout.split())), cp.stdout
+    out = " ".join(cp.stdout.split())  # both runs hold 2.6.3 and 2.7.0.post2: the second's are renamed
+    assert ("merged runs: ratio between runs (an env from another run than the baseline's): the ratio of the two "
+            "runs' medians of per-set medians, not paired" in out and "(a label marked ' was renamed: the same "
+            "label in two runs)" in out and "ratio within a run: paired cycle by cycle" in out), cp.stdout
     assert results.load(tmp_path / "merged")["merged_from"] == [results.load(r)["run_id"] for r in (fast, slow)]
     # runs of one CPU state: named, no warning
     cp = run_cli("report", str(reports / "h200-aa-81"), str(reports / "h200-aa-82"), "-o", str(tmp_path / "same"))
