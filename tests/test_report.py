@@ -541,17 +541,19 @@ def test_compare_runs_is_unpaired_so_round_order_does_not_matter(h200):
         assert x["wall"]["ci_low"] < 1 < x["wall"]["ci_high"]  # an honest, non-zero-width interval
 
 
+def _only(run: dict, label: str) -> dict:
+    """A copy of results ``run`` holding env ``label`` alone, as its own run (a tox version env's)."""
+    r = copy.deepcopy(run)
+    r["envs"] = [e for e in r["envs"] if e["label"] == label]
+    r["cases"] = [c for c in r["cases"] if c["env"] == label]
+    r["run_id"] += "-" + label
+    return r
+
+
 def test_merge_compares_envs_of_different_runs_unpaired(h200):
     """`matrix-run report DIR` / `tox -e report` merge separately run envs (issue #14): their rounds
     never ran back to back, so they are independent groups; envs of one run stay paired by round."""
-    def only(label: str) -> dict:
-        r = copy.deepcopy(h200)
-        r["envs"] = [e for e in r["envs"] if e["label"] == label]
-        r["cases"] = [c for c in r["cases"] if c["env"] == label]
-        r["run_id"] += "-" + label
-        return r
-
-    merged = results.merge([only("2.6.3"), only("2.7.0.post2")])
+    merged = results.merge([_only(h200, "2.6.3"), _only(h200, "2.7.0.post2")])
     wall = [c for c in merged["comparisons"] if c["metric"] == "wall_us"]
     assert len(wall) == 12
     assert {c["ci_method"] for c in merged["comparisons"]} == {"independent bootstrap+Welch"}
@@ -574,14 +576,7 @@ def test_a_merged_report_of_lockstep_runs_defines_its_unpaired_ratios(tmp_path):
     HTML say the ratio is between runs, unpaired and fixed-n, and claim no ' mark or probe-share rule."""
     from rich.console import Console
     aa = results.load(ROOT / "reports" / "h200-aa-68")
-
-    def only(label: str) -> dict:
-        r = copy.deepcopy(aa)
-        r["envs"] = [e for e in r["envs"] if e["label"] == label]
-        r["cases"] = [c for c in r["cases"] if c["env"] == label]
-        r["run_id"] += "-" + label
-        return r
-    merged = results.merge([only("a"), only("b")])
+    merged = results.merge([_only(aa, "a"), _only(aa, "b")])
     con = Console(record=True, width=200)
     report.terminal_table(merged, con)
     text = " ".join(con.export_text().split())
