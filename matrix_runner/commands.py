@@ -138,6 +138,39 @@ def cmd_envs(args) -> int:
     return EXIT_FAILED if busy else EXIT_OK
 
 
+def _refuse_other_run(out: Path, res: dict, sources: list[Path], cmd: str) -> Path:
+    """UsageError where ``-o`` ``out`` holds another run's results (``cmd`` would leave a report there
+    that does not match them: explain did, new-user trial); returns the results file there (may not
+    exist). A copy of the same run (same run id), or one of ``sources`` itself, is fine."""
+    existing = results.find(out) if out.is_dir() else out / "results.json"
+    if existing.is_file() and existing.resolve() not in {p.resolve() for p in sources}:
+        try:
+            other = json.loads(results.read_text(existing)).get("run_id")
+        except (OSError, ValueError, AttributeError, EOFError):
+            other = None
+        if other is None or other != res.get("run_id"):
+            raise UsageError(f"-o {out}: already holds another run's {existing.name} (run {other}); {cmd} "
+                             "would overwrite its report with one that does not match it: give another -o")
+    return existing
+
+
+def _no_run_twice(paths: list[Path], runs: list[dict]) -> None:
+    """UsageError where one run would be merged twice (new-user trial: `report RUN RUN/results.json`,
+    a copy of a run, or a merged report with one of its runs, each gave "2.6.3' vs 2.6.3", an A/A of
+    identical data): by run id, a merged report's being those of the runs it holds."""
+    where: dict = {}
+    for p, r in zip(paths, runs):
+        ids = r.get("merged_from") if isinstance(r.get("merged_from"), list) and len(r["merged_from"]) > 1 \
+            else [r.get("run_id")]
+        for i in ids:
+            if i is None:
+                continue
+            if i in where:
+                raise UsageError(f"run {i} would be merged twice: {where[i]} and {p} both hold it (a copy, the "
+                                 "same run named twice, or a merged report with one of its runs): give it once")
+            where[i] = p
+
+
 def _is_merge(path: Path) -> bool:
     """Whether the results file ``path`` is a merged report (results.merge), not a run."""
     try:
@@ -183,21 +216,14 @@ def cmd_report(args) -> int:
     if args.min_effect is not None and not 0 < args.min_effect < 1:
         raise UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
     runs = [results.load(p) for p in args.results]
+    _no_run_twice([Path(a) for a in args.results], runs)
     if len(runs) > 1:
         _merge_notes([Path(a) for a in args.results], runs, noted)
     res = results.merge(runs, args.min_effect)
     out = Path(args.output)
     # a run's results there, plain or archived (.gz: a results.json written beside it would be read
     # in its place, results.find; new-user trial)
-    existing = results.find(out) if out.is_dir() else out / "results.json"
-    if existing.is_file() and existing.resolve() not in {Path(a).resolve() for a in args.results}:
-        try:
-            other = json.loads(results.read_text(existing)).get("run_id")
-        except (OSError, ValueError, AttributeError, EOFError):
-            other = None
-        if other is None or other != res.get("run_id"):
-            raise UsageError(f"-o {args.output}: already holds another run's {existing.name} (run {other}); "
-                             "report would overwrite its measurements: give another -o")
+    existing = _refuse_other_run(out, res, [Path(a) for a in args.results], "report")
     rewrites = len(runs) > 1 or args.min_effect is not None  # a results.json unlike any one run's
     if rewrites and existing.is_file() and existing.resolve() in {Path(a).resolve() for a in args.results}:
         # new-user trial: `report RUN -o RUN --min-effect 0.01` replaced the run's own record, verdicts
@@ -386,6 +412,7 @@ def cmd_explain(args) -> int:
         print(f"error: {path} has no explanation: run matrix-run with --explain", file=sys.stderr)
         return EXIT_USAGE
     out = Path(args.output) if args.output else Path(path).parent
+    _refuse_other_run(out, doc, [Path(path)], "explain")
     p = report.write_html(doc, out, Path(path).name if out == Path(path).parent else None)
     for line in explain.summary_lines(explain.analyze(doc)):
         print(line)

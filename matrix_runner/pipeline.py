@@ -837,6 +837,11 @@ class Run:
                 if not console.is_terminal:  # a log: the sets as lines (no spinner there)
                     console.print(f"set {rec['set']}: {rec['cycles']} cycles, {rec['seconds']:.1f} s"
                                   + (f", cpu {rec['cpu']}" if rec.get("cpu") is not None else ", unpinned"))
+                if rec.get("status") == "failed" and rec.get("error"):  # why, with the workers' own errors
+                    lost = "; ".join(f"{k}: {w['error']}" for k, w in (rec.get("workers") or {}).items()
+                                     if isinstance(w, dict) and w.get("error") and w["error"] not in rec["error"])
+                    console.print(f"[yellow]set {rec['set']} failed: {escape(rec['error'])}"
+                                  + (f" ({escape(lost)})" if lost else "") + "[/]")
 
             work = self.out_dir / ".work"
             if gpus:  # one shard per GPU, at once (shard module)

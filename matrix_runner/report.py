@@ -349,7 +349,7 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
         return _ratio_definition(comparisons, method, speed_adjust)
     own = [c for c in comparisons if c.get("paired") is not False]
     if not any(c.get("metric") == "wall_us" for c in own):
-        return MERGED_DEF[0].upper() + MERGED_DEF[1:]
+        return MERGED_DEF  # lower case: it follows "candidate / baseline wall time, " (legend, Markdown)
     return "within a run: " + _ratio_definition(own, method, speed_adjust) + "; " + MERGED_DEF
 
 
@@ -816,6 +816,9 @@ def terminal_table(res: dict, console=None) -> None:
             return "–"
         if e["case"]["status"] != "ok":
             if e["case"].get("error_kind") == "not-run":  # the run's stop reason is printed below the table
+                failed = [lb for lb, o in r["by_env"].items() if lb != lab and o["case"]["status"] == "error"]
+                if failed:  # not the run's stop: nothing to compare it with (new-user trial)
+                    return f"[red]not timed[/]: it failed in {escape(', '.join(failed))}"
                 return "[red]not timed[/]: the run stopped first"  # (was "not-run: not timed: ...": new-user trial)
             else:
                 why = (e["case"].get("error") or "").split(": ", 1)[-1]

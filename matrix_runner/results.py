@@ -637,8 +637,17 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     if len(runs) == 1 and min_effect is None:
         return runs[0]
     out = json.loads(json.dumps(runs[0], default=_default))
+
+    def origin(e: dict, r: dict, i: int) -> str:
+        # the run an env was timed in: a merged record's envs keep theirs (``run_id`` on the env), so a
+        # re-render (--min-effect) or a further merge does not pair runs that never took turns
+        # (new-user trial: set i of one run was paired with set i of the other)
+        return str(e.get("run_id") or r.get("run_id") or f"#{i}")
+
     seen = {e["label"] for e in out["envs"]}
-    run_of = {lab: 0 for lab in seen}  # env label -> index of its run: only one run's rounds interleave
+    run_of = {e["label"]: origin(e, runs[0], 0) for e in out["envs"]}  # env label -> its run: only one run's sets pair
+    for e in out["envs"]:
+        e["run_id"] = run_of[e["label"]]
     for i, r in enumerate(runs[1:], 1):
         rename = {}
         for e in r["envs"]:
@@ -647,8 +656,8 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
                 lab += "'"
             rename[e["label"]] = lab
             seen.add(lab)
-            run_of[lab] = i
-            out["envs"].append({**e, "label": lab})
+            run_of[lab] = origin(e, r, i)
+            out["envs"].append({**e, "label": lab, "run_id": run_of[lab]})
         for c in r["cases"]:
             out["cases"].append({**c, "env": rename.get(c["env"], c["env"])})
         for key in ("sets", "rounds"):  # results/2 process sets, results/1 rounds
@@ -660,7 +669,9 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     out["comparisons"] = [c for cand in labels[1:]
                           for c in comparisons(out["cases"], [labels[0], cand], eff, settings=out["settings"],
                                                paired=run_of[cand] == run_of[labels[0]], sets=out.get("sets"))]
-    out["merged_from"] = [r.get("run_id") for r in runs]
+    out["merged_from"] = list(dict.fromkeys(run_of.values()))
+    if len(out["merged_from"]) > 1:  # not the first run's own id: compare and publish took it for that run
+        out["run_id"] = "merge of " + ", ".join(out["merged_from"])
     return out
 
 

@@ -765,7 +765,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     case = data[(lab_of[key], cid)].case
                     raise _BudgetSpent(
                         f"time budget {sampling.time_budget_s:g} s spent while set {sid} set up case "
-                        f"{case.label} {case.op} "
+                        f"{case.label} {case.op} (waiting on {lab_of[key]}'s worker) "
                         f"(inputs and first calls, {time.monotonic() - st.t0:.0f} s into the set): "
                         "the cases set up so far were not timed; raise --time-budget, or use smaller "
                         "cases on this device") from None
@@ -833,11 +833,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             # a worker lost in set-up or pinning (its case faulted): the rest could only time one side
             # (new-user trial: 4 sets of 405 cycles of one env, used by no comparison); the next set retries
             lost = sorted(lab for lab in ok_labels if lab not in live_labels)
-            why = "; ".join(rec["workers"].get(k, {}).get("error") or "" for k in st.workers
-                            if lab_of[k] in lost and rec["workers"].get(k, {}).get("error"))
-            rec["status"] = "failed"
-            rec["error"] = (f"{', '.join(lost)}: no worker left after set-up ({why or 'lost'}): no cycles, "
-                            "nothing to pair; the next set tries again")
+            rec["status"] = "failed"  # the workers' own errors say why (rec["workers"]: the report shows both)
+            rec["error"] = (f"{', '.join(lost)}: no worker left after set-up: no cycles, nothing to pair; "
+                            "the next set tries again")
             on_progress(f"set {sid}: ended before its cycles: {rec['error']}")
             raise _SetFailed()
         t_cyc = time.monotonic()
@@ -960,6 +958,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
     except _SetFailed:
         pass
     except _BudgetSpent as ex:
+        phase("setup")  # the time it waited (it had counted as "close": new-user trial)
         rec["status"], rec["error"] = "budget", str(ex)
     except Interrupted:
         rec["cycles"] = max(rec["cycles"], st.cycles_done)  # the cycles kept (the report compares them)

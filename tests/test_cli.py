@@ -513,6 +513,13 @@ def test_report_on_a_directory_says_which_runs_it_merges(tmp_path):
     assert cp.returncode == 0, cp.stderr
     said = " ".join((cp.stdout + cp.stderr).split())
     assert "merging the 2 runs found below it into one report: tox/h200-aa-59, tox/h200-aa-60 " in said, said
+    # one run given twice (a directory and a file in it, or a merged report with one of its runs) is
+    # refused: it came out as an A/A of identical data ("2.6.3' vs 2.6.3": new-user trial)
+    for twice in ([str(runs / "tox" / "h200-aa-59"), str(runs / "tox" / "h200-aa-59" / "results.json.gz")],
+                  [str(runs / "tox" / "html2"), str(runs / "tox" / "h200-aa-60")]):
+        cp = run_cli("report", *twice, "-o", str(tmp_path / "twice"))
+        assert cp.returncode == 2 and "would be merged twice" in " ".join(cp.stderr.split()), cp.stderr
+        assert not (tmp_path / "twice").exists()
     # one run below the directory: reported alone, nothing to announce
     shutil.rmtree(runs / "tox" / "h200-aa-60")
     cp = run_cli("report", str(runs), "-o", str(tmp_path / "one"))

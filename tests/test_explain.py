@@ -314,6 +314,15 @@ def test_matrix_run_explain_rerenders_from_saved_data(explained_run, tmp_path):
     (tmp_path / "plain" / "results.json").write_text(json.dumps(res))
     cp = run_cli("explain", str(tmp_path / "plain"))
     assert cp.returncode == 2 and "--explain" in cp.stderr
+    # -o holding another run: its index.html would no longer match its results (new-user trial)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps({**res, "run_id": "another-run"}))
+    (other / "index.html").write_text("its own report")
+    cp = run_cli("explain", str(out), "-o", str(other))
+    assert cp.returncode == 2 and "already holds another run's results.json (run another-run)" in \
+        " ".join(cp.stderr.split()), cp.stderr
+    assert (other / "index.html").read_text() == "its own report"
 
 
 def test_old_records_sampler_effect_is_read_against_loops_before_and_after_and_flagged_when_they_drift():

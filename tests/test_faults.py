@@ -194,7 +194,7 @@ def test_a_worker_fault_every_time_fails_that_case_after_one_retry(tmp_path, nam
         # the set ends there (new-user trial: sets of one env's cycles that no comparison used)
         assert [(s["set"], s["status"], s["cycles"]) for s in sets] == [(0, "failed", 0), (1, "failed", 0), (2, "ok", sets[2]["cycles"])]
         for s in sets[:2]:
-            assert s["error"].startswith("bad: no worker left after set-up (set-up: ") and "the next set tries again" in s["error"]
+            assert s["error"] == "bad: no worker left after set-up: no cycles, nothing to pair; the next set tries again"
         for c in cs:
             assert measured(data[("good", c.id)]) == ([] if c is cs[1] else [2])  # never one side alone
     else:
@@ -706,8 +706,11 @@ def test_fault_run_exits_3_with_results_written(fault_run):
     # sets 0-3 lost the faulty env's worker in a set-up (a crash, then a hang, each retried once): each
     # ended before its cycles, as the good env could only have timed its side alone
     assert [s["status"] for s in res["sets"]] == ["failed"] * 4 + ["ok"] * (FAULT_SETS - 4)
-    assert all(s["cycles"] == 0 and s["error"].startswith("faulty: no worker left after set-up (set-up: ")
-               for s in res["sets"][:4])
+    assert all(s["cycles"] == 0 and s["error"].startswith("faulty: no worker left after set-up: no cycles")
+               and "set-up" in s["workers"]["faulty"]["error"] for s in res["sets"][:4])
+    err = " ".join(fault_run["cp"].stderr.split())  # and the terminal says why (new-user trial: it did not)
+    assert "set 0 failed: faulty: no worker left after set-up: no cycles, nothing to pair; the next set tries " \
+           "again (" in err and "SIGABRT" in err.split("set 0 failed:")[1].split("set 1")[0], err
     assert (fault_run["out"] / "index.html").is_file()
 
 
@@ -997,6 +1000,8 @@ def test_the_time_budget_bounds_a_slow_set_up_without_blaming_the_case(tmp_path)
     assert took < 12, took  # the budget (2 s) plus the set's start, not the 60 s set-up
     assert reason.startswith("time budget 2 s spent while set 0 set up case B4 ") and "raise --time-budget" in reason
     assert len(sets) == 1 and sets[0]["status"] == "budget" and sets[0]["error"] == reason
+    assert "(waiting on a's worker)" in reason  # the env it waited on (both would have), named
+    assert sets[0]["phase_s"]["setup"] >= 1.0 and sets[0]["phase_s"].get("close", 0) < 1.0  # where the time went
     for lab in ("a", "b"):
         cd = data[(lab, cs[1].id)]
         assert cd.status != "error" and cd.faults == 0 and not cd.sets["wall_us"]

@@ -566,7 +566,7 @@ def test_merge_compares_envs_of_different_runs_unpaired(h200):
     assert method == {"2.7.0.post2": "paired trimmed t", "2.6.3'": "independent bootstrap+Welch",
                       "2.7.0.post2'": "independent bootstrap+Welch"}
     # the legend says so (new-user trial: a merged report called every ratio paired)
-    assert report.view_model(merged)["ratio_def"] == report.MERGED_DEF[0].upper() + report.MERGED_DEF[1:]
+    assert report.view_model(merged)["ratio_def"] == report.MERGED_DEF
     mixed = report.view_model(again)["ratio_def"]
     assert mixed.startswith("within a run: trimmed mean over rounds") and mixed.endswith("; " + report.MERGED_DEF)
 
@@ -585,7 +585,14 @@ def test_a_merged_report_of_lockstep_runs_defines_its_unpaired_ratios(tmp_path):
            "runs' medians of per-set medians, not paired" in text
     assert "fixed-n, not anytime-valid" in text and "no set came after" not in text
     html = report.render_html(merged)
-    assert "Between runs (an env from another run than the baseline&#39;s)" in html
+    assert "candidate / baseline wall time, between runs (an env from another run than the baseline&#39;s)" in html
+    # its identity: the runs it holds, not the first run's id; re-rendered at another --min-effect (or
+    # merged again), each env keeps the run it was timed in, so nothing is paired across runs
+    assert merged["run_id"] == f"merge of {aa['run_id']}-a, {aa['run_id']}-b"
+    assert merged["merged_from"] == [f"{aa['run_id']}-a", f"{aa['run_id']}-b"]
+    again = results.merge([merged], min_effect=0.01)
+    assert {c["ci_method"] for c in again["comparisons"]} == {"independent bootstrap+Welch"}
+    assert not any(c["paired"] for c in again["comparisons"]) and again["merged_from"] == merged["merged_from"]
 
 
 def test_a_full_run_is_never_called_quick(h200):
@@ -1062,10 +1069,15 @@ def test_terminal_cells_of_cases_not_timed_or_failed_are_not_cut_mid_word(h200):
              "stopped first: the time budget or max_sets ran out, or a fault ended the set)")
     b.update(status="error", error_kind="crash", error="set 0: the worker exited with signal SIGSEGV while "
              "timing the backward pass of this case in its second burst")
+    for c in res["cases"]:  # a case neither env timed: the run stopped first
+        if c["label"] == "B2 S150 H16 D16" and c["op"] == "fwd":
+            c.update(status="not run", error_kind="not-run", error=a["error"])
     out = io.StringIO()
     report.terminal_table(res, Console(file=out, width=200))
     text = out.getvalue()
     assert "not timed: the run stopped first" in text and "(sampling stopped first: the" not in text
+    # where the other env failed the case, that is why (new-user trial: "the run stopped first" there too)
+    assert f"not timed: it failed in {b['env']}" in text
     assert "not-run" not in text  # the kind said once, in words (new-user trial: "not-run: not timed: ...")
     assert "crash: the worker exited with signal SIGSEGV while timing the…" in text
 

@@ -150,6 +150,7 @@ def test_a_failed_rebuild_puts_the_working_env_back(standins, tmp_path, monkeypa
     monkeypatch.setattr(prepare, "_prepare_flash_attn", fails)
     res = envs.prepare_env(req, rebuild, replace(opts, rebuild=True), dprobe, cases)
     assert res.status == "failed" and "planted" in res.error
+    assert res.error.endswith(f"; the env that was in {env_dir} before is kept as it was"), res.error
     assert (env_dir / "mine.txt").read_text() == "the working env" and (env_dir / envs.RECORD).read_text() == record
     assert sorted(p.name for p in opts.envs_dir.iterdir() if p.name.endswith(".previous")) == []
     monkeypatch.undo()

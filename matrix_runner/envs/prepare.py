@@ -116,6 +116,7 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
     logdir.mkdir(parents=True, exist_ok=True)
     log = logdir / f"{req.label}.log"
     t0 = time.monotonic()
+    kept_note: dict = {}  # _kept_until_replaced: "restored" once an earlier env went back
     res.build = {"method": item.method, "seconds": 0.0, "reused": False, "key": item.key, "key_id": item.key_id,
                  "log": str(log)}
     try:
@@ -142,7 +143,7 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
                     if item.method == "failed":
                         raise EnvError(item.error or "no way to rebuild this env") from None
             if done is None:
-                with _kept_until_replaced(item.env_dir) as kept:
+                with _kept_until_replaced(item.env_dir, kept_note) as kept:
                     progress(req.label, "creating venv (uv)")
                     py = create_venv(item.env_dir, driver_probe.get("executable") or sys.executable, tid, opts, log)
                     res.python = str(py)  # set now: a failure from here on still names the env's python
@@ -170,6 +171,8 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
         res.error_tail = getattr(e, "tail", "") or None
         if stopping():  # a step cut short by Ctrl-C fails in its own words (e.g. "no setuptools"): say what happened
             res.error, res.error_tail = f"interrupted while {step['now']}", None
+        if kept_note.get("restored"):  # say so (new-user trial: nothing told the user the old env survived)
+            res.error += f"; the env that was in {item.env_dir} before is kept as it was"
     res.build["seconds"] = round(time.monotonic() - t0, 2)
     return res
 
@@ -182,10 +185,10 @@ class _Kept:
 
 
 @contextmanager
-def _kept_until_replaced(env_dir: Path):
+def _kept_until_replaced(env_dir: Path, note: dict | None = None):
     """An existing matrix-run env at ``env_dir`` is moved aside (``.<name>.previous`` beside it) while
     a new one is made there, deleted once the new one is whole (``kept.replaced``), and put back if
-    making it failed or was interrupted (the half-made one deleted). A new-user trial's
+    making it failed or was interrupted (the half-made one deleted; ``note["restored"]`` then). A new-user trial's
     ``--torch 1.0`` (no wheel for its Python) had deleted both of a run's working envs before uv
     failed. A directory that is not a matrix-run env is left where it is (create_venv refuses it).
     The env goes back to its own path, so nothing in it has to move (a venv is not relocatable)."""
@@ -205,6 +208,8 @@ def _kept_until_replaced(env_dir: Path):
             else:
                 shutil.rmtree(env_dir, ignore_errors=True)
                 aside.rename(env_dir)
+                if note is not None:
+                    note["restored"] = True
 
 
 def _prepare_reused(req: EnvRequest, item: PlanItem) -> Prepared:
