@@ -529,6 +529,13 @@ def _check_comparison(p: Path, at: str, c: dict) -> None:
         v = c.get(f)
         if v is not None and not (math.isfinite(v) and v >= 0):
             raise bad(f, "a median time (µs) is a number, 0 or more")
+    # a decided verdict rests on its interval's end(s): slower on ci_low, faster on ci_high, same on both
+    # (new-user trial: a ci_low set to null showed "slower 3.71x (unbounded: too few sets)")
+    need = {"slower": ("ci_low",), "faster": ("ci_high",), "same": ("ci_low", "ci_high")}.get(c.get("verdict"), ())
+    for f in need:
+        if c.get(f) is None:
+            raise ResultsError(f"{p}: {at}.{f} is null, but its verdict {c['verdict']!r} rests on it: restore the "
+                               "file from its run")
 
 
 def _path(parts: list) -> str:

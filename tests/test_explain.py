@@ -656,3 +656,11 @@ def test_a_sampler_bound_that_rounds_onto_the_tolerance_shows_why_it_is_undecide
     assert text.startswith("2.6.3: -0.4 % [-2.004, +1.200] (") and "reaches past ±2 %" in text
     e.update(effect_lo=-0.015, verdict="within")
     assert explain.lockstep_effect_text("2.6.3", e).startswith("2.6.3: -0.4 % [-1.5, +1.2] (")
+
+
+def test_py_spys_unread_samples_are_counted_for_the_report():
+    """py-spy's own count of samples it could not read (its last line): the frame shares are of the
+    samples read, so the report gives the count beside them (new-user trial: 231 of 1,343 unread)."""
+    assert explain.sampler_errors("Wrote flamegraph data to 'x'. Samples: 1112 Errors: 231") == 231
+    assert explain.sampler_errors("Samples: 1174 Errors: 0") == 0
+    assert explain.sampler_errors(None) is None and explain.sampler_errors("no summary") is None

@@ -114,6 +114,10 @@ DAMAGE = {
                    "config is str ('hello'), not an object: it holds the run's config as read from its YAML file "
                    "(a --resume takes the cases and sampling rules from it); restore the file from its run"),
     "config-list": (lambda d: d.update(config=[1, 2]), "config is list, not an object: it holds the run's config"),
+    # a decided verdict without the interval end it rests on (it showed "slower 3.71x (unbounded ...)")
+    "decided-no-interval": (lambda d: d["comparisons"][0].update(ci_low=None, verdict="same"),
+                            "comparisons[0].ci_low is null, but its verdict 'same' rests on it: restore the file "
+                            "from its run"),
 }
 
 
@@ -133,8 +137,9 @@ def test_a_hand_edited_field_is_named_with_what_to_do(tmp_path, doc, name):
     lambda d: d["settings"].update(min_effect=None, alpha=None, planned_sets=None),
     lambda d: d["settings"].update(min_effect=1.5),  # a --resume names the bound (pipeline), the report shows it
     lambda d: d.pop("config"),
-    lambda d: d["comparisons"][0].update(ci_low=0.0, ci_high=None, ratio=1.1),  # unbounded: too few sets
-    lambda d: d["comparisons"][0].update(ratio=None, ci_low=None, ci_high=None, base_median=None),  # nothing yet
+    lambda d: d["comparisons"][0].update(ci_low=0.0, ci_high=None, ratio=1.1, verdict="ambiguous"),  # unbounded
+    lambda d: d["comparisons"][0].update(ratio=None, ci_low=None, ci_high=None, base_median=None,
+                                         verdict="provisional"),  # nothing yet
     lambda d: d.update(envs=[], cases=[], comparisons=[]),  # nothing measured: nothing to show either
     lambda d: d["cases"][0]["metrics"]["wall_us"]["speed_by_set"]["0"].update(beta=-0.2, center=-1.5),  # signed
 ])
