@@ -119,7 +119,7 @@ def test_report_refuses_to_overwrite_another_runs_results(tmp_path):
     # (new-user trial: `report RUN -o RUN --min-effect 0.01` rewrote it without a word)
     before = (same / "results.json").read_bytes()
     for extra, what in ((["--min-effect", "0.01"], "its verdicts at --min-effect 0.01"),
-                        ([str(h200 / "results.json")], "the merge of the runs")):
+                        ([str(h200.parent / "h200-aa-59")], "the merge of the runs")):
         cp = run_cli("report", str(same), *extra, "-o", str(same))
         assert cp.returncode == 2 and f"writing {what} there would replace that run's own record" in \
             " ".join(cp.stderr.split()), cp.stderr
