@@ -160,8 +160,7 @@ def _no_run_twice(paths: list[Path], runs: list[dict]) -> None:
     identical data): by run id, a merged report's being those of the runs it holds."""
     where: dict = {}
     for p, r in zip(paths, runs):
-        ids = r.get("merged_from") if isinstance(r.get("merged_from"), list) and len(r["merged_from"]) > 1 \
-            else [r.get("run_id")]
+        ids = r["merged_from"] if results.is_merge(r) else [r.get("run_id")]
         for i in ids:
             if i is None:
                 continue
@@ -174,10 +173,9 @@ def _no_run_twice(paths: list[Path], runs: list[dict]) -> None:
 def _is_merge(path: Path) -> bool:
     """Whether the results file ``path`` is a merged report (results.merge), not a run."""
     try:
-        runs = json.loads(results.read_text(path)).get("merged_from")
+        return results.is_merge(json.loads(results.read_text(path)))
     except (OSError, ValueError, AttributeError, EOFError):
         return False
-    return isinstance(runs, list) and len(runs) > 1
 
 
 #: Runs (and machine warnings) named when ``report`` merges several runs (``report DIR``, ``report RUN
@@ -216,16 +214,16 @@ def cmd_report(args) -> int:
     if args.min_effect is not None and not 0 < args.min_effect < 1:
         raise UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
     runs = [results.load(p) for p in args.results]
-    _no_run_twice([Path(a) for a in args.results], runs)
+    _no_run_twice(paths, runs)
     if len(runs) > 1:
-        _merge_notes([Path(a) for a in args.results], runs, noted)
+        _merge_notes(paths, runs, noted)
     res = results.merge(runs, args.min_effect)
     out = Path(args.output)
     # a run's results there, plain or archived (.gz: a results.json written beside it would be read
     # in its place, results.find; new-user trial)
-    existing = _refuse_other_run(out, res, [Path(a) for a in args.results], "report")
+    existing = _refuse_other_run(out, res, paths, "report")
     rewrites = len(runs) > 1 or args.min_effect is not None  # a results.json unlike any one run's
-    if rewrites and existing.is_file() and existing.resolve() in {Path(a).resolve() for a in args.results}:
+    if rewrites and existing.is_file() and existing.resolve() in {p.resolve() for p in paths}:
         # new-user trial: `report RUN -o RUN --min-effect 0.01` replaced the run's own record, verdicts
         # and settings (a later --resume went on with them), without a word
         what = "the merge of the runs" if len(runs) > 1 else f"its verdicts at --min-effect {args.min_effect:g}"

@@ -387,9 +387,7 @@ def resumed_config(prior: dict, src: str):
                           "file): the resumed sets count the whole between-worker probe difference "
                           "(sampling.probe_share: full, the rule before it existed)")
         if cfg.sampling.probe_share == "estimated":  # the threshold the run started with (8 before it was stored)
-            k = st.get("probe_share_min_sets")
-            cfg.sampling.probe_share_min_sets = (k if isinstance(k, int) and not isinstance(k, bool) and k >= 1
-                                                 else stats.PROBE_SHARE_MIN_SETS_UNRECORDED)
+            cfg.sampling.probe_share_min_sets = stats.recorded_min_sets(st)
         return cfg
     except ConfigError as ex:
         msg = str(ex)

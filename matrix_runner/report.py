@@ -447,12 +447,6 @@ def probe_median_us(doc: dict, env: str | None = None) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def _merged(res: dict) -> bool:
-    """Whether ``res`` is a merge of several runs (results.merge)."""
-    runs = res.get("merged_from")
-    return isinstance(runs, list) and len(runs) > 1
-
-
 def probe_note(res: dict) -> str:
     """One sentence on the CPU speed the run met ("" for a run without speed-probe readings): host
     overhead, and the ratio of versions that differ in it, follow the CPU's speed (H200, 2026-12-03:
@@ -480,21 +474,20 @@ def probe_note(res: dict) -> str:
             hop += f"; in one part of the run (a --resume) it could do nothing: {idle}"
     shares = [s["probe_share"] for s in res.get("sets") or [] if isinstance(s.get("probe_share"), (int, float))]
     st = res.get("settings") or {}
-    first = st.get("probe_share_min_sets")
-    first = first if isinstance(first, int) and not isinstance(first, bool) else stats.PROBE_SHARE_MIN_SETS_UNRECORDED
+    first = stats.recorded_min_sets(st)
     if shares:  # sampling.probe_share: estimated (runner.apply_probe_share: pinned sets after the first few)
         rng = f"{min(shares):.2f}" + (f"-{max(shares):.2f}" if max(shares) > min(shares) else "")
         hop += (f"; in {len(shares)} process set{'s' if len(shares) != 1 else ''} the speed adjustment counted {rng} of "
                 "the set's between-worker probe difference, the share the earlier pinned sets' calls followed "
                 f"(sampling.probe_share: estimated; the first {first} pinned sets counted all of it)")
-    elif (st.get("probe_share") == "estimated" and not st.get("quick") and not _merged(res)
+    elif (st.get("probe_share") == "estimated" and not st.get("quick") and not results.is_merge(res)
           and sum(1 for e in res.get("envs") or [] if e.get("status") == "ok") >= 2
           and any(s.get("pinned") for s in res.get("sets") or [])):
         # only where a share could have come (2+ envs, pinned sets, not --quick: review), so the reason is this one
         hop += (f"; sampling.probe_share: estimated, but no set came after {first} earlier "
                 "pinned sets, so every set counted its whole between-worker probe difference")
     read = f"a median of {m:.2f} µs in this run"
-    if _merged(res):  # results.merge: one median over several runs' states means nothing
+    if results.is_merge(res):  # results.merge: one median over several runs' states means nothing
         per = [(e.get("label"), probe_median_us(res, e.get("label"))) for e in res.get("envs") or []]
         per = [f"{v:.2f} µs ({lab})" for lab, v in per if v is not None]
         read = f"medians of {', '.join(per)} in the {len(res['merged_from'])} merged runs"
@@ -571,7 +564,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
           "level_note": level_note(res.get("comparisons") or []),
           "steal_note": steal_note(res.get("sets") or []), "steal_warn": STEAL_WARN, "probe_note": probe_note(res),
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
-                                         (res.get("settings") or {}).get("speed_adjust"), merged=_merged(res)),
+                                         (res.get("settings") or {}).get("speed_adjust"), merged=results.is_merge(res)),
           "candidates": names, "pairs": pairs, "one_base": one_base, "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
           "summaries": summaries, "common": common, "min_effect": min_effect,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
@@ -877,7 +870,7 @@ def terminal_table(res: dict, console=None) -> None:
     if vm["candidates"] and str((res.get("settings") or {}).get("method") or "").startswith("lockstep"):
         at_speed = " and taken at one CPU speed" if (res.get("settings") or {}).get("speed_adjust", True) else ""
         cmps = res.get("comparisons") or []
-        unpaired = _merged(res) and any(c.get("paired") is False for c in cmps)
+        unpaired = results.is_merge(res) and any(c.get("paired") is False for c in cmps)
         if any(c.get("paired") is not False for c in cmps if c.get("metric") == "wall_us"):
             console.print(f"[dim]µs: the bursts' plain medians; ratio{' within a run' if unpaired else ''}: paired "
                           f"cycle by cycle{at_speed}, so it can differ from the ratio of the µs shown (on the H200 by "

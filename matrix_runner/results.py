@@ -636,6 +636,12 @@ def _check_metrics(p: Path, data: dict) -> list[str]:
     return notes
 
 
+def is_merge(doc: dict) -> bool:
+    """Whether results ``doc`` is a merge of several runs (:func:`merge`: ``merged_from``), not a run."""
+    runs = doc.get("merged_from")
+    return isinstance(runs, list) and len(runs) > 1
+
+
 def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     """Merge several results (e.g. one per tox env) into one: envs and cases concatenated (labels
     made unique), comparisons recomputed against the first env: paired (by process set, or by round for

@@ -808,6 +808,13 @@ PROBE_SHARE_MIN_SETS = 3
 PROBE_SHARE_MIN_SETS_UNRECORDED = 8
 
 
+def recorded_min_sets(settings: dict) -> int:
+    """The threshold an ``estimated`` run's results record (settings.probe_share_min_sets, a whole
+    number >= 1), else :data:`PROBE_SHARE_MIN_SETS_UNRECORDED`: what a --resume keeps and the report names."""
+    k = settings.get("probe_share_min_sets")
+    return k if isinstance(k, int) and not isinstance(k, bool) and k >= 1 else PROBE_SHARE_MIN_SETS_UNRECORDED
+
+
 def probe_share(groups) -> float:
     """How much of a process set's *between-worker* speed-probe difference its calls felt too, from
     earlier sets: the least-squares slope of y on x with each group's own mean removed, clamped to
