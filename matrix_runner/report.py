@@ -497,6 +497,39 @@ def probe_note(res: dict) -> str:
             f"more than {PROBE_SPEED_WARN * 100:.0f} %)")
 
 
+#: The sampling keys a command-line option can set over the config (pipeline's ``_check_numbers``):
+#: settings key -> the config's ``sampling`` key.
+OVERRIDABLE = {"min_effect": "min_effect", "max_sets": "max_sets", "set_seconds": "set_seconds",
+               "burst_ms": "burst_ms", "time_budget_s": "time_budget_s", "workers_per_env": "workers_per_env"}
+
+
+def config_overrides(res: dict) -> list[str]:
+    """What the run's command line changed in its config's ``sampling`` (``--time-budget 30`` over a
+    config's 60 s...), as "sampling.KEY: CONFIG -> RUN" strings: the config block shows the config as
+    read, and without this a reader takes its numbers for the run's (new-user trial). A key the config
+    does not give is compared with the built-in default (config.DEFAULT_CONFIG); ``set_seconds`` of a
+    ``--quick`` run (its one set runs quick_set_seconds) and a key the run did not record are skipped."""
+    from .config import DEFAULT_CONFIG
+    settings = res.get("settings") or {}
+    conf = res.get("config")
+    samp = conf.get("sampling") if isinstance(conf, dict) else None
+    samp = samp if isinstance(samp, dict) else {}
+    out = []
+    for key, ckey in OVERRIDABLE.items():
+        if key not in settings or settings[key] is None or (key == "set_seconds" and settings.get("quick")):
+            continue
+        given = samp.get(ckey, DEFAULT_CONFIG["sampling"].get(ckey))
+        if given is None:
+            continue
+        try:
+            same = math.isclose(float(given), float(settings[key]), rel_tol=1e-9)
+        except (TypeError, ValueError):
+            continue
+        if not same:
+            out.append(f"sampling.{ckey}: {float(given):g} -> {float(settings[key]):g}")
+    return out
+
+
 def view_model(res: dict, with_charts: bool = False) -> dict:
     """Reshape results for templates: per case rows with each env's clocks and each comparison."""
     envs = res.get("envs", [])
@@ -569,6 +602,8 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
           "summaries": summaries, "common": common, "min_effect": min_effect,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
           "has_device": any("device_us" in (c.get("metrics") or {}) for c in cases)}
+    vm["config_overrides"] = config_overrides(res)
+    vm["merged"] = results.is_merge(res)
     vm["heatmap"] = heatmap(vm)
     if with_charts:
         vm["charts"] = build_charts(vm)

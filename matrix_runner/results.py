@@ -661,6 +661,12 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     run_of = {e["label"]: origin(e, runs[0], 0) for e in out["envs"]}  # env label -> its run: only one run's sets pair
     for e in out["envs"]:
         e["run_id"] = run_of[e["label"]]
+    # each process set keeps the run it belongs to: set ids restart in every run (the report shows RUN:set)
+    first = str(runs[0].get("run_id") or "#0")
+    for key in ("sets", "rounds"):
+        for rec in out.get(key) or []:
+            if isinstance(rec, dict):
+                rec.setdefault("run_id", first)
     for i, r in enumerate(runs[1:], 1):
         rename = {}
         for e in r["envs"]:
@@ -675,7 +681,8 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
             out["cases"].append({**c, "env": rename.get(c["env"], c["env"])})
         for key in ("sets", "rounds"):  # results/2 process sets, results/1 rounds
             if r.get(key):
-                out.setdefault(key, []).extend(r[key])
+                out.setdefault(key, []).extend({**rec, "run_id": rec.get("run_id") or str(r.get("run_id") or f"#{i}")}
+                                               if isinstance(rec, dict) else rec for rec in r[key])
     eff = min_effect if min_effect is not None else (out.get("settings") or {}).get("min_effect", 0.05)
     out.setdefault("settings", {})["min_effect"] = eff  # the report's text follows the verdicts
     labels = [e["label"] for e in out["envs"] if e["status"] == "ok"]

@@ -380,7 +380,10 @@ def shard_dir(out_dir: Path, index: int) -> Path:
     return Path(out_dir) / "shards" / str(index)
 
 
-def _executor(args, folder: Path):
+def _executor(args, folder: Path, log: Callable[[str], None] = print):
+    """submitit's executor for ``--executor slurm|submitit-local``. With submitit-local the Slurm-only
+    options (``--slurm-partition``, ``--slurm-account``) have no Slurm to go to: it says so through
+    ``log`` instead of dropping them without a word (new-user trial)."""
     try:
         import submitit
     except ImportError:
@@ -399,6 +402,11 @@ def _executor(args, folder: Path):
     else:
         ex = submitit.AutoExecutor(folder=str(folder), cluster="local")
         ex.update_parameters(timeout_min=args.slurm_time, name="matrix-run")
+        unused = [f"{o} {v}" for o, v in (("--slurm-partition", args.slurm_partition),
+                                          ("--slurm-account", args.slurm_account)) if v]
+        if unused:
+            log(f"note: {', '.join(unused)} not used: submitit-local runs the jobs on this machine, without "
+                "Slurm (they apply with --executor slurm)")
     return ex
 
 
@@ -411,7 +419,7 @@ def submit(args, argv: list[str], out_dir: Path, cases: list[Case], stop: thread
     if n < 1:
         raise UsageError(f"--shards {n}: give a positive number of jobs")
     out_dir = Path(out_dir)
-    ex = _executor(args, out_dir / ".submitit")  # a UsageError without submitit
+    ex = _executor(args, out_dir / ".submitit", log)  # a UsageError without submitit
     import submitit
     from submitit.helpers import CommandFunction
 

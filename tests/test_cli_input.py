@@ -56,6 +56,20 @@ def test_a_resumed_slurm_run_without_slurm_is_a_usage_error(monkeypatch, tmp_pat
     assert not (tmp_path / ".submitit").exists()
 
 
+def test_submitit_local_says_the_slurm_only_options_are_not_used(tmp_path):
+    """--slurm-partition/--slurm-account with submitit-local had been dropped without a word."""
+    pytest.importorskip("submitit")
+    said = []
+    args = argparse.Namespace(executor="submitit-local", slurm_time=60, slurm_partition="gpu", slurm_account=None)
+    shard._executor(args, tmp_path / ".submitit", said.append)
+    assert said == ["note: --slurm-partition gpu not used: submitit-local runs the jobs on this machine, without "
+                    "Slurm (they apply with --executor slurm)"]
+    said.clear()
+    shard._executor(argparse.Namespace(executor="submitit-local", slurm_time=60, slurm_partition=None,
+                                       slurm_account=None), tmp_path / ".submitit", said.append)
+    assert said == []
+
+
 # -- abbreviations ------------------------------------------------------------------------------------
 def test_no_parser_takes_abbreviations():
     ap = cli.build_parser()

@@ -1237,3 +1237,44 @@ def test_compare_warns_when_one_run_counted_only_part_of_its_probe_differences()
     assert commands.setting_differences(share, none) == []
     (why,) = commands.setting_differences(full, ones)
     assert why.startswith("B's speed adjustment counted the share")
+
+
+def test_the_config_block_says_what_the_command_line_changed():
+    """The report shows the config as read; a run with ``--time-budget 30`` over the default's 60 s
+    must say so beside it (new-user trial: the block read 60 s for a 30 s run)."""
+    res = results.load(ROOT / "reports" / "h200-aa-98")
+    assert report.config_overrides(res) == []  # the default config, no option: nothing changed
+    assert "the command line changed" not in report.render_html(res, with_charts=False)
+    cut = {**res, "settings": {**res["settings"], "time_budget_s": 30.0, "min_effect": 0.02}}
+    assert report.config_overrides(cut) == ["sampling.min_effect: 0.05 -> 0.02", "sampling.time_budget_s: 60 -> 30"]
+    assert "the command line changed sampling.min_effect: 0.05 -&gt; 0.02, sampling.time_budget_s: 60 -&gt; 30)" in \
+        report.render_html(cut, with_charts=False)
+    # a key the config gives is compared with it; a --quick run's set_seconds is its quick set's
+    given = {**cut, "config": {**(res["config"] or {}), "sampling": {"time_budget_s": 30}}}
+    assert report.config_overrides(given) == ["sampling.min_effect: 0.05 -> 0.02"]
+    quick = {**res, "settings": {**res["settings"], "quick": True, "set_seconds": 4.0}}
+    assert report.config_overrides(quick) == []
+    assert report.config_overrides({"settings": {"time_budget_s": 20}, "config": None}) == \
+        ["sampling.time_budget_s: 60 -> 20"]
+
+
+def test_a_merged_reports_process_sets_name_their_run_not_the_first_runs_timing():
+    """A merged report's "Process sets" had given the first run's time and stop reason for all of
+    them, and set ids that restart in each run without saying whose (known since 2026-12-05)."""
+    a = results.load(ROOT / "reports" / "h200-aa-97")
+    b = results.load(ROOT / "reports" / "h200-aa-98")
+    m = results.merge([a, b])
+    assert len(m["sets"]) == len(a["sets"]) + len(b["sets"])
+    assert {s["run_id"] for s in m["sets"][:len(a["sets"])]} == {a["run_id"]}
+    assert {s["run_id"] for s in m["sets"][len(a["sets"]):]} == {b["run_id"]}
+    assert "run_id" not in a["sets"][0]  # the runs themselves are left as they were
+    html = report.render_html(m, with_charts=False)
+    assert f"Merged from 2 runs ({a['run_id']}, {b['run_id']}): {len(m['sets'])} process sets in all" in html
+    assert f"<td>{b['run_id']}:0</td>" in html and f"<td>{a['run_id']}:0</td>" in html
+    assert "stopped: time budget" not in html.split('id="processes"')[1].split("<table>")[0]
+    # a merge of that merge keeps each set's own run
+    m2 = results.merge([m, results.load(ROOT / "reports" / "h200-aa-99")])
+    assert [s["run_id"] for s in m2["sets"][:len(m["sets"])]] == [s["run_id"] for s in m["sets"]]
+    # one run: as before
+    one = report.render_html(a, with_charts=False)
+    assert "Merged from" not in one and "stopped: time budget" in one
