@@ -70,7 +70,8 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("--quick", action="store_true",
                    help="one process set, short sampling (smoke runs): ratios are provisional, never a verdict")
     r.add_argument("--min-effect", type=float, metavar="FRAC",
-                   help="smallest ratio change called faster/slower (default 0.05 = 5%%)")
+                   help="the ratio a verdict is measured against: 'slower' = ratio above 1+FRAC and interval above 1, "
+                        "'same' = whole interval within 1/(1+FRAC)..1+FRAC (default 0.05 = 5%%)")
     r.add_argument("--time-budget", type=float, metavar="S", help="seconds the run may take from its start, env building and installing excluded (default 60); checked before each process set and while its cases are set up (a set-up still running then ends the run); a set that has begun its cycles finishes them")
     r.add_argument("--max-sets", type=int, metavar="N",
                    help="most process sets (fresh workers of every env each; default 40: the budget or decided "
@@ -86,7 +87,8 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
                    help="a case running longer than this is stopped and failed (default 300)")
     r.add_argument("--fail-on-regression", type=float, metavar="PCT",
                    help="exit 1 if any candidate's wall time is 'slower' by more than PCT percent; exit 3 "
-                        "if one over PCT could not be judged (no interval yet: raise --time-budget)")
+                        "if one over PCT could not be judged (no interval yet: raise --time-budget); PCT must "
+                        "be at least --min-effect (a smaller change is called 'same')")
     r.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
     shard.add_args(r)
 
@@ -152,8 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "and nothing was recomputed; refuses a DIR that holds another run's results.json")
     rp.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
     rp.add_argument("--min-effect", type=float, default=None, metavar="FRAC",
-                    help="smallest ratio change called faster/slower (0.05 = 5 %%); given, the verdicts are "
-                         "recomputed with it (default: the run's own setting)")
+                    help="the ratio a verdict is measured against ('slower': ratio above 1+FRAC, interval above "
+                         "1; 'same': whole interval within ±FRAC); given, the verdicts are recomputed with it "
+                         "(default: the run's own setting)")
 
     c = sub.add_parser(
         "compare", help="compare two saved runs (B against A): same versions on two machines or two dates",
@@ -168,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", metavar="DIR", help="also write DIR/index.html (self-contained)")
     c.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
     c.add_argument("--min-effect", type=float, default=None, metavar="FRAC",
-                   help="smallest ratio change called faster/slower (default: A's setting, else 0.05)")
+                   help="the ratio a verdict is measured against ('slower': ratio above 1+FRAC, interval above 1; "
+                        "'same': whole interval within ±FRAC; default: A's setting, else 0.05)")
 
     pb = sub.add_parser(
         "publish", help="build a static site of saved runs: an index page linking each run's report",

@@ -185,7 +185,7 @@ REPORT_LIST_MAX = 8
 
 def cmd_report(args) -> int:
     if args.markdown:  # before anything is read or written (it was found only at the end)
-        check_writable_file(Path(args.markdown), "--markdown")
+        check_writable_file(Path(args.markdown), "--markdown", creates=Path(args.output), inputs=tuple(args.results))
     paths: list[Path] = []
     for a in args.results:
         p = Path(a)
@@ -216,6 +216,14 @@ def cmd_report(args) -> int:
     runs = [results.load(p) for p in args.results]
     _no_run_twice(paths, runs)
     if len(runs) > 1:
+        # the merge compares every env with the first run's first env, case by case: a run of another
+        # config had come out as "not compared in 12 (failed or not run)", exit 0 (new-user trial)
+        first = {c["id"] for c in runs[0].get("cases", [])}
+        apart = [str(q) for q, r in zip(paths[1:], runs[1:]) if not first & {c["id"] for c in r.get("cases", [])}]
+        if apart:
+            raise UsageError(f"{', '.join(apart)}: no case in common with {paths[0]} (the first run, whose first env "
+                             "every merged env is compared with, case by case): a merged report of them would "
+                             "compare nothing; report each run alone, or merge runs of one config")
         _merge_notes(paths, runs, noted)
     res = results.merge(runs, args.min_effect)
     out = Path(args.output)
@@ -355,7 +363,8 @@ def compare_warnings(a: dict, b: dict, pa, pb) -> list[str]:
 
 def cmd_compare(args) -> int:
     if args.markdown:
-        check_writable_file(Path(args.markdown), "--markdown")
+        check_writable_file(Path(args.markdown), "--markdown", creates=Path(args.output) if args.output else None,
+                            inputs=(args.a, args.b))
     pa, pb = _results_path(args.a), _results_path(args.b)
     a, b = results.load(pa), results.load(pb)
     if args.min_effect is not None and not 0 < args.min_effect < 1:

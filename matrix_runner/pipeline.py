@@ -175,11 +175,28 @@ def check_writable_dir(d: Path, opt: str) -> None:
         raise UsageError(f"{opt} {d}: {probe} is not writable; give a directory you can write")
 
 
-def check_writable_file(f: Path, opt: str) -> None:
-    """Raise UsageError unless file ``f`` can be written (its directory exists and is writable)."""
+#: The files a run directory holds that a report must never overwrite (``--markdown``).
+RUN_FILES = ("results.json", "results.json.gz", "index.html", "index.html.gz", "console.log")
+
+
+def check_writable_file(f: Path, opt: str, creates: Path | None = None, inputs: tuple = ()) -> None:
+    """Raise UsageError unless file ``f`` can be written (its directory exists and is writable).
+    ``creates``: a directory the command makes before it writes ``f`` (the ``-o`` of report and
+    compare): ``f`` may lie in it while it does not exist yet. Refused as well: a path named like a
+    run's own files (:data:`RUN_FILES`) and any of ``inputs`` (the results the command reads) --
+    ``--markdown RUN/results.json`` had replaced a run's data with Markdown (new-user trial)."""
     f = Path(f).expanduser()
     if f.is_dir():
         raise UsageError(f"{opt} {f}: is a directory; give a file path (e.g. {f / 'summary.md'})")
+    hit = any(Path(p).expanduser().resolve() == f.resolve() for p in inputs)
+    if f.name in RUN_FILES or hit:
+        raise UsageError(f"{opt} {f}: " + ("that is a results file this command reads" if hit else
+                                            f"that is the name of a run's own file ({f.name})")
+                         + f", which this would overwrite; give another file, e.g. {f.parent / 'summary.md'}")
+    if creates is not None and f.parent.resolve() == Path(creates).expanduser().resolve() and not f.parent.exists():
+        f = Path(creates).expanduser().resolve()  # made before f is written: its nearest existing parent must take it
+        while not f.parent.is_dir():
+            f = f.parent
     if not f.parent.is_dir():
         raise UsageError(f"{opt} {f}: the directory {f.parent} does not exist")
     if (f.exists() and not os.access(f, os.W_OK)) or not os.access(f.parent, os.W_OK | os.X_OK):
@@ -477,6 +494,14 @@ class Run:
                         ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
             if not (v > 0 and math.isfinite(v)):
                 raise UsageError(f"{name} {v:g}: give a positive number" + (", a finite one" if v > 0 else ""))
+        fail = getattr(args, "fail_on_regression", None)
+        if fail is not None and 0 <= fail / 100 < samp.min_effect - 1e-9:
+            # verdicts are against min_effect: a change between PCT and it is "same", which the gate
+            # passed (new-user trial: 1.033x [1.023, 1.043] "same", --fail-on-regression 2 passed)
+            raise UsageError(f"--fail-on-regression {fail:g} is below min_effect ({samp.min_effect * 100:g} %): a "
+                             f"change between {fail:g} % and {samp.min_effect * 100:g} % is called 'same' and could "
+                             f"not fail the gate; give --min-effect {fail / 100:g} too, or a PCT of at least "
+                             f"{samp.min_effect * 100:g}")
         if (samp.workers_per_env or 1) > MAX_WORKERS_PER_ENV:
             raise UsageError(f"--workers-per-env {samp.workers_per_env}: give at most {MAX_WORKERS_PER_ENV} "
                              f"({WORKERS_PER_ENV_WHY})")

@@ -536,6 +536,15 @@ def _check_comparison(p: Path, at: str, c: dict) -> None:
         if c.get(f) is None:
             raise ResultsError(f"{p}: {at}.{f} is null, but its verdict {c['verdict']!r} rests on it: restore the "
                                "file from its run")
+    # and says what they say (stats.verdict): slower means a ratio and an interval above 1, faster below
+    # (new-user trial: hand edits rendered "faster 3.71x [3.67, 3.75]" and "slower 0.50x [3.67, 3.75]")
+    side = {"slower": (1, "ci_low", "above"), "faster": (-1, "ci_high", "below")}.get(c.get("verdict"))
+    if side is not None and r is not None:
+        sign, f, where = side
+        end = c.get(f)
+        if sign * (r - 1) <= 0 or (end is not None and sign * (end - 1) <= 0):
+            raise ResultsError(f"{p}: {at} says {c['verdict']!r} with ratio {r!r} and {f} {end!r}: {c['verdict']} "
+                               f"means a ratio and {f} {where} 1; restore the file from its run")
 
 
 def _path(parts: list) -> str:

@@ -69,6 +69,10 @@ def test_an_output_dir_that_cannot_be_created_is_a_usage_error_naming_the_option
     (["--versions", ".venv=2.6.3"], "must start with a letter or digit"),
     (["--versions", "2.6.3,2.7.0.post2", "--quick", "--fail-on-regression", "5"],
      "--fail-on-regression with --quick: a quick run gives provisional ratios"),
+    # a gate below min_effect could never fail on a change it calls "same" (new-user trial)
+    (["--versions", "2.6.3,2.7.0.post2", "--fail-on-regression", "2"],
+     "--fail-on-regression 2 is below min_effect (5 %): a change between 2 % and 5 % is called 'same' and could "
+     "not fail the gate; give --min-effect 0.02 too, or a PCT of at least 5"),
 ])
 def test_more_bad_input_exits_2(args, needle, tmp_path):
     cp = run_cli(*args, "--envs-dir", str(tmp_path / "envs"), "--output", str(tmp_path / "o"))

@@ -176,3 +176,50 @@ def test_pipe_guard_drops_what_follows_a_closed_pipe():
         assert g.fileno() == w and not g.closed
     finally:
         f.close()
+
+
+# -- --markdown onto a run's own files ---------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+H200 = ROOT / "reports" / "h200-aa-98"
+
+
+def test_markdown_never_overwrites_a_runs_files_and_may_go_into_the_new_output_dir(tmp_path):
+    """``report RUN -o D --markdown RUN/results.json`` had replaced the run's data with Markdown
+    (exit 0), and ``compare A B -o D --markdown D/index.html`` the report; ``--markdown D/x.md``
+    into the -o directory that report makes was refused as a missing directory."""
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(H200, run)
+    (run / "results.json").write_bytes(__import__("gzip").decompress((run / "results.json.gz").read_bytes()))
+    before = (run / "results.json").read_bytes()
+    for target in (run / "results.json", tmp_path / "new" / "index.html", tmp_path / "x" / "results.json.gz"):
+        cp = run_cli("report", str(run), "-o", str(tmp_path / "new"), "--markdown", str(target))
+        assert cp.returncode == 2, cp.stdout + cp.stderr
+        assert f"that is the name of a run's own file ({target.name}), which this would overwrite" in flat(cp.stderr)
+    cp = run_cli("compare", str(run), str(H200), "-o", str(tmp_path / "cmp"), "--markdown",
+                 str(tmp_path / "cmp" / "index.html"))
+    assert cp.returncode == 2 and "index.html" in cp.stderr
+    # a results file read under another name is refused too
+    other = tmp_path / "a.json"
+    other.write_bytes(before)
+    cp = run_cli("compare", str(other), str(H200), "--markdown", str(other))
+    assert cp.returncode == 2 and "that is a results file this command reads" in flat(cp.stderr), cp.stderr
+    assert (run / "results.json").read_bytes() == before and other.read_bytes() == before
+    # into the -o directory report and compare make: written
+    for cmd in (["report", str(run), "-o", str(tmp_path / "new")], ["compare", str(run), str(H200), "-o", str(tmp_path / "c2")]):
+        md = Path(cmd[-1]) / "summary.md"
+        cp = run_cli(*cmd, "--markdown", str(md))
+        assert cp.returncode == 0, cp.stderr
+        assert md.read_text().strip() and (Path(cmd[-1]) / "index.html").exists()
+
+
+def test_report_refuses_to_merge_a_run_that_shares_no_case_with_the_first(tmp_path):
+    """``report RUN_A RUN_B`` of two configs had merged them and exited 0 with "not compared in 12
+    (failed or not run)": nothing had failed, nothing could be compared (``compare`` refused)."""
+    other = ROOT / "reports" / "h200-fa4-vs-2.8.3-bf16"
+    cp = run_cli("report", str(H200), str(other), "-o", str(tmp_path / "m"))
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert f"{other}/results.json.gz: no case in common with {H200}/results.json.gz (the first run" in flat(cp.stderr)
+    assert not (tmp_path / "m").exists()
+    cp = run_cli("report", str(H200), str(ROOT / "reports" / "h200-aa-97"), "-o", str(tmp_path / "ok"))
+    assert cp.returncode == 0, cp.stderr  # one config: merged as before

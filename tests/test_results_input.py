@@ -118,6 +118,16 @@ DAMAGE = {
     "decided-no-interval": (lambda d: d["comparisons"][0].update(ci_low=None, verdict="same"),
                             "comparisons[0].ci_low is null, but its verdict 'same' rests on it: restore the file "
                             "from its run"),
+    # a verdict its numbers contradict (it rendered "faster 3.71x [3.67, 3.75]", "slower 0.50x [...]")
+    "faster-above-1": (lambda d: d["comparisons"][0].update(verdict="faster", ratio=3.71, ci_low=3.67, ci_high=3.75),
+                       "comparisons[0] says 'faster' with ratio 3.71 and ci_high 3.75: faster means a ratio and "
+                       "ci_high below 1; restore the file from its run"),
+    "slower-below-1": (lambda d: d["comparisons"][0].update(verdict="slower", ratio=0.5, ci_low=3.67, ci_high=3.75),
+                       "comparisons[0] says 'slower' with ratio 0.5 and ci_low 3.67: slower means a ratio and "
+                       "ci_low above 1"),
+    "slower-interval-reaches-1": (lambda d: d["comparisons"][0].update(verdict="slower", ratio=1.2, ci_low=0.9,
+                                                                       ci_high=1.5),
+                                  "comparisons[0] says 'slower' with ratio 1.2 and ci_low 0.9"),
 }
 
 
