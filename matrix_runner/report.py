@@ -303,6 +303,13 @@ def level_note(comparisons: list[dict]) -> str:
     Only the comparisons with a level of their own (``alpha``: a run's paired lockstep comparisons);
     a merged report's unpaired ones between runs have none (stats.compare; it raised KeyError)."""
     wall = [c for c in comparisons if c.get("metric") == "wall_us" and c.get("alpha") is not None]
+    decided = [c for c in wall if c.get("verdict") != "provisional"]
+    fam = (decided[0].get("family_alpha") or stats.FAMILY_ALPHA) if decided else stats.FAMILY_ALPHA
+    if len({round(c["alpha"], 9) for c in decided}) == 1 and decided[0]["alpha"] < fam - 1e-9:
+        # one level above the family's: the column head said "[97.5% CI]" with no word of why (new-user trial)
+        return (f"every wall interval at {level_pct(decided[0]['alpha'])}: e-BY holds the run's "
+                f"{len(decided)} wall-time verdicts together at {level_pct(fam)}, so each alone is at a "
+                "higher level")
     if len({round(c["alpha"], 9) for c in wall if c.get("verdict") != "provisional"}) < 2:
         return ""
     return "interval levels (e-BY over the wall-time comparisons of the run): " + level_groups(wall)
@@ -721,7 +728,27 @@ def _env() -> Environment:
     env.filters["sci"] = lambda v: "–" if v is None else f"{v:.1e}"
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, indent=1, default=str)
     env.filters["shell"] = _shell_join
+    env.filters["reproduce"] = reproduce_argv
     return env
+
+
+def reproduce_argv(argv) -> list:
+    """The run's command line without its output directory (``-o DIR``, ``--output DIR``,
+    ``--output=DIR``): the report's "Reproduce" command, copied as it stood, had been refused because
+    that directory holds this run (new-user trial). A new run writes ``reports/<run id>/``."""
+    out, skip = [], False
+    for a in argv or []:
+        a = str(a)
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "--output"):
+            skip = True
+            continue
+        if a.startswith("--output=") or (a.startswith("-o") and len(a) > 2 and not a.startswith("--")):
+            continue
+        out.append(a)
+    return out
 
 
 def _shell_join(argv) -> str:

@@ -223,3 +223,15 @@ def test_report_refuses_to_merge_a_run_that_shares_no_case_with_the_first(tmp_pa
     assert not (tmp_path / "m").exists()
     cp = run_cli("report", str(H200), str(ROOT / "reports" / "h200-aa-97"), "-o", str(tmp_path / "ok"))
     assert cp.returncode == 0, cp.stderr  # one config: merged as before
+
+
+def test_one_version_written_two_ways_is_one_env_not_a_silent_aa_run():
+    """``--versions 2.6.3,v2.6.3`` (and ``2.7.0.post2,2.7.0post2``) had become an A/A run without a
+    word, while ``2.6.3,2.6.3`` was refused with the A/A advice."""
+    from matrix_runner.envs.requests import parse_versions
+    for text, raw in (("2.6.3,v2.6.3", "v2.6.3"), ("2.7.0.post2,2.7.0post2", "2.7.0post2")):
+        with pytest.raises(UsageError, match=f"appears twice \\('{raw}' is .* written another way\\); use LABEL=VERSION"):
+            parse_versions(text)
+    assert [(r.label, r.version) for r in parse_versions("2.7.0-post2,V2.6.3")] == \
+        [("2.7.0.post2", "2.7.0.post2"), ("2.6.3", "2.6.3")]
+    assert [r.label for r in parse_versions("a=2.6.3,b=v2.6.3")] == ["a", "b"]  # an A/A run said so

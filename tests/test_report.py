@@ -1278,3 +1278,30 @@ def test_a_merged_reports_process_sets_name_their_run_not_the_first_runs_timing(
     # one run: as before
     one = report.render_html(a, with_charts=False)
     assert "Merged from" not in one and "stopped: time budget" in one
+
+
+def test_the_reproduce_command_leaves_out_the_runs_own_output_and_a_resume_is_said():
+    """The "Reproduce" command, copied, was refused: its --output holds the run (new-user trial); and
+    a resumed run's report never said it pooled sets of several sessions."""
+    res = results.load(ROOT / "reports" / "h200-aa-98")
+    assert "--output" in res["command"]
+    html = report.render_html(res, with_charts=False)
+    repro = html.split('id="reproduce"')[1].split("</pre>")[0]
+    assert "--output" not in repro and "/tmp/lk/aa-a2" not in repro and "--versions a=2.6.3,b=2.6.3" in repro
+    assert "Without the run&#39;s own output directory" in html or "Without the run's own output directory" in html
+    assert report.reproduce_argv(["matrix-run", "-o", "D", "--versions", "x", "--output=E", "-oF", "--quick"]) == \
+        ["matrix-run", "--versions", "x", "--quick"]
+    assert "Resumed (" not in html
+    again = {**res, "resumed": ["2026-12-05T04:13:40+00:00"]}
+    assert ("Resumed (<code>--resume</code>) at 2026-12-05T04:13:40+00:00: the sets of 2 sessions are pooled"
+            in report.render_html(again, with_charts=False))
+
+
+def test_one_interval_level_above_95_says_why():
+    """A 2-comparison run's column head read "[97.5% CI]" with no word of why (new-user trial)."""
+    cmps = [{"metric": "wall_us", "alpha": 0.025, "family_alpha": 0.05, "verdict": v} for v in ("slower", "same")]
+    assert report.ci_head(cmps) == "[97.5% CI]"
+    assert report.level_note(cmps) == ("every wall interval at 97.5%: e-BY holds the run's 2 wall-time verdicts "
+                                       "together at 95%, so each alone is at a higher level")
+    assert report.level_note([{**c, "alpha": 0.05} for c in cmps]) == ""  # at the family's level: nothing to say
+    assert report.level_note([{**c, "verdict": "provisional"} for c in cmps]) == ""

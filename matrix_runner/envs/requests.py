@@ -146,6 +146,8 @@ def parse_versions(text: str) -> list[EnvRequest]:
         else:
             try:
                 ver = str(Version(ver))
+                if "=" not in it:  # an unlabeled version is labeled by its normal form: "v2.6.3" and
+                    label = ver    # "2.6.3" are one env, not a silent A/A run (new-user trial)
             except InvalidVersion:
                 sub = subjects.SUBJECTS.get(subjects.normalize(ver))  # a subject named without its version
                 lab = f"{label}=" if "=" in it else ""
@@ -158,7 +160,8 @@ def parse_versions(text: str) -> list[EnvRequest]:
             raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + -, must start "
                              "with a letter or digit and have at most 64 characters (it names the env directory)")
         if any(r.label == label for r in out):
-            raise UsageError(f"--versions: label {label!r} appears twice; use LABEL=VERSION to name each env "
+            same = f" ({it!r} is {ver} written another way)" if "=" not in it and it != label else ""
+            raise UsageError(f"--versions: label {label!r} appears twice{same}; use LABEL=VERSION to name each env "
                              "(e.g. a=2.6.3,b=2.6.3 for an A/A run)")
         out.append(EnvRequest(label, ver))
     return out
