@@ -312,8 +312,9 @@ def setting_differences(a: dict, b: dict) -> list[str]:
     questions: ``cpu_state`` (usual: the ratio at one CPU speed; all: averaged over the speeds the run
     met; new-user trial 2026-12-04: a usual run compared with an all run without a word), and
     ``cpu_hop`` (a run whose sets moved to follow the fast CPU speed -- its recorded moves, not
-    the setting -- met it more often), and ``probe_share`` (the setting, ``full`` where a run
-    predates it: two runs under the same rule can record different shares, as their data differ)."""
+    the setting -- met it more often), ``probe_share`` (the setting, ``full`` where a run
+    predates it: two runs under the same rule can record different shares, as their data differ), and
+    ``min_burst_samples`` (1 where a run predates it)."""
     out = []
     sa, sb = ((d.get("settings") or {}).get("cpu_state") or "all" for d in (a, b))
     if sa != sb:
@@ -333,6 +334,10 @@ def setting_differences(a: dict, b: dict) -> list[str]:
                    f"earlier sets' calls followed (sampling.probe_share: estimated), {'B' if est == 'A' else 'A'}'s all "
                    "of them (full): where the "
                    "workers' probes differ without the calls following, the two take the ratio differently")
+    ma, mb = (int((d.get("settings") or {}).get("min_burst_samples") or 1) for d in (a, b))  # missing: 1
+    if ma != mb:  # a stalled sample moves a burst of few samples (long calls) in one run and not the other
+        out.append(f"A's bursts held at least {ma} timed sample(s), B's {mb} (sampling.min_burst_samples): "
+                   "for long calls, a stalled sample moves the run with fewer more often")
     return out
 
 

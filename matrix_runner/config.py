@@ -44,6 +44,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       cpu_state: all        # turns a wall/host ratio counts: all, or usual (both bursts at the CPU speed most of the first set ran at)
       cpu_hop: false        # move a set's workers, between cycles, to a CPU of the set pool that runs fast now (lockstep.Hopper)
       probe_share: estimated  # how much of a set's between-worker probe difference the adjustment counts: estimated from earlier sets (stats.probe_share), or full
+      min_burst_samples: 1  # the fewest timed samples a burst holds (a burst of long calls runs on until it has them)
 
 Axes: any list value of dtype, causal, dropout_p or softmax_scale (top level), or of a shape key
 (batch, seqlen, seqlen_q, seqlen_k, nheads, nheads_k, head_dim, embed_dim, causal, dtype) is an
@@ -374,6 +375,17 @@ class Sampling:
     #: mostly fast, 0.047 with 0-5 moves vs 0.076 with more than 15: benchmarks/hop_spread.py; a
     #: correlation, sets move after slow cycles). Not the default.
     cpu_hop: bool = False
+    #: The fewest timed samples a burst holds (worker ``burst``: a burst of ``burst_ms`` is timed as
+    #: samples of about ``burst_ms``/8 and at least one call each, until its time is up): 1, the
+    #: default, as every run so far; more makes a burst of long calls run on until it holds that many,
+    #: so that its median passes over a stalled sample. Why (H200, 2026-12-05, the burst trace of
+    #: three A/A runs: benchmarks/burst_samples.py): a 5 ms burst held a median of 2 samples of
+    #: batch-512 S300 backward (~3.1 ms a call) and 4 of S150 backward, 1-3 % of batch-512 samples were
+    #: 1.4x their case's median or more, and one such sample was its burst's and, with about two
+    #: cycles of such a case a set, its set's value (A/A intervals of +-5-11 % from one set). With 5,
+    #: that case's bursts take ~15 ms instead of ~6. Not yet measured on the H200: an option, not
+    #: the default (benchmarks/variant-min-samples5.yaml is the side-by-side to run).
+    min_burst_samples: int = 1
     #: How much of a process set's *between-worker* speed-probe difference (one worker's probe reading
     #: higher than its partner's over the whole set) the speed adjustment counts: ``estimated`` (the
     #: default) -- the share the earlier pinned sets' plain call ratios followed (stats.probe_share;
@@ -545,7 +557,8 @@ _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", 
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
                   "host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport",
-                  "prefetch_depth", "host_precision", "cuda_at_start", "cpu_state", "cpu_hop", "probe_share"}
+                  "prefetch_depth", "host_precision", "cuda_at_start", "cpu_state", "cpu_hop", "probe_share",
+                  "min_burst_samples"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
                       "max_rounds": "use max_sets (process sets of one worker per env)"}
@@ -566,6 +579,8 @@ _EXP_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 MIN_SET_SECONDS = 0.1
 #: Most times a case's wall clock may come up in one sweep of a set's cycles (sampling.max_repeats).
 MAX_REPEATS = 8
+#: Most ``sampling.min_burst_samples``.
+MAX_BURST_SAMPLES = 32
 #: Most worker processes per env in one process set: every worker of a set shares one CPU core and
 #: takes a burst in turn, so K per env makes each worker's turn come K times less often (with 2 envs
 #: and 8 each, a 1.0 s set holds ~12 cycles of 16 bursts); beyond that a set times too few cycles.
@@ -997,7 +1012,12 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
                            else "full"),  # nothing to share without the adjustment
         prefetch_depth=_prefetch_depth(sd.get("prefetch_depth")),
         host_precision=_pos_number("sampling.host_precision", sd.get("host_precision", Sampling.host_precision)),
+        min_burst_samples=_pos_int("sampling.min_burst_samples", sd.get("min_burst_samples", Sampling.min_burst_samples)),
     )
+    if sampling.min_burst_samples > MAX_BURST_SAMPLES:
+        raise _err("sampling.min_burst_samples", sampling.min_burst_samples,
+                   f"must be at most {MAX_BURST_SAMPLES} (a burst of long calls runs on until it holds that many "
+                   "samples: more would let one case's bursts crowd the others out of a set's cycles)")
     if sampling.host_precision > 1:
         raise _err("sampling.host_precision", sampling.host_precision,
                    "must be a fraction at most 1 (0.05: a decided host comparison is cycled until its interval is "

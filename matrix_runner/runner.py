@@ -1146,9 +1146,11 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 cd = data[(lab_of[key], c.id)]
                 t1 = time.monotonic()
                 try:
-                    rep = live[key].request({"cmd": "burst", "case": c.id, "clock": m[:-3], "ms": sampling.burst_ms,
-                                             "beta": beta, "center": center, "probe": sampling.speed_adjust},
-                                            case_timeout)
+                    cmd = {"cmd": "burst", "case": c.id, "clock": m[:-3], "ms": sampling.burst_ms,
+                           "beta": beta, "center": center, "probe": sampling.speed_adjust}
+                    if sampling.min_burst_samples > 1:  # Sampling.min_burst_samples (1: the protocol as before)
+                        cmd["min_samples"] = sampling.min_burst_samples
+                    rep = live[key].request(cmd, case_timeout)
                 except lockstep.WorkerFault as ex:
                     fault(key, c.id, ex, f"a {m[:-3]} burst")
                     return n

@@ -571,14 +571,15 @@ class Bench:
             self.first_call_ms = times[0] / 1e6
         return statistics.median(times[len(times) // 2:]) / 1e3
 
-    def wall_samples(self, inner: int, budget_s: float, refs: list | None = None) -> list:
-        """Synchronized µs per call, samples of ``inner`` calls for ``budget_s`` s (>= 1 sample).
-        With ``refs``, the CPU-speed probe (:func:`speed_probe`, µs) is timed before each sample
-        and once after the last, outside the timed samples, and appended there."""
+    def wall_samples(self, inner: int, budget_s: float, refs: list | None = None, min_samples: int = 1) -> list:
+        """Synchronized µs per call, samples of ``inner`` calls for ``budget_s`` s, and on until there
+        are ``min_samples`` (at least 1; ``Sampling.min_burst_samples``). With ``refs``, the CPU-speed
+        probe (:func:`speed_probe`, µs) is timed before each sample and once after the last, outside
+        the timed samples, and appended there."""
         pc, call, sync = time.perf_counter_ns, self.call, self.sync
         out = []
         t_end = pc() + int(budget_s * 1e9)
-        while not out or pc() < t_end:
+        while len(out) < max(1, min_samples) or pc() < t_end:
             if refs is not None:
                 refs.append(speed_probe())
             t0 = pc()
@@ -590,12 +591,12 @@ class Bench:
             refs.append(speed_probe())
         return out
 
-    def host_samples(self, inner: int, budget_s: float, refs: list | None = None) -> list:
+    def host_samples(self, inner: int, budget_s: float, refs: list | None = None, min_samples: int = 1) -> list:
         """Host dispatch µs per call (device idle before each call), like :meth:`wall_samples`."""
         pc, call, sync = time.perf_counter_ns, self.call, self.sync
         out = []
         t_end = pc() + int(budget_s * 1e9)
-        while not out or pc() < t_end:
+        while len(out) < max(1, min_samples) or pc() < t_end:
             if refs is not None:
                 refs.append(speed_probe())
             tot = 0
@@ -1236,7 +1237,7 @@ class Server:
                 fn = b.wall_samples if cmd["clock"] == "wall" else b.host_samples
                 refs: list | None = [] if cmd.get("probe", True) else None  # the CPU-speed probe between samples
                 t0 = time.monotonic_ns()
-                samples = fn(inner, ms / 1e3, refs)
+                samples = fn(inner, ms / 1e3, refs, max(1, int(cmd.get("min_samples", 1))))
                 rec.update(us=statistics.median(samples), n=len(samples), inner=inner)
                 if refs:
                     rec["ref_us"] = statistics.median(refs)

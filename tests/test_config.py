@@ -342,3 +342,12 @@ def test_probe_share_setting():
         parse_config({"sampling": {"probe_share": "half"}})
     with pytest.raises(ConfigError, match="sampling.probe_share: estimated needs sampling.speed_adjust: true"):
         parse_config({"sampling": {"probe_share": "estimated", "speed_adjust": False}})
+
+
+def test_min_burst_samples_setting():
+    """sampling.min_burst_samples: 1 by default (every run so far); a positive integer up to 32."""
+    assert parse_config({}).sampling.min_burst_samples == 1
+    assert parse_config({"sampling": {"min_burst_samples": 5}}).sampling.min_burst_samples == 5
+    for bad in (0, -1, 2.5, "five", True, 33):
+        with pytest.raises(ConfigError, match="sampling.min_burst_samples"):
+            parse_config({"sampling": {"min_burst_samples": bad}})

@@ -1075,3 +1075,41 @@ def test_probe_share_shifts_each_cycle_by_the_slope_it_was_adjusted_with():
     a = data[("a", c.id)]
     assert b.sets["wall_us"][9][0] / a.sets["wall_us"][9][0] == pytest.approx(1.0)  # plain, and left plain
     assert b.sets["wall_us"][9][3] / a.sets["wall_us"][9][3] == pytest.approx(1.0)  # adjusted, then shifted back
+
+
+def test_a_burst_holds_at_least_min_samples_and_the_driver_asks_for_them_only_when_set():
+    """Sampling.min_burst_samples: a burst of long calls runs on until it holds that many samples
+    (H200 burst trace: a 5 ms burst held 1-2 samples of a 3 ms call, so one stall was its value)."""
+    import random
+    import threading
+
+    from matrix_runner import runner
+    from matrix_runner.config import Sampling
+
+    slow = _fake_bench(0.004)  # 4 ms per call, a 1 ms burst
+    assert len(worker.Bench.wall_samples(slow, 1, 0.001)) == 1  # as before: one sample
+    t0 = time.perf_counter()
+    s = worker.Bench.wall_samples(slow, 1, 0.001, min_samples=5)
+    assert len(s) == 5 and min(s) > 3500 and time.perf_counter() - t0 >= 0.02
+    assert len(worker.Bench.host_samples(slow, 1, 0.001, None, 3)) == 3
+    refs: list = []
+    assert len(worker.Bench.wall_samples(slow, 1, 0.001, refs, 4)) == 4 and len(refs) == 5
+    # a short call's burst is bounded by its time as before, not by the minimum
+    fast = worker.Bench.wall_samples(_fake_bench(0.0003), 2, 0.01, None, 3)
+    assert len(fast) >= 3
+
+    seen = []
+
+    class Rec(_BurstWorker):
+        def request(self, cmd, timeout):
+            seen.append(cmd)
+            return super().request(cmd, timeout)
+
+    for k, want in ((1, None), (5, 5)):
+        seen.clear()
+        cases, data = _cycle_data({"x": 0.01}, sets=0)
+        runner._cycles(SimpleNamespace(sid=0, label_of={"a": "a", "b": "b"}), {"a": Rec(0.5), "b": Rec(0.5)}, cases,
+                       data, Sampling(set_seconds=0.02, speed_adjust=False, min_burst_samples=k), quick=False,
+                       case_timeout=5, stop=threading.Event(), rng=random.Random(0), on_progress=lambda m: None,
+                       fault=None, labels=["a", "b"], slopes={})
+        assert seen and all(c.get("min_samples") == want for c in seen)  # 1: the command as before

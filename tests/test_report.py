@@ -1305,3 +1305,13 @@ def test_one_interval_level_above_95_says_why():
                                        "together at 95%, so each alone is at a higher level")
     assert report.level_note([{**c, "alpha": 0.05} for c in cmps]) == ""  # at the family's level: nothing to say
     assert report.level_note([{**c, "verdict": "provisional"} for c in cmps]) == ""
+
+
+def test_compare_warns_when_the_runs_bursts_held_different_minimum_samples():
+    from matrix_runner import commands
+    a = results.load(ROOT / "reports" / "h200-aa-98")
+    assert commands.setting_differences(a, a) == []
+    b = {**a, "settings": {**a["settings"], "min_burst_samples": 5}}
+    (why,) = commands.setting_differences(a, b)
+    assert why.startswith("A's bursts held at least 1 timed sample(s), B's 5 (sampling.min_burst_samples)")
+    assert commands.setting_differences(b, {**b}) == []
