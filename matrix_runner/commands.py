@@ -405,6 +405,8 @@ def cmd_compare(args) -> int:
         print(f"warning: {why}", file=sys.stderr)
     report.compare_terminal(cmp, Console())
     if args.output:
+        if Path(args.output).is_file():
+            raise UsageError(f"-o {args.output}: is a file; give a directory (made if missing) for index.html")
         held = results.find(args.output)  # a run's results.json or its archive (.gz)
         if held.exists():
             raise UsageError(f"-o {args.output}: holds a run ({held.name}); its index.html would be "

@@ -186,12 +186,20 @@ def check_writable_file(f: Path, opt: str, creates: Path | None = None, inputs: 
     run's own files (:data:`RUN_FILES`) and any of ``inputs`` (the results the command reads) --
     ``--markdown RUN/results.json`` had replaced a run's data with Markdown (new-user trial)."""
     f = Path(f).expanduser()
-    if f.is_dir():
-        raise UsageError(f"{opt} {f}: is a directory; give a file path (e.g. {f / 'summary.md'})")
-    hit = any(Path(p).expanduser().resolve() == f.resolve() for p in inputs)
-    if f.name in RUN_FILES or hit:
+    if f.is_dir() or (creates is not None and f.resolve() == Path(creates).expanduser().resolve()):
+        raise UsageError(f"{opt} {f}: is a directory" + (" (the -o directory)" if not f.is_dir() else "")
+                         + f"; give a file path (e.g. {f / 'summary.md'})")
+
+    def same(a: Path, b: Path) -> bool:  # one file, by path or through a link (symbolic or hard)
+        try:
+            return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+        except OSError:
+            return False
+    read = [results.find(q) if q.is_dir() else q for q in (Path(x).expanduser() for x in inputs)]
+    hit = any(same(q, f) for q in read)
+    if f.name in RUN_FILES or f.resolve().name in RUN_FILES or hit:
         raise UsageError(f"{opt} {f}: " + ("that is a results file this command reads" if hit else
-                                            f"that is the name of a run's own file ({f.name})")
+                                            f"that is the name of a run's own file ({f.resolve().name})")
                          + f", which this would overwrite; give another file, e.g. {f.parent / 'summary.md'}")
     if creates is not None and f.parent.resolve() == Path(creates).expanduser().resolve() and not f.parent.exists():
         f = Path(creates).expanduser().resolve()  # made before f is written: its nearest existing parent must take it
@@ -500,8 +508,8 @@ class Run:
             # passed (new-user trial: 1.033x [1.023, 1.043] "same", --fail-on-regression 2 passed)
             raise UsageError(f"--fail-on-regression {fail:g} is below min_effect ({samp.min_effect * 100:g} %): a "
                              f"change between {fail:g} % and {samp.min_effect * 100:g} % is called 'same' and could "
-                             f"not fail the gate; give --min-effect {fail / 100:g} too, or a PCT of at least "
-                             f"{samp.min_effect * 100:g}")
+                             "not fail the gate; give " + (f"--min-effect {fail / 100:g} too, or " if fail > 0 else "")
+                             + f"a PCT of at least {samp.min_effect * 100:g}")
         if (samp.workers_per_env or 1) > MAX_WORKERS_PER_ENV:
             raise UsageError(f"--workers-per-env {samp.workers_per_env}: give at most {MAX_WORKERS_PER_ENV} "
                              f"({WORKERS_PER_ENV_WHY})")
@@ -527,8 +535,9 @@ class Run:
         args, prior = self.args, self.prior
         if getattr(args, "gpus", None) not in (None, "all"):  # its syntax now; which GPUs exist once probed
             shard.gpu_indices(args.gpus)
-        if args.fail_on_regression is not None and not args.fail_on_regression >= 0:
-            raise UsageError(f"--fail-on-regression {args.fail_on_regression:g}: give a percentage >= 0 "
+        if args.fail_on_regression is not None and not (args.fail_on_regression >= 0
+                                                        and math.isfinite(args.fail_on_regression)):
+            raise UsageError(f"--fail-on-regression {args.fail_on_regression:g}: give a finite percentage >= 0 "
                              "(5 = fail when a candidate is slower by more than 5%)")
         if args.fail_on_regression is not None and getattr(args, "quick", False):
             raise UsageError("--fail-on-regression with --quick: a quick run gives provisional ratios from one "

@@ -504,36 +504,28 @@ def probe_note(res: dict) -> str:
             f"more than {PROBE_SPEED_WARN * 100:.0f} %)")
 
 
-#: The sampling keys a command-line option can set over the config (pipeline's ``_check_numbers``):
-#: settings key -> the config's ``sampling`` key.
-OVERRIDABLE = {"min_effect": "min_effect", "max_sets": "max_sets", "set_seconds": "set_seconds",
-               "burst_ms": "burst_ms", "time_budget_s": "time_budget_s", "workers_per_env": "workers_per_env"}
-
-
 def config_overrides(res: dict) -> list[str]:
-    """What the run's command line changed in its config's ``sampling`` (``--time-budget 30`` over a
-    config's 60 s...), as "sampling.KEY: CONFIG -> RUN" strings: the config block shows the config as
-    read, and without this a reader takes its numbers for the run's (new-user trial). A key the config
-    does not give is compared with the built-in default (config.DEFAULT_CONFIG); ``set_seconds`` of a
-    ``--quick`` run (its one set runs quick_set_seconds) and a key the run did not record are skipped."""
-    from .config import DEFAULT_CONFIG
+    """What the run's command line set over its config's ``sampling`` (``--time-budget 30``...), as
+    "--FLAG VALUE" strings, "(the config: V)" where the config gave that key: the config block shows
+    the config as read, and without this a reader takes its numbers for the run's (new-user trial).
+    Only the flags on the run's recorded command (:data:`OVERRIDE_FLAGS`; a comparison with today's
+    defaults had credited the command line with an older default), with the value the run recorded
+    in ``settings`` (a ``--quick`` run's ``set_seconds`` is its quick set's)."""
     settings = res.get("settings") or {}
     conf = res.get("config")
     samp = conf.get("sampling") if isinstance(conf, dict) else None
     samp = samp if isinstance(samp, dict) else {}
+    argv = [str(a) for a in res.get("command") or []]
     out = []
-    for key, ckey in OVERRIDABLE.items():
-        if key not in settings or settings[key] is None or (key == "set_seconds" and settings.get("quick")):
+    for flag, key in OVERRIDE_FLAGS.items():
+        if not any(a == flag or a.startswith(flag + "=") for a in argv):
             continue
-        given = samp.get(ckey, DEFAULT_CONFIG["sampling"].get(ckey))
-        if given is None:
+        v = settings.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
-        try:
-            same = math.isclose(float(given), float(settings[key]), rel_tol=1e-9)
-        except (TypeError, ValueError):
-            continue
-        if not same:
-            out.append(f"sampling.{ckey}: {float(given):g} -> {float(settings[key]):g}")
+        given = samp.get(key)
+        out.append(f"{flag} {v:g}" + (f" (the config: {given:g})" if isinstance(given, (int, float))
+                                         and not isinstance(given, bool) else ""))
     return out
 
 
@@ -733,22 +725,28 @@ def _env() -> Environment:
 
 
 def reproduce_argv(argv) -> list:
-    """The run's command line without its output directory (``-o DIR``, ``--output DIR``,
-    ``--output=DIR``): the report's "Reproduce" command, copied as it stood, had been refused because
-    that directory holds this run (new-user trial). A new run writes ``reports/<run id>/``."""
+    """The run's command line without the files it wrote: its output directory (``-o DIR``,
+    ``--output DIR``, ``--output=DIR``) and ``--markdown FILE``. The report's "Reproduce" command,
+    copied as it stood, had been refused because that directory holds this run, or would have
+    overwritten the run's summary (new-user trials). A new run writes ``reports/<run id>/``."""
     out, skip = [], False
     for a in argv or []:
         a = str(a)
         if skip:
             skip = False
             continue
-        if a in ("-o", "--output"):
+        if a in ("-o", "--output", "--markdown"):
             skip = True
             continue
-        if a.startswith("--output=") or (a.startswith("-o") and len(a) > 2 and not a.startswith("--")):
+        if a.startswith(("--output=", "--markdown=")) or (a.startswith("-o") and len(a) > 2 and not a.startswith("--")):
             continue
         out.append(a)
     return out
+
+
+#: The command-line flags that set a ``sampling`` key over the config (pipeline's ``_check_numbers``).
+OVERRIDE_FLAGS = {"--min-effect": "min_effect", "--max-sets": "max_sets", "--set-seconds": "set_seconds",
+                  "--burst-ms": "burst_ms", "--time-budget": "time_budget_s", "--workers-per-env": "workers_per_env"}
 
 
 def _shell_join(argv) -> str:

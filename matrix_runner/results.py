@@ -480,7 +480,8 @@ def _check_structure(p: Path, data: dict) -> None:
             v = c.get(f)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise ResultsError(f"{p}: comparisons[{i}].{f} is {v!r}, not a number: restore the file from its run")
-        _check_comparison(p, f"comparisons[{i}]", c)
+        me = (data.get("settings") or {}).get("min_effect")
+        _check_comparison(p, f"comparisons[{i}]", c, me if isinstance(me, (int, float)) and 0 < me < 1 else 0.05)
 
 
 #: ``settings`` the readers take as numbers (null or missing: the default): key -> (test, what it must
@@ -509,7 +510,11 @@ def _check_settings(p: Path, st: dict) -> None:
                                "or restore the file from its run")
 
 
-def _check_comparison(p: Path, at: str, c: dict) -> None:
+#: The verdicts a comparison can carry (stats.verdict; "provisional": --quick or one set).
+VERDICTS = ("faster", "slower", "same", "ambiguous", "provisional")
+
+
+def _check_comparison(p: Path, at: str, c: dict, min_effect: float | None = None) -> None:
     """A comparison's numbers in range (their types checked): ``ratio`` (candidate/baseline time) a
     finite number above 0; ``ci_low`` 0 or more (0: unbounded below), ``ci_high`` above 0 (null or
     infinite: unbounded above), not below ``ci_low``; ``base_median`` and ``cand_median`` (µs) 0 or more."""
@@ -535,6 +540,22 @@ def _check_comparison(p: Path, at: str, c: dict) -> None:
     for f in need:
         if c.get(f) is None:
             raise ResultsError(f"{p}: {at}.{f} is null, but its verdict {c['verdict']!r} rests on it: restore the "
+                               "file from its run")
+    verdict = c.get("verdict")
+    if verdict is not None and verdict not in VERDICTS:
+        raise ResultsError(f"{p}: {at}.verdict is {verdict!r}: a verdict is one of {', '.join(VERDICTS)}; restore "
+                           "the file from its run")
+    # (a paired comparison's ratio is its interval's centre, stats.set_compare; an unpaired one between
+    # merged runs is a ratio of medians with a bootstrap interval: not checked)
+    if (c.get("paired") is not False and r is not None and lo is not None and hi is not None
+            and not lo * (1 - 1e-6) <= r <= hi * (1 + 1e-6)):
+        raise ResultsError(f"{p}: {at}.ratio {r!r} lies outside its own interval [{lo!r}, {hi!r}]: restore the "
+                           "file from its run")
+    if verdict == "same" and lo is not None and hi is not None and min_effect is not None:
+        up = 1 + min_effect
+        if lo < (1 / up) * (1 - 1e-6) or hi > up * (1 + 1e-6):  # stats.verdict: same = the interval inside
+            raise ResultsError(f"{p}: {at} says 'same' with interval [{lo!r}, {hi!r}]: same means the whole "
+                               f"interval within [{1 / up:.4g}, {up:.4g}] (min_effect {min_effect:g}); restore the "
                                "file from its run")
     # and says what they say (stats.verdict): slower means a ratio and an interval above 1, faster below
     # (new-user trial: hand edits rendered "faster 3.71x [3.67, 3.75]" and "slower 0.50x [3.67, 3.75]")

@@ -63,7 +63,7 @@ def test_an_output_dir_that_cannot_be_created_is_a_usage_error_naming_the_option
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--versions", "2.6.3", "--fail-on-regression", "-3"], "--fail-on-regression -3: give a percentage >= 0"),
+    (["--versions", "2.6.3", "--fail-on-regression", "-3"], "--fail-on-regression -3: give a finite percentage >= 0"),
     (["pln", "--versions", "2.6.3"], "unknown subcommand 'pln'"),
     (["--versions", "2.6.3", "--quik"], "usage: matrix-run run"),  # the subcommand's usage, not the top level
     (["--versions", ".venv=2.6.3"], "must start with a letter or digit"),
@@ -73,6 +73,10 @@ def test_an_output_dir_that_cannot_be_created_is_a_usage_error_naming_the_option
     (["--versions", "2.6.3,2.7.0.post2", "--fail-on-regression", "2"],
      "--fail-on-regression 2 is below min_effect (5 %): a change between 2 % and 5 % is called 'same' and could "
      "not fail the gate; give --min-effect 0.02 too, or a PCT of at least 5"),
+    (["--versions", "2.6.3,2.7.0.post2", "--fail-on-regression", "0"],
+     "could not fail the gate; give a PCT of at least 5"),  # no --min-effect 0 (refused itself)
+    (["--versions", "2.6.3,2.7.0.post2", "--fail-on-regression", "inf"],
+     "--fail-on-regression inf: give a finite percentage >= 0"),
 ])
 def test_more_bad_input_exits_2(args, needle, tmp_path):
     cp = run_cli(*args, "--envs-dir", str(tmp_path / "envs"), "--output", str(tmp_path / "o"))

@@ -195,7 +195,9 @@ def test_markdown_never_overwrites_a_runs_files_and_may_go_into_the_new_output_d
     for target in (run / "results.json", tmp_path / "new" / "index.html", tmp_path / "x" / "results.json.gz"):
         cp = run_cli("report", str(run), "-o", str(tmp_path / "new"), "--markdown", str(target))
         assert cp.returncode == 2, cp.stdout + cp.stderr
-        assert f"that is the name of a run's own file ({target.name}), which this would overwrite" in flat(cp.stderr)
+        why = "that is a results file this command reads" if target.parent == run else \
+            f"that is the name of a run's own file ({target.name})"
+        assert f"{why}, which this would overwrite" in flat(cp.stderr), cp.stderr
     cp = run_cli("compare", str(run), str(H200), "-o", str(tmp_path / "cmp"), "--markdown",
                  str(tmp_path / "cmp" / "index.html"))
     assert cp.returncode == 2 and "index.html" in cp.stderr
@@ -229,9 +231,41 @@ def test_one_version_written_two_ways_is_one_env_not_a_silent_aa_run():
     """``--versions 2.6.3,v2.6.3`` (and ``2.7.0.post2,2.7.0post2``) had become an A/A run without a
     word, while ``2.6.3,2.6.3`` was refused with the A/A advice."""
     from matrix_runner.envs.requests import parse_versions
-    for text, raw in (("2.6.3,v2.6.3", "v2.6.3"), ("2.7.0.post2,2.7.0post2", "2.7.0post2")):
-        with pytest.raises(UsageError, match=f"appears twice \\('{raw}' is .* written another way\\); use LABEL=VERSION"):
+    for text in ("2.6.3,v2.6.3", "2.7.0.post2,2.7.0post2", "2.7.0-post2,2.7.0.post2", "2.6.3.0,2.6.3"):
+        first, second = text.split(",")
+        with pytest.raises(UsageError, match=f"appears twice \\('{first}' and '{second}' are one version, "):
             parse_versions(text)
     assert [(r.label, r.version) for r in parse_versions("2.7.0-post2,V2.6.3")] == \
         [("2.7.0.post2", "2.7.0.post2"), ("2.6.3", "2.6.3")]
     assert [r.label for r in parse_versions("a=2.6.3,b=v2.6.3")] == ["a", "b"]  # an A/A run said so
+
+
+def test_markdown_through_a_link_or_onto_the_output_dir_is_refused(tmp_path):
+    """Second trial: a symbolic or hard link to a run's results passed the name check and the run's
+    data became Markdown; ``--markdown`` equal to ``-o`` wrote the report, then failed."""
+    import gzip
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(H200, run)
+    before = (run / "results.json.gz").read_bytes()
+    (tmp_path / "link.md").symlink_to(run / "results.json.gz")
+    cp = run_cli("report", str(run), "-o", str(tmp_path / "o1"), "--markdown", str(tmp_path / "link.md"))
+    assert cp.returncode == 2 and "that is a results file this command reads" in flat(cp.stderr), cp.stderr
+    cp = run_cli("report", str(H200), "-o", str(tmp_path / "o1"), "--markdown", str(tmp_path / "link.md"))
+    assert cp.returncode == 2 and "that is the name of a run's own file (results.json.gz)" in flat(cp.stderr), cp.stderr
+    plain = tmp_path / "r2.json"
+    plain.write_bytes(gzip.decompress(before))
+    os.link(plain, tmp_path / "hl.md")
+    cp = run_cli("compare", str(run), str(plain), "--markdown", str(tmp_path / "hl.md"))
+    assert cp.returncode == 2 and "that is a results file this command reads" in flat(cp.stderr), cp.stderr
+    assert (run / "results.json.gz").read_bytes() == before and plain.read_bytes() == gzip.decompress(before)
+    for cmd in (["report", str(run)], ["compare", str(run), str(plain)]):
+        out = tmp_path / f"o-{cmd[0]}"
+        cp = run_cli(*cmd, "-o", str(out), "--markdown", str(out))
+        assert cp.returncode == 2 and "is a directory (the -o directory)" in flat(cp.stderr), cp.stderr
+        assert not out.exists()
+    # compare -o FILE: a file, not "holds a run"
+    f = tmp_path / "afile"
+    f.write_text("x")
+    cp = run_cli("compare", str(run), str(plain), "-o", str(f))
+    assert cp.returncode == 2 and f"-o {f}: is a file; give a directory" in flat(cp.stderr), cp.stderr

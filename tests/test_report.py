@@ -1241,21 +1241,22 @@ def test_compare_warns_when_one_run_counted_only_part_of_its_probe_differences()
 
 def test_the_config_block_says_what_the_command_line_changed():
     """The report shows the config as read; a run with ``--time-budget 30`` over the default's 60 s
-    must say so beside it (new-user trial: the block read 60 s for a 30 s run)."""
+    must say so beside it (new-user trial: the block read 60 s for a 30 s run), and only for flags
+    on the run's command (second trial: today's defaults had made a 3 s set of its day an "override")."""
     res = results.load(ROOT / "reports" / "h200-aa-98")
     assert report.config_overrides(res) == []  # the default config, no option: nothing changed
-    assert "the command line changed" not in report.render_html(res, with_charts=False)
-    cut = {**res, "settings": {**res["settings"], "time_budget_s": 30.0, "min_effect": 0.02}}
-    assert report.config_overrides(cut) == ["sampling.min_effect: 0.05 -> 0.02", "sampling.time_budget_s: 60 -> 30"]
-    assert "the command line changed sampling.min_effect: 0.05 -&gt; 0.02, sampling.time_budget_s: 60 -&gt; 30)" in \
+    assert "the command line set" not in report.render_html(res, with_charts=False)
+    cut = {**res, "command": [*res["command"], "--time-budget", "30", "--min-effect=0.02"],
+           "settings": {**res["settings"], "time_budget_s": 30.0, "min_effect": 0.02}}
+    assert report.config_overrides(cut) == ["--min-effect 0.02 (the config: 0.05)", "--time-budget 30 (the config: 60)"]
+    assert "the command line set --min-effect 0.02 (the config: 0.05), --time-budget 30 (the config: 60))" in \
         report.render_html(cut, with_charts=False)
-    # a key the config gives is compared with it; a --quick run's set_seconds is its quick set's
-    given = {**cut, "config": {**(res["config"] or {}), "sampling": {"time_budget_s": 30}}}
-    assert report.config_overrides(given) == ["sampling.min_effect: 0.05 -> 0.02"]
-    quick = {**res, "settings": {**res["settings"], "quick": True, "set_seconds": 4.0}}
-    assert report.config_overrides(quick) == []
-    assert report.config_overrides({"settings": {"time_budget_s": 20}, "config": None}) == \
-        ["sampling.time_budget_s: 60 -> 20"]
+    # a key the config does not give: the flag and the run's value alone
+    bare = {**cut, "config": {k: v for k, v in res["config"].items() if k != "sampling"}}
+    assert report.config_overrides(bare) == ["--min-effect 0.02", "--time-budget 30"]
+    # settings unlike today's defaults but no flag on the command: nothing credited to it
+    old = results.load(ROOT / "reports" / "h200-fa4-vs-2.8.3-bf16")
+    assert report.config_overrides(old) == [] and "--set-seconds" not in old["command"]
 
 
 def test_a_merged_reports_process_sets_name_their_run_not_the_first_runs_timing():
@@ -1288,9 +1289,9 @@ def test_the_reproduce_command_leaves_out_the_runs_own_output_and_a_resume_is_sa
     html = report.render_html(res, with_charts=False)
     repro = html.split('id="reproduce"')[1].split("</pre>")[0]
     assert "--output" not in repro and "/tmp/lk/aa-a2" not in repro and "--versions a=2.6.3,b=2.6.3" in repro
-    assert "Without the run&#39;s own output directory" in html or "Without the run's own output directory" in html
-    assert report.reproduce_argv(["matrix-run", "-o", "D", "--versions", "x", "--output=E", "-oF", "--quick"]) == \
-        ["matrix-run", "--versions", "x", "--quick"]
+    assert "its output directory, which holds this run, and its Markdown summary" in html.replace("&#39;", "'")
+    assert report.reproduce_argv(["matrix-run", "-o", "D", "--versions", "x", "--output=E", "-oF", "--quick",
+                                  "--markdown", "D/s.md", "--markdown=t.md"]) == ["matrix-run", "--versions", "x", "--quick"]
     assert "Resumed (" not in html
     again = {**res, "resumed": ["2026-12-05T04:13:40+00:00"]}
     assert ("Resumed (<code>--resume</code>) at 2026-12-05T04:13:40+00:00: the sets of 2 sessions are pooled"

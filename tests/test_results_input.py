@@ -122,12 +122,23 @@ DAMAGE = {
     "faster-above-1": (lambda d: d["comparisons"][0].update(verdict="faster", ratio=3.71, ci_low=3.67, ci_high=3.75),
                        "comparisons[0] says 'faster' with ratio 3.71 and ci_high 3.75: faster means a ratio and "
                        "ci_high below 1; restore the file from its run"),
-    "slower-below-1": (lambda d: d["comparisons"][0].update(verdict="slower", ratio=0.5, ci_low=3.67, ci_high=3.75),
-                       "comparisons[0] says 'slower' with ratio 0.5 and ci_low 3.67: slower means a ratio and "
+    "slower-below-1": (lambda d: d["comparisons"][0].update(verdict="slower", ratio=0.5, ci_low=0.45, ci_high=0.55),
+                       "comparisons[0] says 'slower' with ratio 0.5 and ci_low 0.45: slower means a ratio and "
                        "ci_low above 1"),
     "slower-interval-reaches-1": (lambda d: d["comparisons"][0].update(verdict="slower", ratio=1.2, ci_low=0.9,
                                                                        ci_high=1.5),
                                   "comparisons[0] says 'slower' with ratio 1.2 and ci_low 0.9"),
+    # second trial: an unknown verdict (KeyError in report), "same" far from 1, a ratio outside its interval
+    "verdict-unknown": (lambda d: d["comparisons"][0].update(verdict="much slower"),
+                        "comparisons[0].verdict is 'much slower': a verdict is one of faster, slower, same, "
+                        "ambiguous, provisional; restore the file from its run"),
+    "same-far-from-1": (lambda d: d["comparisons"][0].update(verdict="same", ratio=3.74, ci_low=3.64, ci_high=3.84),
+                        "comparisons[0] says 'same' with interval [3.64, 3.84]: same means the whole interval "
+                        "within [0.9524, 1.05] (min_effect 0.05)"),
+    "same-wide": (lambda d: d["comparisons"][0].update(verdict="same", ratio=1.0, ci_low=0.5, ci_high=2.0),
+                  "comparisons[0] says 'same' with interval [0.5, 2.0]"),
+    "ratio-outside": (lambda d: d["comparisons"][0].update(ratio=5.0, ci_low=3.64, ci_high=3.84, verdict="slower"),
+                      "comparisons[0].ratio 5.0 lies outside its own interval [3.64, 3.84]"),
 }
 
 

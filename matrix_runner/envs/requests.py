@@ -69,6 +69,7 @@ def parse_versions(text: str) -> list[EnvRequest]:
     (it names the env directory), a version that is none of these (``2.6.3;rm -rf ~``), control
     characters, or a duplicate label."""
     out: list[EnvRequest] = []
+    raw_of: dict[str, str] = {}  # label -> the item as written (a duplicate's message names both)
     if text and any(ord(ch) < 32 or ord(ch) == 127 for ch in text):
         raise UsageError(f"--versions {text!r}: control characters are not allowed")
     items = [x.strip() for x in (text or "").split(",")]
@@ -159,12 +160,26 @@ def parse_versions(text: str) -> list[EnvRequest]:
         if not LABEL_RE.match(label) or label in (".", ".."):
             raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + -, must start "
                              "with a letter or digit and have at most 64 characters (it names the env directory)")
+        if "=" not in it and ver != "here" and not ("/" in ver or ver.endswith((".whl", ".tar.gz"))):
+            twin = next((r for r in out if r.label == r.version and _same_version(r.version, ver)), None)
+            if twin is not None:  # 2.6.3.0 and 2.6.3 are one PEP 440 version (second trial: two envs)
+                label = twin.label
         if any(r.label == label for r in out):
-            same = f" ({it!r} is {ver} written another way)" if "=" not in it and it != label else ""
+            first = raw_of.get(label, label)
+            same = (f" ({first!r} and {it!r} are one version, {label})" if "=" not in it and first != it else "")
             raise UsageError(f"--versions: label {label!r} appears twice{same}; use LABEL=VERSION to name each env "
                              "(e.g. a=2.6.3,b=2.6.3 for an A/A run)")
         out.append(EnvRequest(label, ver))
+        raw_of[label] = it
     return out
+
+
+def _same_version(a: str, b: str) -> bool:
+    """Whether two version strings are one PEP 440 version (2.6.3 == 2.6.3.0)."""
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return False
 
 
 def _tree_item(it: str) -> tuple[str, str, str] | None:
