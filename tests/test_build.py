@@ -537,3 +537,32 @@ def test_ninja_status_lines_and_progress_wording():
     assert build.unit_message(1, 5, None, 29.4, None) == "compiling: 1/5 done, 29 s"
     assert (build.unit_message(5, 5, "flash_api.cpp", 400, 350)
             == "compiling: 5/5 done (flash_api.cpp just finished), linking and packaging, 6 min 40 s, over est. 5 min 50 s")
+
+
+def test_uv_retries_its_own_cache_race_once_and_nothing_else(monkeypatch, tmp_path):
+    """A fresh-clone CI run failed an env on uv's interpreter-cache race ("failed to rename file
+    ... No such file or directory"); the same command succeeds when run again. Other failures are
+    not retried, and a second race fails."""
+    from types import SimpleNamespace
+
+    from matrix_runner.envs import venv
+    from matrix_runner.errors import StageFailed
+    race = ("error: Failed to query Python interpreter\n  cause: failed to rename file from "
+            "/root/.cache/uv/interpreter-v5/x/.tmpAB to /root/.cache/uv/interpreter-v5/x/y.msgpack: No such file")
+    for script, ok, calls in (([race, ""], True, 2), (["error: No solution found", ""], False, 1),
+                              ([race, race], False, 2), ([""], True, 1)):
+        seq = list(script)
+        seen = []
+
+        def fake(argv, **kw):
+            seen.append(argv)
+            tail = seq.pop(0)
+            return SimpleNamespace(returncode=0 if not tail else 2, tail=tail)
+        monkeypatch.setattr(venv, "run_logged", fake)
+        monkeypatch.setattr(venv, "find_uv", lambda: "uv")
+        if ok:
+            venv._uv(["venv", "x"], tmp_path / "log")
+        else:
+            with pytest.raises(StageFailed, match="uv venv x failed"):
+                venv._uv(["venv", "x"], tmp_path / "log")
+        assert len(seen) == calls, (script, seen)

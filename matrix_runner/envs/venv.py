@@ -53,12 +53,25 @@ def find_uv() -> str:
     return p
 
 
+#: uv's own transient failures, retried once by :func:`_uv`: two uv processes that query one Python
+#: interpreter at once race on uv's interpreter cache (a fresh-clone CI run, 2026-12-05: "failed to
+#: rename file from .../interpreter-v5/.../.tmpXXXX ...: No such file or directory", which failed an
+#: env and its test; the same command run again succeeds).
+UV_TRANSIENT = ("failed to rename file",)
+
+
 def _uv(args: list[str], log: Path, timeout: float = 1800, offline: bool = False) -> None:
+    """Run ``uv ARGS``, its output appended to ``log``; EnvError naming the log on failure. A failure
+    of uv's own cache (:data:`UV_TRANSIENT`) is retried once."""
     extra = {"UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1"}
     if offline:
         extra["UV_OFFLINE"] = "1"
-    r = run_logged([find_uv(), *args], env_extra=extra, log=log, timeout=timeout)
-    if r.returncode != 0:
+    for attempt in (1, 2):
+        r = run_logged([find_uv(), *args], env_extra=extra, log=log, timeout=timeout)
+        if r.returncode == 0:
+            return
+        if attempt == 1 and any(m in (r.tail or "") for m in UV_TRANSIENT):
+            continue
         raise EnvError(f"uv {args[0]} {args[1] if len(args) > 1 else ''} failed (exit {r.returncode}); log: {log}",
                        r.tail, str(log))
 
