@@ -579,6 +579,11 @@ _EXP_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 MIN_SET_SECONDS = 0.1
 #: Most times a case's wall clock may come up in one sweep of a set's cycles (sampling.max_repeats).
 MAX_REPEATS = 8
+#: The command-line flags that set a ``sampling`` key over the config, flag -> key (the argparse
+#: attribute is the flag's name, ``--time-budget`` -> ``time_budget``): pipeline applies them and a
+#: resumed run takes them from its settings, the report names the ones a run was given.
+SAMPLING_FLAGS = {"--min-effect": "min_effect", "--max-sets": "max_sets", "--set-seconds": "set_seconds",
+                  "--burst-ms": "burst_ms", "--time-budget": "time_budget_s", "--workers-per-env": "workers_per_env"}
 #: Most ``sampling.min_burst_samples``.
 MAX_BURST_SAMPLES = 32
 #: Most worker processes per env in one process set: every worker of a set shares one CPU core and

@@ -63,6 +63,7 @@ from .config import (
     MAX_CASES,
     MAX_WORKERS_PER_ENV,
     MIN_SET_SECONDS,
+    SAMPLING_FLAGS,
     WORKERS_PER_ENV_WHY,
     ConfigError,
     load_config,
@@ -375,9 +376,7 @@ def stored_settings_error(src, why: str) -> str:
 
 #: The flags whose values a resumed run takes from its results.json ``settings`` (:func:`resume_args`),
 #: and their keys there: an error in one names the key, not a flag nobody typed.
-RESUMED_FLAGS = {"--max-sets": "max_sets", "--set-seconds": "set_seconds", "--burst-ms": "burst_ms",
-                 "--workers-per-env": "workers_per_env", "--time-budget": "time_budget_s",
-                 "--min-effect": "min_effect", "--case-timeout": "case_timeout_s"}
+RESUMED_FLAGS = {**SAMPLING_FLAGS, "--case-timeout": "case_timeout_s"}
 
 #: The sampling rules a resumed run keeps from its results.json ``settings`` where today's defaults
 #: differ (the numbers the command line can set come back through :func:`resume_args`).
@@ -491,10 +490,8 @@ class Run:
     def _check_numbers(self, cfg, samp) -> None:
         """The command line's overrides of the sampling, and every usage check of the numbers."""
         args = self.args
-        for name, attr in (("min_effect", "min_effect"), ("max_sets", "max_sets"), ("set_seconds", "set_seconds"),
-                           ("burst_ms", "burst_ms"), ("time_budget", "time_budget_s"),
-                           ("workers_per_env", "workers_per_env")):
-            v = getattr(args, name)
+        for flag, attr in SAMPLING_FLAGS.items():
+            v = getattr(args, flag[2:].replace("-", "_"))
             if v is not None:
                 setattr(samp, attr, v)
         for name, v in (("--max-sets", samp.max_sets), ("--set-seconds", samp.set_seconds), ("--burst-ms", samp.burst_ms),

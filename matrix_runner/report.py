@@ -22,7 +22,7 @@ import numpy as np
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from . import charts, results, stats
-from .config import SHOWN
+from .config import SAMPLING_FLAGS, SHOWN
 
 METRIC_NAMES = {"wall_us": "wall", "host_us": "host", "device_us": "device", "graph_us": "graph"}
 ATTR_PHRASE = {"host": "host overhead", "device": "kernel (device) time", "mixed": "host and kernel time"}
@@ -304,13 +304,14 @@ def level_note(comparisons: list[dict]) -> str:
     a merged report's unpaired ones between runs have none (stats.compare; it raised KeyError)."""
     wall = [c for c in comparisons if c.get("metric") == "wall_us" and c.get("alpha") is not None]
     decided = [c for c in wall if c.get("verdict") != "provisional"]
+    levels = {round(c["alpha"], 9) for c in decided}
     fam = (decided[0].get("family_alpha") or stats.FAMILY_ALPHA) if decided else stats.FAMILY_ALPHA
-    if len({round(c["alpha"], 9) for c in decided}) == 1 and decided[0]["alpha"] < fam - 1e-9:
+    if len(levels) == 1 and decided[0]["alpha"] < fam - 1e-9:
         # one level above the family's: the column head said "[97.5% CI]" with no word of why (new-user trial)
         return (f"every wall interval at {level_pct(decided[0]['alpha'])}: e-BY holds the run's "
                 f"{len(decided)} wall-time verdicts together at {level_pct(fam)}, so each alone is at a "
                 "higher level")
-    if len({round(c["alpha"], 9) for c in wall if c.get("verdict") != "provisional"}) < 2:
+    if len(levels) < 2:
         return ""
     return "interval levels (e-BY over the wall-time comparisons of the run): " + level_groups(wall)
 
@@ -508,7 +509,7 @@ def config_overrides(res: dict) -> list[str]:
     """What the run's command line set over its config's ``sampling`` (``--time-budget 30``...), as
     "--FLAG VALUE" strings, "(the config: V)" where the config gave that key: the config block shows
     the config as read, and without this a reader takes its numbers for the run's (new-user trial).
-    Only the flags on the run's recorded command (:data:`OVERRIDE_FLAGS`; a comparison with today's
+    Only the flags on the run's recorded command (config.SAMPLING_FLAGS; a comparison with today's
     defaults had credited the command line with an older default), with the value the run recorded
     in ``settings`` (a ``--quick`` run's ``set_seconds`` is its quick set's)."""
     settings = res.get("settings") or {}
@@ -517,7 +518,7 @@ def config_overrides(res: dict) -> list[str]:
     samp = samp if isinstance(samp, dict) else {}
     argv = [str(a) for a in res.get("command") or []]
     out = []
-    for flag, key in OVERRIDE_FLAGS.items():
+    for flag, key in SAMPLING_FLAGS.items():
         if not any(a == flag or a.startswith(flag + "=") for a in argv):
             continue
         v = settings.get(key)
@@ -743,10 +744,6 @@ def reproduce_argv(argv) -> list:
         out.append(a)
     return out
 
-
-#: The command-line flags that set a ``sampling`` key over the config (pipeline's ``_check_numbers``).
-OVERRIDE_FLAGS = {"--min-effect": "min_effect", "--max-sets": "max_sets", "--set-seconds": "set_seconds",
-                  "--burst-ms": "burst_ms", "--time-budget": "time_budget_s", "--workers-per-env": "workers_per_env"}
 
 
 def _shell_join(argv) -> str:

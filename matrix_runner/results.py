@@ -536,12 +536,12 @@ def _check_comparison(p: Path, at: str, c: dict, min_effect: float | None = None
             raise bad(f, "a median time (µs) is a number, 0 or more")
     # a decided verdict rests on its interval's end(s): slower on ci_low, faster on ci_high, same on both
     # (new-user trial: a ci_low set to null showed "slower 3.71x (unbounded: too few sets)")
-    need = {"slower": ("ci_low",), "faster": ("ci_high",), "same": ("ci_low", "ci_high")}.get(c.get("verdict"), ())
+    verdict = c.get("verdict")
+    need = {"slower": ("ci_low",), "faster": ("ci_high",), "same": ("ci_low", "ci_high")}.get(verdict, ())
     for f in need:
         if c.get(f) is None:
-            raise ResultsError(f"{p}: {at}.{f} is null, but its verdict {c['verdict']!r} rests on it: restore the "
+            raise ResultsError(f"{p}: {at}.{f} is null, but its verdict {verdict!r} rests on it: restore the "
                                "file from its run")
-    verdict = c.get("verdict")
     if verdict is not None and verdict not in VERDICTS:
         raise ResultsError(f"{p}: {at}.verdict is {verdict!r}: a verdict is one of {', '.join(VERDICTS)}; restore "
                            "the file from its run")
@@ -559,12 +559,12 @@ def _check_comparison(p: Path, at: str, c: dict, min_effect: float | None = None
                                "file from its run")
     # and says what they say (stats.verdict): slower means a ratio and an interval above 1, faster below
     # (new-user trial: hand edits rendered "faster 3.71x [3.67, 3.75]" and "slower 0.50x [3.67, 3.75]")
-    side = {"slower": (1, "ci_low", "above"), "faster": (-1, "ci_high", "below")}.get(c.get("verdict"))
+    side = {"slower": (1, "ci_low", "above"), "faster": (-1, "ci_high", "below")}.get(verdict)
     if side is not None and r is not None:
         sign, f, where = side
         end = c.get(f)
         if sign * (r - 1) <= 0 or (end is not None and sign * (end - 1) <= 0):
-            raise ResultsError(f"{p}: {at} says {c['verdict']!r} with ratio {r!r} and {f} {end!r}: {c['verdict']} "
+            raise ResultsError(f"{p}: {at} says {verdict!r} with ratio {r!r} and {f} {end!r}: {verdict} "
                                f"means a ratio and {f} {where} 1; restore the file from its run")
 
 
@@ -682,9 +682,9 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     out = json.loads(json.dumps(runs[0], default=_default))
 
     def origin(e: dict, r: dict, i: int) -> str:
-        # the run an env was timed in: a merged record's envs keep theirs (``run_id`` on the env), so a
-        # re-render (--min-effect) or a further merge does not pair runs that never took turns
-        # (new-user trial: set i of one run was paired with set i of the other)
+        # the run an env or a process set was timed in: a merged record's keep theirs (``run_id`` on
+        # each), so a re-render (--min-effect) or a further merge does not pair runs that never took
+        # turns (new-user trial: set i of one run was paired with set i of the other)
         return str(e.get("run_id") or r.get("run_id") or f"#{i}")
 
     seen = {e["label"] for e in out["envs"]}
@@ -692,11 +692,10 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     for e in out["envs"]:
         e["run_id"] = run_of[e["label"]]
     # each process set keeps the run it belongs to: set ids restart in every run (the report shows RUN:set)
-    first = str(runs[0].get("run_id") or "#0")
     for key in ("sets", "rounds"):
         for rec in out.get(key) or []:
             if isinstance(rec, dict):
-                rec.setdefault("run_id", first)
+                rec["run_id"] = origin(rec, runs[0], 0)
     for i, r in enumerate(runs[1:], 1):
         rename = {}
         for e in r["envs"]:
@@ -711,8 +710,8 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
             out["cases"].append({**c, "env": rename.get(c["env"], c["env"])})
         for key in ("sets", "rounds"):  # results/2 process sets, results/1 rounds
             if r.get(key):
-                out.setdefault(key, []).extend({**rec, "run_id": rec.get("run_id") or str(r.get("run_id") or f"#{i}")}
-                                               if isinstance(rec, dict) else rec for rec in r[key])
+                out.setdefault(key, []).extend({**rec, "run_id": origin(rec, r, i)} if isinstance(rec, dict) else rec
+                                               for rec in r[key])
     eff = min_effect if min_effect is not None else (out.get("settings") or {}).get("min_effect", 0.05)
     out.setdefault("settings", {})["min_effect"] = eff  # the report's text follows the verdicts
     labels = [e["label"] for e in out["envs"] if e["status"] == "ok"]

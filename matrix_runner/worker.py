@@ -578,8 +578,9 @@ class Bench:
         the timed samples, and appended there."""
         pc, call, sync = time.perf_counter_ns, self.call, self.sync
         out = []
+        n_min = max(1, min_samples)
         t_end = pc() + int(budget_s * 1e9)
-        while len(out) < max(1, min_samples) or pc() < t_end:
+        while len(out) < n_min or pc() < t_end:
             if refs is not None:
                 refs.append(speed_probe())
             t0 = pc()
@@ -595,8 +596,9 @@ class Bench:
         """Host dispatch µs per call (device idle before each call), like :meth:`wall_samples`."""
         pc, call, sync = time.perf_counter_ns, self.call, self.sync
         out = []
+        n_min = max(1, min_samples)
         t_end = pc() + int(budget_s * 1e9)
-        while len(out) < max(1, min_samples) or pc() < t_end:
+        while len(out) < n_min or pc() < t_end:
             if refs is not None:
                 refs.append(speed_probe())
             tot = 0

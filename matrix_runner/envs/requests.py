@@ -147,8 +147,10 @@ def parse_versions(text: str) -> list[EnvRequest]:
         else:
             try:
                 ver = str(Version(ver))
-                if "=" not in it:  # an unlabeled version is labeled by its normal form: "v2.6.3" and
-                    label = ver    # "2.6.3" are one env, not a silent A/A run (new-user trial)
+                if "=" not in it:  # an unlabeled version is labeled by its normal form ("v2.6.3" and
+                    # "2.6.3" are one env, not a silent A/A run: new-user trial), or by an earlier one of
+                    # the same PEP 440 version (2.6.3.0 and 2.6.3: second trial, two envs)
+                    label = next((r.label for r in out if r.label == r.version and _same_version(r.version, ver)), ver)
             except InvalidVersion:
                 sub = subjects.SUBJECTS.get(subjects.normalize(ver))  # a subject named without its version
                 lab = f"{label}=" if "=" in it else ""
@@ -160,10 +162,6 @@ def parse_versions(text: str) -> list[EnvRequest]:
         if not LABEL_RE.match(label) or label in (".", ".."):
             raise UsageError(f"--versions: label {label!r} may only use letters, digits and . _ + -, must start "
                              "with a letter or digit and have at most 64 characters (it names the env directory)")
-        if "=" not in it and ver != "here" and not ("/" in ver or ver.endswith((".whl", ".tar.gz"))):
-            twin = next((r for r in out if r.label == r.version and _same_version(r.version, ver)), None)
-            if twin is not None:  # 2.6.3.0 and 2.6.3 are one PEP 440 version (second trial: two envs)
-                label = twin.label
         if any(r.label == label for r in out):
             first = raw_of.get(label, label)
             same = (f" ({first!r} and {it!r} are one version, {label})" if "=" not in it and first != it else "")
