@@ -76,6 +76,23 @@ def fmt_ci(c: dict | None, digits: int = 2) -> str:
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
+def fmt_delta(c: dict | None, interval: bool = True) -> str:
+    """A comparison's difference in µs per call, candidate minus baseline (``delta_us``; + means the
+    candidate costs more): ``+43.3 [+33.7, +52.8]``, the interval at the ratio's level where the
+    comparison has one (``interval`` False, an unbounded or one-set interval, or none stored: the
+    point alone). ``–`` where the comparison has no difference (a merged, unpaired comparison may
+    not)."""
+    d = (c or {}).get("delta_us")
+    if d is None or not math.isfinite(float(d)):
+        return "–"
+    sign = lambda v: ("+" if v >= 0 else "-") + fmt_us(abs(v))  # noqa: E731  (fmt_us keeps the precision)
+    lo, hi = c.get("delta_ci_low"), c.get("delta_ci_high")
+    if (not interval or c.get("unbounded") or c.get("verdict") == "provisional" or lo is None or hi is None
+            or not (math.isfinite(float(lo)) and math.isfinite(float(hi)))):
+        return sign(d)
+    return f"{sign(d)} [{sign(lo)}, {sign(hi)}]"
+
+
 def fmt_ratio(c: dict | None) -> str:
     if not c:
         return "–"
@@ -801,8 +818,8 @@ def markdown(res: dict) -> str:
         lines.append("")
     hdr = "| case | op | " + " | ".join(f"{esc(lab)} wall µs" for lab in vm["labels"]) + " | " + \
           " | ".join((f"{esc(c)} vs {esc(vm['base'])}" if vm["one_base"] else esc(c)) + " " + esc(vm["ci_head"])
-                     for c in vm["candidates"]) + " |"
-    lines += [hdr, "|" + "---|" * (2 + len(vm["labels"]) + len(vm["candidates"]))]
+                     + " | Δ wall µs per call" for c in vm["candidates"]) + " |"
+    lines += [hdr, "|" + "---|" * (2 + len(vm["labels"]) + 2 * len(vm["candidates"]))]
     for r in vm["rows"]:
         cells = [r["label"], r["op"]]
         by = {e["label"]: e for e in r["envs"]}
@@ -816,10 +833,12 @@ def markdown(res: dict) -> str:
             w = c["wall"]
             cells.append(f"{w['verdict']} {fmt_ratio(w)}" + (f" ({w['attribution']})" if w.get("attribution") else "")
                          if w else "–")
+            cells.append(fmt_delta(w))
         lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
     lines.append("")
     lines.append(f"ratio = candidate / baseline wall time: {vm['ratio_def']}; "
-                 "(host) / (device): the difference is host overhead / kernel time.")
+                 "(host) / (device): the difference is host overhead / kernel time. "
+                 "Δ: candidate minus baseline wall time, µs per call, with its interval at the ratio's level.")
     if vm["level_note"]:
         lines.append(esc(vm["level_note"]) + ".")
     if vm["steal_note"]:
@@ -890,8 +909,9 @@ def terminal_table(res: dict, console=None) -> None:
             return f"[{VERDICT_STYLE['provisional']}]provisional[/] {w['ratio']:.2f}x"
         return f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/] {fmt_ratio(w)}{attr}"
 
-    def table(labels: list[str], js: list[int], clocks: tuple[str, ...], title: str) -> Table:
-        """``js``: the comparisons (indices into vm["pairs"]) shown."""
+    def table(labels: list[str], js: list[int], clocks: tuple[str, ...], title: str, delta: str = "") -> Table:
+        """``js``: the comparisons (indices into vm["pairs"]) shown; ``delta``: "ci" gives each a
+        column of its wall difference in µs per call with the interval, "point" without, "" none."""
         t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         t.add_column("case", no_wrap=True)
         t.add_column("op", no_wrap=True)
@@ -907,23 +927,50 @@ def terminal_table(res: dict, console=None) -> None:
             b, k = vm["pairs"][j]
             t.add_column(f"{head(k)} vs {head(b)}\nwall ratio " + ci_head(res.get("comparisons") or [], quick),
                          overflow="fold")
+            if delta:
+                t.add_column("Δ wall\nµs", justify="right", no_wrap=True)
         for r in vm["rows"]:
             comps = [r["comps"][j] for j in js]
-            t.add_row(escape(r["short"]), escape(str(r["op"])), *(env_cell(r, lab, clocks) for lab in labels),
-                      *(ratio_cell(c) for c in comps))
+            cells = []
+            for c in comps:
+                cells.append(ratio_cell(c))
+                if delta:
+                    cells.append(fmt_delta(c["wall"], delta == "ci"))
+            t.add_row(escape(r["short"]), escape(str(r["op"])), *(env_cell(r, lab, clocks) for lab in labels), *cells)
         return t
 
-    full = table(vm["table_labels"], list(range(len(vm["pairs"]))), SHOWN, title)
-    # the width the table takes unwrapped (measured unclamped: rich clamps to the console's width)
-    natural = Measurement.get(console, console.options.update_width(1 << 16), full).maximum
-    if not vm["candidates"] or natural <= console.width:
+    def fits(t: Table) -> bool:
+        # the width the table takes unwrapped (measured unclamped: rich clamps to the console's width)
+        return Measurement.get(console, console.options.update_width(1 << 16), t).maximum <= console.width
+
+    # the widest layout that fits: every clock, then wall µs only with one block per candidate (host and
+    # device are in the report); each first with the µs difference and its interval, then its point alone
+    # (new-user trial: the terminal showed no µs difference), the narrowest (no difference) printed anyway
+    all_js = list(range(len(vm["pairs"])))
+    full = None
+    delta = ""
+    for delta in (("ci", "point", "") if vm["candidates"] else ("",)):
+        t = table(vm["table_labels"], all_js, SHOWN, title, delta)
+        if fits(t) or not vm["candidates"]:
+            full = t
+            break
+    if full is not None:
         console.print(full)
         if any(e["case"].get("host_bound") for r in vm["rows"] for e in r["envs"]):
             console.print("[dim]HB: host-bound (host dispatch ≥ kernel time: the GPU waits for the CPU)[/]")
-    else:  # narrow: one block per candidate, wall µs only (host and device are in the report)
-        for i, pair in enumerate(vm["pairs"]):
-            labels = [lab for lab in pair if lab in vm["table_labels"]]
-            console.print(table(labels, [i], ("wall_us",), title if i == 0 else ""))
+    else:
+        blocks = []
+        for delta in ("ci", "point", ""):
+            blocks = [table([lab for lab in pair if lab in vm["table_labels"]], [i], ("wall_us",),
+                            title if i == 0 else "", delta) for i, pair in enumerate(vm["pairs"])]
+            if all(fits(t) for t in blocks):
+                break
+        for t in blocks:
+            console.print(t)
+    if delta:
+        console.print("[dim]Δ wall µs: candidate minus baseline, µs per call, paired like the ratio"
+                      + (", with its interval at the ratio's level" if delta == "ci" else
+                         " (its interval: the HTML report or --markdown)") + "[/]")
     if vm["candidates"] and str((res.get("settings") or {}).get("method") or "").startswith("lockstep"):
         at_speed = " and taken at one CPU speed" if (res.get("settings") or {}).get("speed_adjust", True) else ""
         cmps = res.get("comparisons") or []

@@ -262,7 +262,14 @@ def test_h200_markdown_and_terminal(h200):
     md = report.markdown(h200)
     assert "- **2.7.0.post2 vs 2.6.3: slower in 7/12 cases, all host overhead; largest 2.11x at B2 S300 bwd." in md
     b2 = next(c for c in h200["comparisons"] if c["metric"] == "wall_us" and c["label"] == "B2 S300 H16 D16" and c["op"] == "fwd")
-    assert f"| B2 S300 H16 D16 | fwd | 74.8 | 152 | slower {report.fmt_ratio(b2)} (host) |" in md
+    assert f"| B2 S300 H16 D16 | fwd | 74.8 | 152 | slower {report.fmt_ratio(b2)} (host) | {report.fmt_delta(b2)} |" in md
+    # the µs difference with its interval, the comparison's own numbers (fmt_us's precision, signed)
+    assert report.fmt_delta(b2) == "+{} [+{}, +{}]".format(*(report.fmt_us(b2[k]) for k in
+                                                           ("delta_us", "delta_ci_low", "delta_ci_high")))
+    assert report.fmt_delta({"delta_us": -7.084, "delta_ci_low": -9.5, "delta_ci_high": 1234.0}) == "-7.08 [-9.50, +1,234]"
+    assert report.fmt_delta({"delta_us": 3.0, "delta_ci_low": float("-inf"), "delta_ci_high": 9.0, "unbounded": True}) == "+3.00"
+    assert report.fmt_delta({"delta_us": None}) == report.fmt_delta(None) == "–"
+    assert "| Δ wall µs per call |" in md.splitlines()[6]
     from rich.console import Console
 
     con = Console(record=True, width=220, color_system=None)
@@ -676,13 +683,21 @@ def _row(lines: list[str], start: str) -> str:
 def test_terminal_table_fits_80_columns_with_one_line_per_case(h200):
     lines = _terminal(h200, 80)
     assert max(map(len, lines)) <= 80
-    assert _row(lines, "B2 S300 bwd") == "B2 S300 bwd 175 371 slower 2.11x [1.13, 2.56] · host"
-    assert _row(lines, "B512 S150 fwd") == "B512 S150 fwd 557 550 same 0.99x [0.97, 1.02]"
-    assert _row(lines, "case op") == "case op wall µs wall µs wall ratio [95% CI]"
+    # the µs difference (new-user trial: only the HTML details had it): its point where the interval
+    # does not fit 80 columns, the fixture's own delta_us
+    b2 = next(c for c in h200["comparisons"] if c["metric"] == "wall_us" and c["label"] == "B2 S300 H16 D16"
+              and c["op"] == "bwd")
+    assert 194.5 < b2["delta_us"] < 195.5
+    assert _row(lines, "B2 S300 bwd") == "B2 S300 bwd 175 371 slower 2.11x [1.13, 2.56] · host +195"
+    assert _row(lines, "B512 S150 fwd") == "B512 S150 fwd 557 550 same 0.99x [0.97, 1.02] -7.08"
+    assert _row(lines, "case op") == "case op wall µs wall µs wall ratio [95% CI] µs"
+    assert any(ln.startswith("Δ wall µs: candidate minus baseline, µs per call") for ln in lines)
     assert any("every case: H16 D16 · fp16" in ln for ln in lines[:3])
     # wide: every clock per env, still one line per case
     wide = _terminal(h200, 200)
-    assert _row(wide, "B2 S300 bwd") == "B2 S300 bwd 175 / 174 / 18.0 HB 371 / 215 / 18.0 HB slower 2.11x [1.13, 2.56] · host"
+    assert _row(wide, "B2 S300 bwd") == ("B2 S300 bwd 175 / 174 / 18.0 HB 371 / 215 / 18.0 HB slower 2.11x [1.13, 2.56] · host "
+                                         f"{report.fmt_delta(b2)}")
+    assert report.fmt_delta(b2).startswith("+195 [+")
     assert any(ln.startswith("HB: host-bound") for ln in wide)
 
 
@@ -694,11 +709,14 @@ def test_terminal_table_of_three_versions_is_one_block_per_candidate():
     run = make_results([env("2.6.3"), env("2.7.0.post2"), env("2.8.3")], cases)
     lines = _terminal(run, 80)
     assert max(map(len, lines)) <= 80
-    heads = [" ".join(ln.split()) for ln in lines if ln.rstrip().endswith("vs 2.6.3")]
-    assert heads == ["2.6.3 2.7.0.post2 2.7.0.post2 vs 2.6.3", "2.6.3 2.8.3 2.8.3 vs 2.6.3"]
+    heads = [" ".join(ln.split()) for ln in lines if " ".join(ln.split()).endswith("vs 2.6.3 Δ wall")]
+    assert heads == ["2.6.3 2.7.0.post2 2.7.0.post2 vs 2.6.3 Δ wall", "2.6.3 2.8.3 2.8.3 vs 2.6.3 Δ wall"]
     rows = [" ".join(ln.split()) for ln in lines if " ".join(ln.split()).startswith("B2 S64 fwd 4")]
     # each case on one line: both envs' wall µs, the verdict, ratio and interval
-    assert rows == ["B2 S64 fwd 44.9 105 slower 2.34x [2.31, 2.36] · host", "B2 S64 fwd 44.9 44.9 same 1.00x [1.00, 1.00]"]
+    # and the µs difference (+60 planted; 0 for the one like the baseline)
+    assert [r.rsplit(" ", 1)[0] for r in rows] == ["B2 S64 fwd 44.9 105 slower 2.34x [2.31, 2.36] · host",
+                                                  "B2 S64 fwd 44.9 44.9 same 1.00x [1.00, 1.00]"]
+    assert 59 < float(rows[0].rsplit(" ", 1)[1]) < 61 and abs(float(rows[1].rsplit(" ", 1)[1])) < 1
 
 
 def test_report_cli_output_fits_80_columns_when_not_a_tty(tmp_path):
@@ -712,7 +730,7 @@ def test_report_cli_output_fits_80_columns_when_not_a_tty(tmp_path):
     assert cp.returncode == 0, cp.stderr
     lines = cp.stdout.splitlines()
     assert max(map(len, lines)) <= 80
-    assert _row(lines, "B2 S50 fwd") == "B2 S50 fwd 73.0 86.4 slower 1.18x [1.01, 3.11] · host"
+    assert _row(lines, "B2 S50 fwd") == "B2 S50 fwd 73.0 86.4 slower 1.18x [1.01, 3.11] · host +13.4"
 
 
 def test_compare_table_fits_80_columns_one_block_per_env(h200):
