@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", metavar="RUN_DIR",
                    help="finish an interrupted run in RUN_DIR: its measured process sets are kept and new "
                         "sets are run, with the settings stored in RUN_DIR/results.json (give no "
-                        "other option)")
+                        "other option); with --time-budget S or --max-sets N above the run's own, extend "
+                        "a run that stopped on them (its anytime-valid intervals keep their level)")
     _add_timing_args(r)
     r.add_argument("--explain", action="store_true",
                    help="after the timing, explain the overhead in separate worker processes (never in a verdict): "

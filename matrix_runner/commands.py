@@ -314,7 +314,8 @@ def setting_differences(a: dict, b: dict) -> list[str]:
     ``cpu_hop`` (a run whose sets moved to follow the fast CPU speed -- its recorded moves, not
     the setting -- met it more often), ``probe_share`` (the setting, ``full`` where a run
     predates it: two runs under the same rule can record different shares, as their data differ), and
-    ``min_burst_samples`` (1 where a run predates it)."""
+    ``min_burst_samples`` (1 where a run predates it); and, in one line, any of
+    :data:`SAMPLED_SETTINGS` that both runs record and that differ."""
     out = []
     sa, sb = ((d.get("settings") or {}).get("cpu_state") or "all" for d in (a, b))
     if sa != sb:
@@ -338,7 +339,25 @@ def setting_differences(a: dict, b: dict) -> list[str]:
     if ma != mb:  # a stalled sample moves a burst of few samples (long calls) in one run and not the other
         out.append(f"A's bursts held at least {ma} timed sample(s), B's {mb} (sampling.min_burst_samples): "
                    "for long calls, a stalled sample moves the run with fewer more often")
+    other = [f"{key} A {_setting(va)}, B {_setting(vb)}" for key in SAMPLED_SETTINGS
+             for va, vb in [tuple((d.get("settings") or {}).get(key) for d in (a, b))]
+             if va is not None and vb is not None and va != vb]
+    if other:  # new-user trial: runs differing in these were merged and compared without a word
+        out.append("A and B were sampled differently (" + "; ".join(other) + "): their ratios and µs are not "
+                   "measured alike, so a difference between them may come from that as much as from the versions")
     return out
+
+
+#: The ``settings`` of a run, beyond those :func:`setting_differences` words on their own, that change
+#: how its calls were sampled or its ratios taken (not only how long it ran: time_budget_s,
+#: max_sets, alpha and min_effect move the intervals' width or the verdicts, which the reports show):
+#: a run that lacks one (from before it was recorded) is not compared on it.
+SAMPLED_SETTINGS = ("method", "quick", "set_seconds", "burst_ms", "workers_per_env", "host_every", "max_repeats",
+                    "host_precision", "speed_adjust", "preimport", "cuda_at_start")
+
+
+def _setting(v) -> str:
+    return ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
 
 
 def compare_warnings(a: dict, b: dict, pa, pb) -> list[str]:

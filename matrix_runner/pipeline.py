@@ -66,6 +66,7 @@ from .config import (
     SAMPLING_FLAGS,
     WORKERS_PER_ENV_WHY,
     ConfigError,
+    Sampling,
     load_config,
     parse_config,
 )
@@ -292,10 +293,21 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     the stored command line (``parse``d again) and config, output into the same directory.
     (args, argv, None) when that run finished (nothing to resume). UsageError / ResultsError when
     there is nothing to resume from."""
-    rest = [a for a in argv[1:] if a != "--resume" and a != args.resume and a != f"--resume={args.resume}"]
+    rest, skip = [], False
+    for a in argv[1:]:
+        if skip:
+            skip = False
+        elif a in EXTEND_FLAGS:
+            skip = True  # its value
+        elif a == "--resume":
+            pass
+        elif a != args.resume and a != f"--resume={args.resume}" and a.split("=", 1)[0] not in EXTEND_FLAGS:
+            rest.append(a)
     if rest:
         raise UsageError(f"--resume RUN_DIR takes every setting from RUN_DIR/results.json; give no other "
-                         f"option (got {' '.join(rest)})")
+                         f"option than {' or '.join(EXTEND_FLAGS)} to extend it (got {' '.join(rest)})")
+    extend = {key: getattr(args, flag[2:].replace("-", "_")) for flag, key in EXTEND_FLAGS.items()
+              if getattr(args, flag[2:].replace("-", "_"), None) is not None}
     run_dir = Path(args.resume).expanduser().resolve()
     if run_dir.name in results.NAMES:
         run_dir = run_dir.parent
@@ -308,8 +320,15 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         cmd = " ".join(str(a) for a in (doc.get("command") or ["matrix-run"]))
         raise UsageError(f"--resume {args.resume}: that run measured nothing (no NVIDIA GPU was visible where it "
                          f"ran; its envs were skipped); on a machine with a GPU start it again: {cmd}")
-    if stopped not in ("interrupted", "running") and not (doc.get("timing") or {}).get("shards_lost"):
-        console.print(f"{run_dir}: that run finished (stopped: {stopped}); nothing to resume")
+    st = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    unfinished = stopped in ("interrupted", "running") or (doc.get("timing") or {}).get("shards_lost")
+    if extend:
+        check_extension(args.resume, doc, extend, bool(unfinished))
+    elif not unfinished:
+        more = (f"; to time more process sets, give it a larger budget: matrix-run --resume {shlex.quote(str(args.resume))} "
+                f"--time-budget S (more than its {st['time_budget_s']:g} s)"
+                if extendable(stopped) and isinstance(st.get("time_budget_s"), (int, float)) else "")
+        console.print(f"{run_dir}: that run finished (stopped: {stopped}); nothing to resume{more}")
         return args, argv, None
     cmd = [str(a) for a in (doc.get("command") or [])[1:]]
     if not cmd or "--resume" in cmd:
@@ -343,8 +362,8 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     for arg, key in (*((flag[2:].replace("-", "_"), key) for flag, key in RESUMED_FLAGS.items()),
                      ("quick", "quick"), ("cpus", "cpus_request")):
         v = st.get(key)
-        if v is None:
-            continue
+        if v is None or (st.get("quick") is True and key in ("max_sets", "set_seconds")):
+            continue  # a quick run's one set of quick_set_seconds: the flags are refused with --quick
         if key == "quick" and not isinstance(v, bool):
             raise bad(key, "must be true or false")
         if key == "cpus_request":
@@ -364,7 +383,73 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
             if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not math.isfinite(v) or v <= 0:
                 raise bad(key, "must be a positive " + ("whole number" if whole else "number"))
         setattr(new, arg, v)  # the values the run used, whatever today's defaults are
+    if extend:  # the larger budget, kept by later resumes (settings) and in the command, as if given at the start
+        for flag, key in EXTEND_FLAGS.items():
+            if key in extend:
+                setattr(new, flag[2:].replace("-", "_"), extend[key])
+                doc["command"] = with_flag(doc.get("command") or [], flag, f"{extend[key]:g}")
+        new.extended = {key: [st.get(key), v] for key, v in extend.items()}
     return new, new_argv, doc
+
+
+#: The flags ``--resume RUN_DIR`` takes, to extend a run (a finished one too): its settings keys.
+EXTEND_FLAGS = {"--time-budget": "time_budget_s", "--max-sets": "max_sets"}
+
+
+def extendable(stopped) -> bool:
+    """Whether a run that stopped for ``stopped`` (timing.stop_reason) times more process sets with a
+    larger budget: it stopped on its time budget or its max_sets (runner.run_all's reasons), not
+    because its verdicts were decided or nothing was left to time."""
+    return isinstance(stopped, str) and stopped.startswith(("time budget", "max_sets"))
+
+
+def check_extension(where, doc: dict, extend: dict, unfinished: bool) -> None:
+    """UsageError unless ``--resume WHERE`` with ``extend`` ({settings key: value} of
+    :data:`EXTEND_FLAGS`) can time more process sets of the run ``doc``: each value above the run's
+    own, and the run interrupted, or stopped on its budget or max_sets (:func:`extendable`), not a
+    ``--quick`` one. The anytime-valid intervals allow it: they hold however the sets' number was
+    chosen, after looking included (stats.t_cs), so sets added to a finished run keep their level."""
+    st = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    stopped = (doc.get("timing") or {}).get("stop_reason")
+    for flag, key in EXTEND_FLAGS.items():
+        if key not in extend:
+            continue
+        v, old = extend[key], st.get(key)
+        unit = " s" if key == "time_budget_s" else " sets"
+        if not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"{flag} {v:g}: give a positive number" + (", a finite one" if v > 0 else ""))
+        if isinstance(old, (int, float)) and not isinstance(old, bool) and v <= old:
+            raise UsageError(f"--resume {where} {flag} {v:g}: the run's own is {old:g}{unit}; give more to extend it "
+                             + ("(the earlier sessions' time counts towards it)" if key == "time_budget_s" else
+                                "(its sets so far count towards it)"))
+    if st.get("quick") is True:
+        raise UsageError(f"--resume {where} {' '.join(f for f in EXTEND_FLAGS if EXTEND_FLAGS[f] in extend)}: "
+                         "that was a --quick run, one process set; start a full run to time more")
+    if not unfinished and not extendable(stopped):
+        why = ("more sets would stop at once" if isinstance(stopped, str) and stopped.startswith("all wall-time")
+               else "more time would not time more")
+        raise UsageError(f"--resume {where}: that run stopped because {stopped}: {why}")
+
+
+def with_flag(argv: list, flag: str, value: str) -> list:
+    """``argv`` with ``flag``'s value set to ``value`` (``--flag V`` or ``--flag=V`` replaced, else
+    ``--flag V`` added)."""
+    out, i = [], 0
+    found = False
+    while i < len(argv):
+        a = str(argv[i])
+        if a == flag and i + 1 < len(argv):
+            out += [flag, value]
+            i += 2
+            found = True
+            continue
+        if a.startswith(flag + "="):
+            out.append(f"{flag}={value}")
+            found = True
+        else:
+            out.append(argv[i])
+        i += 1
+    return out if found else [*out, flag, value]
 
 
 def stored_settings_error(src, why: str) -> str:
@@ -381,7 +466,7 @@ RESUMED_FLAGS = {**SAMPLING_FLAGS, "--case-timeout": "case_timeout_s"}
 #: The sampling rules a resumed run keeps from its results.json ``settings`` where today's defaults
 #: differ (the numbers the command line can set come back through :func:`resume_args`).
 RESUMED_SAMPLING = ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth",
-                    "host_precision", "cpu_state", "cpu_hop", "probe_share", "min_burst_samples")
+                    "host_precision", "cpu_state", "cpu_hop", "probe_share", "min_burst_samples", "cuda_at_start")
 
 
 def resumed_config(prior: dict, src: str):
@@ -483,8 +568,12 @@ class Run:
                     why = why.replace(flag, f"settings.{key}")
                 raise UsageError(stored_settings_error(src, why)) from None
             # its stored settings checked before a word of resuming
+            ext = getattr(self.args, "extended", None) or {}
             console.print(f"resuming {prior.get('run_id')} in {src.parent}: {len(prior.get('sets') or [])} process "
-                          f"sets and {len(prior.get('cases') or [])} case records kept")
+                          f"sets and {len(prior.get('cases') or [])} case records kept"
+                          + "".join(f"; {'time budget' if k == 'time_budget_s' else 'max sets'} extended from "
+                                    f"{'–' if a is None else format(a, 'g')} to {b:g}{' s' if k.endswith('_s') else ''}"
+                                    for k, (a, b) in ext.items()))
         self._check_requests(cfg, cfg.sampling)
 
     def _check_numbers(self, cfg, samp) -> None:
@@ -536,6 +625,13 @@ class Run:
                                                         and math.isfinite(args.fail_on_regression)):
             raise UsageError(f"--fail-on-regression {args.fail_on_regression:g}: give a finite percentage >= 0 "
                              "(5 = fail when a candidate is slower by more than 5%)")
+        for flag in ("--max-sets", "--set-seconds"):  # a quick run times one set of quick_set_seconds
+            v = getattr(args, flag[2:].replace("-", "_"), None)
+            if getattr(args, "quick", False) and v is not None:  # new-user trial: --quick --max-sets 5 ran one set
+                raise UsageError(f"{flag} {v:g} with --quick: a quick run times one process set of "
+                                 f"{Sampling.quick_set_seconds:g} s of cycles, whatever {flag} says; drop --quick "
+                                 f"(a full run times sets until its verdicts are decided or --time-budget is spent) "
+                                 f"or drop {flag}")
         if args.fail_on_regression is not None and getattr(args, "quick", False):
             raise UsageError("--fail-on-regression with --quick: a quick run gives provisional ratios from one "
                              "process set, never a slower verdict, so the gate could never fail; drop --quick "
@@ -686,7 +782,7 @@ class Run:
                     "host_every": samp.host_every, "max_repeats": samp.max_repeats, "host_precision": samp.host_precision,
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn, "cpu_state": samp.cpu_state,
                     "cpu_hop": samp.cpu_hop, "probe_share": samp.probe_share,
-                    "min_burst_samples": samp.min_burst_samples,
+                    "min_burst_samples": samp.min_burst_samples, "cuda_at_start": samp.cuda_at_start,
                     # earlier pinned sets before a share is estimated (runner.apply_probe_share)
                     "probe_share_min_sets": ((samp.probe_share_min_sets or stats.PROBE_SHARE_MIN_SETS)
                                              if samp.probe_share == "estimated" else None),
@@ -702,8 +798,11 @@ class Run:
                          "settings": settings, "machine": mach, "matrix_run_version": __version__}
         if prior is not None:
             self.base_doc["command"] = prior["command"]
-            self.base_doc["resumed"] = [*(prior.get("resumed") or []),
-                                        datetime.now(timezone.utc).isoformat(timespec="seconds")]
+            at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self.base_doc["resumed"] = [*(prior.get("resumed") or []), at]
+            ext = getattr(args, "extended", None)  # --resume RUN --time-budget S: [the run's, the new] per key
+            if prior.get("extended") or ext:
+                self.base_doc["extended"] = [*(prior.get("extended") or []), *([{"at": at, **ext}] if ext else [])]
         if args.backend == "uv" and (dprobe.get("torch") or "inherit" not in opts.torches or device != "none"):
             # (without torch and --torch inherit, plan_env raises the usage error that says to install it;
             # only a no-GPU run, which builds nothing, goes on without a plan)

@@ -77,6 +77,11 @@ def test_an_output_dir_that_cannot_be_created_is_a_usage_error_naming_the_option
      "could not fail the gate; give a PCT of at least 5"),  # no --min-effect 0 (refused itself)
     (["--versions", "2.6.3,2.7.0.post2", "--fail-on-regression", "inf"],
      "--fail-on-regression inf: give a finite percentage >= 0"),
+    # a quick run times one set of 2 s: these flags were accepted and did nothing (new-user trial)
+    (["--versions", "2.6.3,2.7.0.post2", "--quick", "--max-sets", "5"],
+     "--max-sets 5 with --quick: a quick run times one process set of 2 s of cycles, whatever --max-sets says"),
+    (["--versions", "2.6.3,2.7.0.post2", "--quick", "--set-seconds", "0.5"],
+     "--set-seconds 0.5 with --quick: a quick run times one process set of 2 s of cycles"),
 ])
 def test_more_bad_input_exits_2(args, needle, tmp_path):
     cp = run_cli(*args, "--envs-dir", str(tmp_path / "envs"), "--output", str(tmp_path / "o"))

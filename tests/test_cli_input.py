@@ -4,6 +4,7 @@ output pipe (``matrix-run ... | head -2``)."""
 from __future__ import annotations
 
 import argparse
+import re
 import os
 import subprocess
 import sys
@@ -269,3 +270,36 @@ def test_markdown_through_a_link_or_onto_the_output_dir_is_refused(tmp_path):
     f.write_text("x")
     cp = run_cli("compare", str(run), str(plain), "-o", str(f))
     assert cp.returncode == 2 and f"-o {f}: is a file; give a directory" in flat(cp.stderr), cp.stderr
+
+
+def test_extending_a_run_is_refused_where_more_sets_would_add_nothing():
+    """``--resume RUN --time-budget S``/``--max-sets N`` (pipeline.check_extension): above the run's own,
+    for a run stopped on its budget or max_sets or interrupted; never for a --quick run or one whose
+    verdicts were decided or that had nothing left to time."""
+    from matrix_runner.errors import UsageError
+    from matrix_runner.pipeline import check_extension, extendable, with_flag
+
+    def doc(stop, **st):
+        return {"timing": {"stop_reason": stop}, "settings": {"time_budget_s": 60.0, "max_sets": 40, **st}}
+
+    budget = "time budget 60 s: another process set would overrun it"
+    check_extension("R", doc(budget), {"time_budget_s": 120.0}, False)
+    check_extension("R", doc("max_sets 40 reached"), {"max_sets": 50}, False)
+    check_extension("R", doc("interrupted"), {"time_budget_s": 61.0}, True)
+    for d, ext, needle in (
+            (doc(budget), {"time_budget_s": 60.0}, "--time-budget 60: the run's own is 60 s; give more"),
+            (doc(budget), {"time_budget_s": float("inf")}, "--time-budget inf: give a positive number, a finite one"),
+            (doc(budget), {"max_sets": 0}, "--max-sets 0: give a positive number"),
+            (doc("quick: one process set", quick=True), {"time_budget_s": 120.0}, "that was a --quick run"),
+            (doc("all wall-time verdicts decided, every interval within ±1% of its ratio (anytime-valid intervals)"),
+             {"time_budget_s": 120.0}, "more sets would stop at once"),
+            (doc("every case failed (its error is in the report): nothing left to time"), {"max_sets": 41},
+             "more time would not time more")):
+        with pytest.raises(UsageError, match=re.escape(needle)):
+            check_extension("R", d, ext, False)
+    assert extendable(budget) and extendable("max_sets 3 reached") and not extendable(None)
+    assert with_flag(["matrix-run", "--time-budget", "60", "-o", "x"], "--time-budget", "120") == \
+        ["matrix-run", "--time-budget", "120", "-o", "x"]
+    assert with_flag(["matrix-run", "--time-budget=60"], "--time-budget", "120") == ["matrix-run", "--time-budget=120"]
+    assert with_flag(["matrix-run", "--versions", "a,b"], "--max-sets", "9") == ["matrix-run", "--versions", "a,b",
+                                                                                  "--max-sets", "9"]

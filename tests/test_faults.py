@@ -951,7 +951,24 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     cp = run_cli("--resume", str(out))
     assert cp.returncode == 0 and "nothing to resume" in cp.stderr
     cp = run_cli("--resume", str(out), "--quick")
-    assert cp.returncode == 2 and "give no other option" in cp.stderr
+    assert cp.returncode == 2 and "give no other option than --time-budget or --max-sets" in " ".join(cp.stderr.split())
+
+    # a finished run is extended by a larger budget (new-user trial: it could not be): one more set,
+    # the earlier ones kept as they were, the larger budget in its settings and command
+    assert res["timing"]["stop_reason"] == "max_sets 2 reached"
+    cp = run_cli("--resume", str(out), "--max-sets", "2")
+    assert cp.returncode == 2 and "--max-sets 2: the run's own is 2 sets; give more" in " ".join(cp.stderr.split())
+    cp = run_cli("--resume", str(out), "--max-sets", "3")
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert "max sets extended from 2 to 3" in " ".join(cp.stderr.split())
+    ext = load_results(out)
+    assert ext["sets"][:len(res["sets"])] == res["sets"] and sum(s["status"] == "ok" for s in ext["sets"]) == 3
+    assert ext["timing"]["stop_reason"] == "max_sets 3 reached" and ext["settings"]["max_sets"] == 3
+    assert ext["command"][-2:] == ["--max-sets", "3"] and ext["command"][:-2] == res["command"]
+    assert [{k: v for k, v in x.items() if k != "at"} for x in ext["extended"]] == [{"max_sets": [2, 3]}]
+    assert ext["extended"][0]["at"] == ext["resumed"][-1]
+    assert all(str(len(ext["sets"]) - 1) in c["metrics"]["wall_us"]["by_set"] for c in ext["cases"])
+    assert "it was extended (max_sets 2 → 3)" in (out / "index.html").read_text()
     cp = run_cli("--resume", str(tmp_path / "nope"))
     assert cp.returncode == 2 and "cannot read" in cp.stderr
 

@@ -1334,3 +1334,21 @@ def test_compare_warns_when_the_runs_bursts_held_different_minimum_samples():
     (why,) = commands.setting_differences(a, b)
     assert why.startswith("A's bursts held at least 1 timed sample(s), B's 5 (sampling.min_burst_samples)")
     assert commands.setting_differences(b, {**b}) == []
+
+
+def test_compare_and_merge_warn_of_other_sampling_settings_in_one_line():
+    """Runs differing in set_seconds, preimport, cuda_at_start (...) were merged and compared without a
+    word (new-user trial); a setting one run does not record is not compared."""
+    from matrix_runner import commands
+    a = results.load(ROOT / "reports" / "h200-aa-98")
+    st = a["settings"]
+    assert st["set_seconds"] == 1.0 and st["preimport"] is True and "cuda_at_start" not in st
+    b = {**a, "settings": {**st, "set_seconds": 0.5, "preimport": False, "cuda_at_start": True, "burst_ms": 5.0}}
+    (why,) = commands.setting_differences(a, b)
+    assert why == ("A and B were sampled differently (set_seconds A 1, B 0.5; preimport A on, B off): their ratios "
+                   "and µs are not measured alike, so a difference between them may come from that as much as "
+                   "from the versions")
+    c = {**a, "settings": {**st, "cuda_at_start": False, "method": "lockstep-sets/anytime-t-cs/4"}}
+    (why,) = commands.setting_differences(b, c)
+    assert "(method A lockstep-sets/anytime-t-cs/5, B lockstep-sets/anytime-t-cs/4; set_seconds A 0.5, B 1; " \
+           "preimport A off, B on; cuda_at_start A on, B off)" in why
