@@ -408,7 +408,9 @@ def check_extension(where, doc: dict, extend: dict, unfinished: bool) -> None:
     :data:`EXTEND_FLAGS`) can time more process sets of the run ``doc``: each value above the run's
     own, and the run interrupted, or stopped on its budget or max_sets (:func:`extendable`), not a
     ``--quick`` one. The anytime-valid intervals allow it: they hold however the sets' number was
-    chosen, after looking included (stats.t_cs), so sets added to a finished run keep their level."""
+    chosen, after looking included (stats.t_cs), so sets added to a finished run keep their level;
+    the sequence's mixing stays the run's (``planned_sets`` is kept by a resume, never re-tuned to
+    the new budget)."""
     st = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     stopped = (doc.get("timing") or {}).get("stop_reason")
     for flag, key in EXTEND_FLAGS.items():

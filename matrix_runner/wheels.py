@@ -256,10 +256,52 @@ def wheel_versions(dirs: list[Path], dist: str, recursive: bool = False) -> set[
 
 def project_versions(project: str, index_url: str, timeout: float = 20.0) -> set[str]:
     """Public versions of ``project`` that ``index_url`` lists (not yanked), from its sdists and
-    wheels: PEP 691 JSON when the index answers it, else the PEP 503 HTML page's file names (the
-    PyTorch indexes, ``https://download.pytorch.org/whl/cu130``, answer HTML; their wheels carry a
-    local label, ``torch-2.9.1+cu130-...``, dropped here). Raises what urllib raises when the index
+    wheels (:func:`project_files`, :func:`file_versions`). Raises what urllib raises when the index
     cannot be asked, ValueError when the page lists no file of the project."""
+    out = file_versions(project_files(project, index_url, timeout))
+    if not out:
+        raise ValueError(f"{index_url} lists no {project} file")
+    return out
+
+
+def file_versions(names: list[str]) -> set[str]:
+    """The public versions of the sdist and wheel file ``names`` (a wheel's local label,
+    ``torch-2.9.1+cu130-...``, dropped); other names are skipped."""
+    out: set[str] = set()
+    for fn in names:
+        v = file_version(fn)
+        if v is not None:
+            out.add(v)
+    return out
+
+
+def file_version(fn: str) -> str | None:
+    """The public version of an sdist or wheel file name, None for another name."""
+    try:
+        ver = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
+    except Exception:  # noqa: BLE001 - not a distribution file name
+        return None
+    return str(ver.public)
+
+
+def wheel_fits(fn: str, here: set | None = None) -> bool:
+    """Whether the wheel file ``fn`` installs into this interpreter (one of its tags is in ``here``,
+    default :func:`packaging.tags.sys_tags`: the Python, ABI and platform envs are made with, as
+    envs.create_venv gives them this interpreter)."""
+    from packaging.tags import sys_tags
+
+    try:
+        tags = parse_wheel_filename(fn)[3]
+    except Exception:  # noqa: BLE001 - not a wheel name
+        return False
+    return bool(tags & (here if here is not None else set(sys_tags())))
+
+
+def project_files(project: str, index_url: str, timeout: float = 20.0) -> list[str]:
+    """File names ``index_url`` lists for ``project`` (not yanked): PEP 691 JSON when the index
+    answers it, else the PEP 503 HTML page's links (the PyTorch indexes,
+    ``https://download.pytorch.org/whl/cu130``, answer HTML). Raises what urllib raises when the
+    index cannot be asked."""
     req = urllib.request.Request(f"{index_url.rstrip('/')}/{project}/",
                                  headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.5"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -271,16 +313,7 @@ def project_versions(project: str, index_url: str, timeout: float = 20.0) -> set
         for m in re.finditer(r"<a\b([^>]*)>([^<]+)</a>", body.decode("utf-8", "replace"), re.IGNORECASE):
             if "data-yanked" not in m.group(1):
                 names.append(m.group(2).strip())
-    out: set[str] = set()
-    for fn in names:
-        try:
-            ver = parse_wheel_filename(fn)[1] if fn.endswith(".whl") else parse_sdist_filename(fn)[1]
-        except Exception:  # noqa: BLE001 - not a distribution file name
-            continue
-        out.add(str(ver.public))
-    if not out:
-        raise ValueError(f"{index_url} lists no {project} file")
-    return out
+    return names
 
 
 def nearest_versions(version: str, available: list[str], n: int = 3) -> list[str]:

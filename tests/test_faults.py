@@ -964,6 +964,7 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     ext = load_results(out)
     assert ext["sets"][:len(res["sets"])] == res["sets"] and sum(s["status"] == "ok" for s in ext["sets"]) == 3
     assert ext["timing"]["stop_reason"] == "max_sets 3 reached" and ext["settings"]["max_sets"] == 3
+    assert ext["settings"]["planned_sets"] == res["settings"]["planned_sets"]  # the sequence's mixing is kept
     assert ext["command"][-2:] == ["--max-sets", "3"] and ext["command"][:-2] == res["command"]
     assert [{k: v for k, v in x.items() if k != "at"} for x in ext["extended"]] == [{"max_sets": [2, 3]}]
     assert ext["extended"][0]["at"] == ext["resumed"][-1]

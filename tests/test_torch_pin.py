@@ -118,3 +118,29 @@ def test_a_pinned_torch_env_record_matches_its_plan_and_bad_torch_options_are_re
         for cmd in (["plan"], []):
             cp = run_cli(*cmd, "--versions", "2.6.3", "--envs-dir", str(tmp_path / "e"), *extra)
             assert cp.returncode == 2 and msg in cp.stderr, (cmd, extra, cp.stderr[-800:])
+
+
+def test_a_pinned_torch_with_no_wheel_for_this_python_is_refused_before_any_env_is_made():
+    """``plan --torch 1.0.0`` planned fine and the run failed at its env's install (new-user trial):
+    every wheel of that release is for another Python. The index's file names decide (tags of
+    this interpreter as ``here``); a release with no wheel listed is left to the install."""
+    from packaging.tags import Tag
+
+    from matrix_runner import wheels
+    from matrix_runner.envs.requests import _check_torch_wheels
+    from matrix_runner.errors import UsageError
+
+    here = {Tag("cp312", "cp312", "manylinux_2_28_x86_64"), Tag("py3", "none", "any")}
+    files = ["torch-1.0.0-cp36-cp36m-manylinux1_x86_64.whl", "torch-1.0.0-cp37-cp37m-manylinux1_x86_64.whl",
+             "torch-2.2.0-cp311-cp311-manylinux1_x86_64.whl", "torch-2.4.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+             "torch-2.5.1+cu121-cp312-cp312-manylinux_2_28_x86_64.whl", "torch-0.4.0.tar.gz"]
+    assert wheels.wheel_fits(files[3], here) and not wheels.wheel_fits(files[2], here)
+    assert wheels.file_versions(files) == {"1.0.0", "2.2.0", "2.4.0", "2.5.1", "0.4.0"}
+    _check_torch_wheels(["2.4.0", "2.5.1", "0.4.0"], files, "IDX", here)  # fits; a local label; sdist only
+    with pytest.raises(UsageError) as ei:
+        _check_torch_wheels(["2.4.0", "1.0.0"], files, "IDX", here)
+    msg = str(ei.value)
+    assert msg.startswith("--torch 1.0.0: torch 1.0.0 on IDX has no wheel for this Python (")
+    assert "its wheels are for cp36, cp37" in msg and msg.endswith("nearest with one: 2.4.0, 2.5.1")
+    with pytest.raises(UsageError, match="torch 2.2.0 on IDX has no wheel"):  # another CPython's wheel
+        _check_torch_wheels(["2.2.0"], files, "IDX", here)

@@ -346,7 +346,42 @@ def _check_torch_pins(opts: Options, timeout: float) -> list[str]:
     if not pins:
         return []
     index = opts.torch_index or opts.index_url
-    return _check_listed("torch", [(t, f"--torch {t}: torch {t}") for t in pins],
-                         lambda: wheels.project_versions("torch", index, timeout=timeout), index,
-                         hint="" if opts.torch_index else " (a CUDA build comes from --torch-index, e.g. "
-                                                          "https://download.pytorch.org/whl/cu130)")
+    files: list[str] = []
+
+    def listing() -> set[str]:
+        files[:] = wheels.project_files("torch", index, timeout=timeout)
+        found = wheels.file_versions(files)
+        if not found:
+            raise ValueError(f"{index} lists no torch file")
+        return found
+
+    warns = _check_listed("torch", [(t, f"--torch {t}: torch {t}") for t in pins], listing, index,
+                          hint="" if opts.torch_index else " (a CUDA build comes from --torch-index, e.g. "
+                                                           "https://download.pytorch.org/whl/cu130)")
+    if not warns:
+        _check_torch_wheels(pins, files, index)
+    return warns
+
+
+def _check_torch_wheels(pins: list[str], files: list[str], index: str, here: set | None = None) -> None:
+    """UsageError for a pinned torch whose wheels on ``index`` (``files``: its file names) are all for
+    another Python or platform than envs are made with (:func:`wheels.wheel_fits`; new-user trial:
+    ``--torch 1.0.0`` planned fine and failed at its env's install), naming the Pythons its wheels
+    are for and the nearest releases that have one for this. A pin with no wheel listed at all is
+    left to the install (an index may list sdists only)."""
+    import sys
+
+    from packaging.utils import parse_wheel_filename
+
+    whl = [f for f in files if f.endswith(".whl")]
+    fits = [f for f in whl if wheels.wheel_fits(f, here)]
+    for t in pins:
+        mine = [f for f in whl if wheels.same_version(wheels.file_version(f) or "", t)]
+        if not mine or any(f in fits for f in mine):
+            continue
+        pys = sorted({tag.interpreter for f in mine for tag in parse_wheel_filename(f)[3]})
+        near = wheels.nearest_versions(t, sorted(wheels.file_versions(fits)))
+        py = f"{sys.version_info.major}.{sys.version_info.minor}"
+        raise UsageError(f"--torch {t}: torch {t} on {index} has no wheel for this Python ({py}) and platform (its "
+                         f"wheels are for {', '.join(pys)}): nothing could install it into an env; nearest with one: "
+                         f"{', '.join(near) if near else '(none listed)'}")
