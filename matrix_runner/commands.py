@@ -252,7 +252,7 @@ def cmd_report(args) -> int:
             json_name = "results.json"
     p = report.write_html(res, out, json_name)
     if args.markdown:
-        Path(args.markdown).write_text(report.markdown(res))
+        report.write_markdown(args.markdown, report.markdown(res))
     unmeasured = [r for r in runs if (r.get("timing") or {}).get("stop_reason") == "no GPU"]
     if unmeasured and len(unmeasured) == len(runs):  # its envs were skipped: an empty table said nothing of why
         console.print("that run measured nothing: no NVIDIA GPU was visible where it ran, so every env was skipped "
@@ -432,7 +432,7 @@ def cmd_compare(args) -> int:
                              "overwritten; give another directory")
         console.print(f"report: {report.write_compare_html(cmp, Path(args.output))}")
     if args.markdown:
-        Path(args.markdown).write_text(report.compare_markdown(cmp))
+        report.write_markdown(args.markdown, report.compare_markdown(cmp))
     return EXIT_OK if cmp["rows"] else EXIT_FAILED
 
 

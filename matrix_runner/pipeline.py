@@ -1077,7 +1077,7 @@ class Run:
             warn(f"report not written to {out_dir / 'index.html'} ({ex.strerror or ex}): "
                  f"`matrix-run report {out_dir}` writes it from the results")
         if getattr(self.args, "markdown", None):
-            Path(self.args.markdown).write_text(report.markdown(doc))
+            report.write_markdown(self.args.markdown, report.markdown(doc))
         if doc["cases"]:
             report.terminal_table(doc, Console())
         console.print(f"results: {out_dir / 'results.json'}" + (f"\nreport:  {p}" if p else ""))

@@ -797,6 +797,27 @@ def write_html(res: dict, out_dir: Path, json_name: str | None = "results.json")
     return p
 
 
+def write_markdown(path, text: str) -> Path:
+    """Write a ``--markdown`` file as a new file renamed over ``path`` (a symbolic link's target, where
+    ``path`` is one): a hard link's other names keep their old content, so a Markdown written
+    through a hard link to any file -- a run's own, which pipeline.check_writable_file cannot find
+    unless the command reads it -- replaces only this name (new-user trial). Returns the path written."""
+    import os
+    import tempfile
+
+    target = Path(path).expanduser().resolve()
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix="." + target.name, suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
 def kv_gbps(case: dict) -> float | None:
     """A kvcache case's GB/s of KV read at the device clock (stats.gbps; None for other cases): the
     decode figure that belongs beside its µs in the terminal and Markdown tables."""

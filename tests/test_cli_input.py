@@ -265,6 +265,19 @@ def test_markdown_through_a_link_or_onto_the_output_dir_is_refused(tmp_path):
         cp = run_cli(*cmd, "-o", str(out), "--markdown", str(out))
         assert cp.returncode == 2 and "is a directory (the -o directory)" in flat(cp.stderr), cp.stderr
         assert not out.exists()
+    # a hard link to a run's file the command does not read: the Markdown replaces the link's name
+    # only (a new file renamed over it), the run's file keeps its content; a symbolic link to a
+    # plain file is written through (its target gets the Markdown)
+    log = run / "console.log"
+    log.write_text("the run's log\n")
+    os.link(log, tmp_path / "log-link.md")
+    (tmp_path / "sym.md").symlink_to(tmp_path / "target.md")
+    for name in ("log-link.md", "sym.md"):
+        cp = run_cli("report", str(run), "-o", str(tmp_path / f"o-{name}"), "--markdown", str(tmp_path / name))
+        assert cp.returncode == 0, cp.stderr
+    assert log.read_text() == "the run's log\n"
+    assert (tmp_path / "log-link.md").read_text().startswith("### ") and os.stat(tmp_path / "log-link.md").st_nlink == 1
+    assert (tmp_path / "sym.md").is_symlink() and (tmp_path / "target.md").read_text().startswith("### ")
     # compare -o FILE: a file, not "holds a run"
     f = tmp_path / "afile"
     f.write_text("x")
