@@ -424,9 +424,13 @@ def check_extension(where, doc: dict, extend: dict, unfinished: bool) -> None:
             raise UsageError(f"--resume {where} {flag} {v:g}: the run's own is {old:g}{unit}; give more to extend it "
                              + ("(the earlier sessions' time counts towards it)" if key == "time_budget_s" else
                                 "(its sets so far count towards it)"))
+    flags = ' '.join(f for f in EXTEND_FLAGS if EXTEND_FLAGS[f] in extend)
     if st.get("quick") is True:
-        raise UsageError(f"--resume {where} {' '.join(f for f in EXTEND_FLAGS if EXTEND_FLAGS[f] in extend)}: "
-                         "that was a --quick run, one process set; start a full run to time more")
+        raise UsageError(f"--resume {where} {flags}: that was a --quick run, one process set; start a full run to "
+                         "time more")
+    if doc.get("shards"):  # a shard that finished is kept as it is by a resume (shard module)
+        raise UsageError(f"--resume {where} {flags}: that run was sharded over GPUs or jobs, and a resume only "
+                         "re-runs the shards that did not finish: start it again with the larger budget")
     if not unfinished and not extendable(stopped):
         why = ("more sets would stop at once" if isinstance(stopped, str) and stopped.startswith("all wall-time")
                else "more time would not time more")

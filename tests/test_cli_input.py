@@ -304,6 +304,7 @@ def test_extending_a_run_is_refused_where_more_sets_would_add_nothing():
             (doc(budget), {"time_budget_s": float("inf")}, "--time-budget inf: give a positive number, a finite one"),
             (doc(budget), {"max_sets": 0}, "--max-sets 0: give a positive number"),
             (doc("quick: one process set", quick=True), {"time_budget_s": 120.0}, "that was a --quick run"),
+            ({**doc(budget), "shards": [{"index": 0}]}, {"max_sets": 41}, "R --max-sets: that run was sharded"),
             (doc("all wall-time verdicts decided, every interval within ±1% of its ratio (anytime-valid intervals)"),
              {"time_budget_s": 120.0}, "more sets would stop at once"),
             (doc("every case failed (its error is in the report): nothing left to time"), {"max_sets": 41},
