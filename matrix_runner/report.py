@@ -724,6 +724,7 @@ def _env() -> Environment:
     env.filters["us"] = fmt_us
     env.filters["ratio"] = fmt_ratio
     env.filters["ci"] = fmt_ci
+    env.filters["delta"] = fmt_delta
     # a comparison's interval level: lockstep ones carry alpha (stats.set_compare / select_family);
     # results/1 and compare's intervals are 95 %; a provisional ratio has none
     env.filters["level"] = lambda x: ("–" if x.get("verdict") == "provisional"

@@ -180,6 +180,7 @@ def test_h200_verdict_cells_show_the_fixture_numbers(h200, h200_html):
     assert f"{b2['ratio']:.2f}" == "2.04" and b2["verdict"] == "slower" and b2["attribution"] == "host"
     row = next(t for a, t in page.cells if a.get("data-case") == b2["case"] and not a.get("class"))
     assert "2.04x" in row and f"[{b2['ci_low']:.2f}, {b2['ci_high']:.2f}]" in row
+    assert f"Δ {report.fmt_delta(b2)} µs" in row and report.fmt_delta(b2).startswith("+")  # µs per call, paired
     assert "slower" in row and "host" in row
     # every slower/faster cell is coloured by its verdict
     for a, t in page.cells:
