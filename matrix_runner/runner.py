@@ -380,18 +380,20 @@ class _Set:
                     raise Interrupted() from None
                 self.label_of[key] = e.label
 
-    def preload(self, cases: list[Case], config: dict) -> None:
+    def preload(self, cases: list[Case], config: dict, skip: Callable[[str, str], bool] | None = None) -> None:
         """Queue each worker's ``config`` and the set-up of ``cases`` while the worker still imports
         (the set is prefetched during the previous one, after its cycles): inputs, first calls and
         calibration then run on spare cores while the previous set's profiler starts up (its profiled
         calls wait for them: :meth:`await_setups`), and the set
         starts with its replies (nearly) waiting. The warm-up
         is the 6-call minimum (``warmup_s`` 0): the GPU work this adds to the running set is a few
-        ms. A worker that is already gone is left to the set's start, which reports it."""
+        ms. A worker that is already gone is left to the set's start, which reports it. ``skip(env
+        label, case id)``: a case that worker does not set up (its env failed it for good)."""
         for key, w in self.workers.items():
+            mine = [c for c in cases if skip is None or not skip(self.label_of[key], c.id)]
             w.queue_commands([config] + [{"cmd": "setup", "case": c.id, "spec": c.to_dict(), "warmup_s": 0.0}
-                                         for c in cases])
-            self.preloaded[key] = [c.id for c in cases]
+                                         for c in mine])
+            self.preloaded[key] = [c.id for c in mine]
 
     def await_setups(self, timeout: float) -> None:
         """Wait (up to ``timeout`` s) until every worker has answered its hello, its config and the
@@ -525,7 +527,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
             if not labels:
                 reason = "no env could be timed (every env failed its import check)"
                 break
-            if sets and not _todo(data, cases, labels):  # new-user trial: 27 more sets that timed nothing
+            if sets and not _todo(data, cases, labels, pairs):  # new-user trial: 27 more sets that timed nothing
                 reason = "every case failed (its error is in the report): nothing left to time"
                 break
             if not alone and len(labels) < 2 and any(cd.sets["wall_us"] for (lab, _), cd in data.items() if lab in labels):
@@ -574,8 +576,12 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 elif pending:
                     # not the cases under retry after a fault: their set-up waits for this set's outcome
                     labs = [e.label for e in envs]
-                    pending[0].preload([c for c in cases if all(data[(lab, c.id)].status != "error" for lab in labs)],
-                                       _config_cmd(device, seed, _sid + 1, quick))
+                    # nor, per worker, those its env failed for good (the others still time them: _todo)
+                    pending[0].preload([c for c in _todo(data, cases, labs, pairs)
+                                        if not any(data[(lab, c.id)].status == "error" and _retried(data[(lab, c.id)])
+                                                   for lab in labs)],
+                                       _config_cmd(device, seed, _sid + 1, quick),
+                                       skip=lambda lab, cid: _failed(data.get((lab, cid))))
 
             with monitor:
                 rec = _run_set(cur, cases, data, sampling, device=device, quick=quick, cpu=cpu,
@@ -732,7 +738,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             if len(failed) == len(envs):
                 rec["status"] = "failed"
                 return rec
-        todo = _todo(data, cases, list(envs))
+        todo = _todo(data, cases, list(envs), pairs)
         todo_ids = {c.id for c in todo}
         # set-up (workers not yet pinned to one core: it is not timed)
         on_progress(f"set {sid}: setting up {len(todo)} case(s)")
@@ -783,10 +789,10 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     break
                 if cid in todo_ids:
                     took(key, cid, rep)
-        for c in todo:  # the rest: each case in every worker at once
+        for c in todo:  # the rest: each case in every worker at once (not where it failed for good)
             sent = []
             for key in list(live):
-                if c.id in st.preloaded.get(key, []):
+                if c.id in st.preloaded.get(key, []) or _failed(data.get((lab_of[key], c.id))):
                     continue
                 if stop.is_set():
                     raise Interrupted()
@@ -980,11 +986,24 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
     return rec
 
 
-def _todo(data: dict, cases: list[Case], labels: list[str]) -> list[Case]:
-    """The cases a set times: ok or pending in every env, or retried once after a fault."""
-    return [c for c in cases
-            if not any(data[(lab, c.id)].status == "error" and not _retried(data[(lab, c.id)])
-                       for lab in labels if (lab, c.id) in data)]
+def _todo(data: dict, cases: list[Case], labels: list[str], pairs: list | None = None) -> list[Case]:
+    """The cases a set times: ok, pending or retried once after a fault (not :func:`_failed`) in
+    every env; or, where it failed for good in some env, in the others while they hold a comparison
+    pair (stats.pairs_among ``pairs``) without it. A case that fails in one of three versions is
+    still compared between the other two (new-user trial: 2.8.3's failure at batch 2 had dropped
+    the case from every version's timing, 2.7.0.post2 vs 2.6.3 included)."""
+    out = []
+    for c in cases:
+        ok = [lab for lab in labels if not _failed(data.get((lab, c.id)))]
+        if len(ok) == len(labels) or any(b in ok and k in ok for b, k in stats.pairs_among(labels, pairs)):
+            out.append(c)
+    return out
+
+
+def _failed(cd: CaseData | None) -> bool:
+    """A case record (None: its env's records were dropped, the env failed) that failed for good:
+    error, and not a fault retried once (:func:`_retried`). Its env's workers skip the case."""
+    return cd is None or (cd.status == "error" and not _retried(cd))
 
 
 def _config_cmd(device: str, seed: int, sid: int, quick: bool) -> dict:
@@ -1096,8 +1115,9 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
         if len(labels) >= 2 and not quick:
             done = _settled(comparisons_now(data, labels, cases, sampling, m, pairs=run_pairs, unguarded=unguarded),
                             sampling, m)
-        for c in cases:
-            if not run_pairs or any((base, cand, c.id) not in done for base, cand in run_pairs):
+        for c in cases:  # while a comparison of it, between envs that have not failed it, is undecided
+            if not run_pairs or any((base, cand, c.id) not in done for base, cand in run_pairs
+                                    if not (_failed(data.get((base, c.id))) or _failed(data.get((cand, c.id))))):
                 items.append((c, m))
     if not items:
         return 0
@@ -1127,16 +1147,19 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 raise Interrupted()
             if any(k not in live for k in keys):
                 return n  # a worker was lost: the set ends
-            if any(data[(lab_of[k], c.id)].status == "error" and not _retried(data[(lab_of[k], c.id)]) for k in keys):
+            # the workers of the envs that have not failed this case for good (_todo: a pair of them)
+            ks = [k for k in keys if not _failed(data.get((lab_of[k], c.id)))]
+            if len(ks) < len(keys) and not any(b in {lab_of[k] for k in ks} and q in {lab_of[k] for k in ks}
+                                               for b, q in run_pairs or stats.pairs_among(labels, pairs)):
                 continue
             item = (c.id, m)
             slope = slopes.setdefault(item, stats.SpeedSlope())
             beta, center = slope.beta_center() if sampling.speed_adjust else (0.0, 0.0)
             fits = []
             if item in flip:
-                order = list(reversed(flip.pop(item)))
+                order = [k for k in reversed(flip.pop(item)) if k in ks]
             else:
-                order = list(keys)
+                order = list(ks)
                 rng.shuffle(order)
                 flip[item] = order
             got: dict = {}

@@ -164,6 +164,33 @@ FAULTS = {
 WHAT = {"burst": "burst", "setup": "set-up"}  # how the error text names the step
 
 
+@pytest.mark.parametrize("phase", ["burst", "setup"])
+def test_a_case_failed_in_one_of_three_envs_is_still_compared_between_the_other_two(tmp_path, phase):
+    """New-user trial: a stand-in 2.8.3 that raised at batch 2 dropped the batch-2 cases from every
+    version's timing ("not timed: it failed in 2.8.3"), 2.7.0.post2 vs 2.6.3 included. The failing
+    env's workers skip the case from then on (no set-up, no bursts); the others keep timing it."""
+    fault = (f'if cmd["cmd"] == "{phase}" and batch(cmd) == 2:\n'
+             f'    send(type="{phase}", case=cmd.get("case"), status="error", error_kind="error", '
+             f'error="RuntimeError: no kernel for batch 2")\n'
+             f'    continue')
+    envs = [fake_env(tmp_path, "a"), fake_env(tmp_path, "b"), fake_env(tmp_path, "bad", fault)]
+    cs = cases(1, 2)
+    reason, data, sets = run(envs, cs, tmp_path, max_sets=3)
+    assert reason == "max_sets 3 reached"
+    bad = data[("bad", cs[1].id)]
+    assert bad.status == "error" and bad.error_kind == "error" and "no kernel for batch 2" in bad.error
+    assert sent(tmp_path, "bad", phase, cs[1]) == [0]  # failed once, for good: never sent again
+    assert sent(tmp_path, "bad", "setup", cs[1]) == [0]
+    for lab in ("a", "b"):
+        cd = data[(lab, cs[1].id)]
+        assert cd.status == "ok" and cd.error is None and {1, 2} <= set(measured(cd)), (lab, cd)
+        assert data[(lab, cs[0].id)].status == "ok"
+    assert data[("bad", cs[0].id)].status == "ok" and 2 in measured(data[("bad", cs[0].id)])
+    now = runner.comparisons_now(data, ["a", "b", "bad"], cs, Sampling(), "wall_us")
+    assert ("a", "b", cs[1].id) in now and ("a", "bad", cs[1].id) not in now
+    assert now[("a", "b", cs[1].id)]["n_sets"] >= 2
+
+
 @pytest.mark.parametrize("name,phase", [(f, "burst") for f in FAULTS] + [("abort", "setup"), ("hang", "setup")])
 def test_a_worker_fault_every_time_fails_that_case_after_one_retry(tmp_path, name, phase):
     code, kind, needle = FAULTS[name]
