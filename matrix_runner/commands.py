@@ -224,8 +224,10 @@ def cmd_report(args) -> int:
             raise UsageError(f"{', '.join(apart)}: no case in common with {paths[0]} (the first run, whose first env "
                              "every merged env is compared with, case by case): a merged report of them would "
                              "compare nothing; report each run alone, or merge runs of one config")
-        _merge_notes(paths, runs, noted)
+    warns = _merge_notes(paths, runs, noted) if len(runs) > 1 else []
     res = results.merge(runs, args.min_effect)
+    if warns:
+        res["merge_warnings"] = warns
     out = Path(args.output)
     # a run's results there, plain or archived (.gz: a results.json written beside it would be read
     # in its place, results.find; new-user trial)
@@ -263,13 +265,14 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
-def _merge_notes(paths: list[Path], runs: list[dict], noted: bool) -> None:
+def _merge_notes(paths: list[Path], runs: list[dict], noted: bool) -> list[str]:
     """What ``report`` says before it merges several runs into one report: which runs (unless
     ``report DIR`` named them already: ``noted``), and, on stderr, each run whose machine differs from
     the first one's where it moves every ratio (:func:`machine_differences`: another device or GPU,
     or the CPU at another speed), as ``compare`` warns (new-user trial 2026-12-04: a CPU run merged
     with an H200 run, and two H200 runs whose probes read 3.74 and 6.42 µs, merged without a word).
-    At most :data:`REPORT_LIST_MAX` runs or warnings are named; the rest are counted."""
+    At most :data:`REPORT_LIST_MAX` runs or warnings are named; the rest are counted. Returns every
+    warning, which the merged report's HTML and Markdown carry too (new-user trial: stderr only)."""
     names = [(p.parent.name if p.name in results.NAMES else p.as_posix()) or p.as_posix() for p in paths]
     if not noted:
         more = f" and {len(names) - REPORT_LIST_MAX} more" if len(names) > REPORT_LIST_MAX else ""
@@ -280,6 +283,7 @@ def _merge_notes(paths: list[Path], runs: list[dict], noted: bool) -> None:
         print(f"warning: {w}; the merged report pools them", file=sys.stderr)
     if len(warns) > REPORT_LIST_MAX:
         print(f"warning: and {len(warns) - REPORT_LIST_MAX} more such differences among the merged runs", file=sys.stderr)
+    return warns
 
 
 def _results_path(a: str) -> Path:

@@ -293,16 +293,22 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     the stored command line (``parse``d again) and config, output into the same directory.
     (args, argv, None) when that run finished (nothing to resume). UsageError / ResultsError when
     there is nothing to resume from."""
-    rest, skip = [], False
+    rest, skip, given = [], False, []
     for a in argv[1:]:
         if skip:
             skip = False
         elif a in EXTEND_FLAGS:
             skip = True  # its value
+            given.append(a)
         elif a == "--resume":
             pass
-        elif a != args.resume and a != f"--resume={args.resume}" and a.split("=", 1)[0] not in EXTEND_FLAGS:
+        elif a.split("=", 1)[0] in EXTEND_FLAGS:
+            given.append(a.split("=", 1)[0])
+        elif a != args.resume and a != f"--resume={args.resume}":
             rest.append(a)
+    twice = sorted({f for f in given if given.count(f) > 1})
+    if twice:  # argparse keeps the last (new-user trial: --time-budget=90 --time-budget 30 extended to 30)
+        raise UsageError(f"--resume RUN_DIR {twice[0]}: given {given.count(twice[0])} times; give it once")
     if rest:
         raise UsageError(f"--resume RUN_DIR takes every setting from RUN_DIR/results.json; give no other "
                          f"option than {' or '.join(EXTEND_FLAGS)} to extend it (got {' '.join(rest)})")
@@ -412,7 +418,28 @@ def check_extension(where, doc: dict, extend: dict, unfinished: bool) -> None:
     the sequence's mixing stays the run's (``planned_sets`` is kept by a resume, never re-tuned to
     the new budget)."""
     st = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
-    stopped = (doc.get("timing") or {}).get("stop_reason")
+    timing = doc.get("timing") if isinstance(doc.get("timing"), dict) else {}
+    stopped = timing.get("stop_reason")
+    flags = ' '.join(f for f in EXTEND_FLAGS if EXTEND_FLAGS[f] in extend)
+    if st.get("quick") is True:  # before the values (new-user trial: "give more", then "a quick run")
+        raise UsageError(f"--resume {where} {flags}: that was a --quick run, one process set; start a full run to "
+                         "time more")
+    if doc.get("shards"):  # a shard that finished is kept as it is by a resume (shard module)
+        raise UsageError(f"--resume {where} {flags}: that run was sharded over GPUs or jobs, and a resume only "
+                         "re-runs the shards that did not finish: start it again with the larger budget")
+    if not unfinished and not extendable(stopped):
+        why = ("more sets would stop at once" if isinstance(stopped, str) and stopped.startswith("all wall-time")
+               else "more time would not time more")
+        raise UsageError(f"--resume {where}: that run stopped because {stopped}: {why}")
+    if not unfinished:  # the limit that stopped it must be raised (new-user trial: --max-sets 50 on a run
+        # that stopped on its budget ran one set past that budget)
+        need = "--time-budget" if stopped.startswith("time budget") else "--max-sets"
+        if EXTEND_FLAGS[need] not in extend:
+            raise UsageError(f"--resume {where} {flags}: that run stopped on its "
+                             f"{'time budget' if need == '--time-budget' else 'max_sets'} ({stopped}): raising "
+                             f"{flags} alone would time nothing more; give {need} above its "
+                             + (format(st[EXTEND_FLAGS[need]], "g") if isinstance(st.get(EXTEND_FLAGS[need]), (int, float))
+                                else "own"))
     for flag, key in EXTEND_FLAGS.items():
         if key not in extend:
             continue
@@ -424,17 +451,13 @@ def check_extension(where, doc: dict, extend: dict, unfinished: bool) -> None:
             raise UsageError(f"--resume {where} {flag} {v:g}: the run's own is {old:g}{unit}; give more to extend it "
                              + ("(the earlier sessions' time counts towards it)" if key == "time_budget_s" else
                                 "(its sets so far count towards it)"))
-    flags = ' '.join(f for f in EXTEND_FLAGS if EXTEND_FLAGS[f] in extend)
-    if st.get("quick") is True:
-        raise UsageError(f"--resume {where} {flags}: that was a --quick run, one process set; start a full run to "
-                         "time more")
-    if doc.get("shards"):  # a shard that finished is kept as it is by a resume (shard module)
-        raise UsageError(f"--resume {where} {flags}: that run was sharded over GPUs or jobs, and a resume only "
-                         "re-runs the shards that did not finish: start it again with the larger budget")
-    if not unfinished and not extendable(stopped):
-        why = ("more sets would stop at once" if isinstance(stopped, str) and stopped.startswith("all wall-time")
-               else "more time would not time more")
-        raise UsageError(f"--resume {where}: that run stopped because {stopped}: {why}")
+        n = sum(1 for x in doc.get("sets") or [] if isinstance(x, dict) and x.get("status") != "interrupted")
+        spent = timing.get("timing_phase_s")
+        if key == "time_budget_s" and n and isinstance(spent, (int, float)) and v < spent + spent / n:
+            # the runner sets up and times a resumed run's set whatever the budget left (runner.run_all)
+            raise UsageError(f"--resume {where} {flag} {v:g}: the run has spent {spent:.0f} s timing {n} process "
+                             f"sets (~{spent / n:.1f} s each): give at least {math.ceil(spent + spent / n)} s for "
+                             "another set to fit")
 
 
 def with_flag(argv: list, flag: str, value: str) -> list:

@@ -51,11 +51,12 @@ def fmt_us(v) -> str:
     v = float(v)
     if not math.isfinite(v):
         return "–" if math.isnan(v) else ("∞" if v > 0 else "-∞")  # an unbounded interval's end
-    if abs(v) >= 1000:
+    a = abs(v)  # the precision of the value as rounded (999.6 is "1,000", not "1000"; 9.996 "10.0")
+    if a >= 999.5:
         return f"{v:,.0f}"
-    if abs(v) >= 100:
+    if a >= 99.95:
         return f"{v:.0f}"
-    if abs(v) >= 10:
+    if a >= 9.995:
         return f"{v:.1f}"
     return f"{v:.2f}"
 
@@ -85,7 +86,9 @@ def fmt_delta(c: dict | None, interval: bool = True) -> str:
     d = (c or {}).get("delta_us")
     if d is None or not math.isfinite(float(d)):
         return "–"
-    sign = lambda v: ("+" if v >= 0 else "-") + fmt_us(abs(v))  # noqa: E731  (fmt_us keeps the precision)
+    def sign(v: float) -> str:  # fmt_us's precision; no sign on what rounds to zero ("-0.00")
+        m = fmt_us(abs(v))
+        return m if not m.strip("0.,") else ("+" if v >= 0 else "-") + m
     lo, hi = c.get("delta_ci_low"), c.get("delta_ci_high")
     if (not interval or c.get("unbounded") or c.get("verdict") == "provisional" or lo is None or hi is None
             or not (math.isfinite(float(lo)) and math.isfinite(float(hi)))):
@@ -620,6 +623,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
           "has_device": any("device_us" in (c.get("metrics") or {}) for c in cases)}
     vm["config_overrides"] = config_overrides(res)
+    vm["resumed_note"] = resumed_note(res)
     vm["merged"] = results.is_merge(res)
     vm["heatmap"] = heatmap(vm)
     if with_charts:
@@ -819,6 +823,24 @@ def write_markdown(path, text: str) -> Path:
     return target
 
 
+def resumed_note(res: dict) -> str:
+    """What a resumed (``--resume``) run's reports say of it: the sessions its sets pool and any
+    extension of its budget ("" for a run of one session, or a merged report, whose runs' own
+    reports say it)."""
+    if not res.get("resumed") or results.is_merge(res):
+        return ""
+    names = {"time_budget_s": ("time budget", " s"), "max_sets": ("max_sets", "")}
+    out = (f"Resumed (--resume) at {', '.join(map(str, res['resumed']))}: the sets of {len(res['resumed']) + 1} "
+           "sessions are pooled. Each set is fresh workers of every version taking turns, so a later session's "
+           "sets pair like any others; the CPU may have been in another state then.")
+    for x in res.get("extended") or []:
+        what = ", ".join(f"{names.get(k, (k, ''))[0]} {'–' if (v or [None])[0] is None else format(v[0], 'g')} → "
+                         f"{format(v[1], 'g')}{names.get(k, (k, ''))[1]}" for k, v in x.items() if k != "at")
+        out += (f" At {x.get('at')} it was extended ({what}): its intervals are anytime-valid, so sets added after "
+                "its first verdicts keep their level.")
+    return out
+
+
 def kv_gbps(case: dict) -> float | None:
     """A kvcache case's GB/s of KV read at the device clock (stats.gbps; None for other cases): the
     decode figure that belongs beside its µs in the terminal and Markdown tables."""
@@ -860,11 +882,15 @@ def markdown(res: dict) -> str:
     lines.append("")
     lines.append(f"ratio = candidate / baseline wall time: {vm['ratio_def']}; "
                  "(host) / (device): the difference is host overhead / kernel time. "
-                 "Δ: candidate minus baseline wall time, µs per call, with its interval at the ratio's level.")
+                 f"Δ: {DELTA_DEF}; the interval at the ratio's level.")
     if vm["level_note"]:
         lines.append(esc(vm["level_note"]) + ".")
     if vm["steal_note"]:
         lines.append(f"**Warning:** {esc(vm['steal_note'])}.")
+    for w in res.get("merge_warnings") or []:
+        lines.append(f"**Warning:** {esc(w)}; this report pools them.")
+    if resumed_note(res):
+        lines.append(esc(resumed_note(res)))
     if vm["probe_note"]:
         lines.append(esc(vm["probe_note"]) + ".")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
@@ -874,6 +900,12 @@ def markdown(res: dict) -> str:
         lines.append(f"\n**Wrong results:** {esc(w[0])} {esc(w[1])} {esc(w[2])}: output or gradients differ from "
                      "the fp32 reference beyond tolerance.")
     return "\n".join(lines) + "\n"
+
+
+#: What the Δ column is, in the terminal and Markdown legends (new-user trial: it was read as the
+#: difference of the µs columns beside it, which are plain medians).
+DELTA_DEF = ("candidate minus baseline wall time, µs per call, paired like the ratio, so not the difference of "
+             "the µs columns (plain medians)")
 
 
 VERDICT_STYLE = {"slower": "red", "faster": "green", "same": "white", "ambiguous": "yellow", "provisional": "cyan"}
@@ -969,30 +1001,32 @@ def terminal_table(res: dict, console=None) -> None:
     # device are in the report); each first with the µs difference and its interval, then its point alone
     # (new-user trial: the terminal showed no µs difference), the narrowest (no difference) printed anyway
     all_js = list(range(len(vm["pairs"])))
-    full = None
-    delta = ""
-    for delta in (("ci", "point", "") if vm["candidates"] else ("",)):
-        t = table(vm["table_labels"], all_js, SHOWN, title, delta)
-        if fits(t) or not vm["candidates"]:
-            full = t
+
+    def narrow(delta: str) -> list:
+        return [table([lab for lab in pair if lab in vm["table_labels"]], [i], ("wall_us",), title if i == 0 else "",
+                      delta) for i, pair in enumerate(vm["pairs"])]
+
+    # the first layout that fits: the Δ column before the host and device clocks (new-user trial:
+    # Δ came and went as the width changed, host/dev kept in its place), the narrowest printed anyway
+    layouts = ([(lambda d=d: [table(vm["table_labels"], all_js, SHOWN, title, d)], d, True) for d in ("ci", "point")]
+               + [(lambda d=d: narrow(d), d, False) for d in ("ci", "point", "")]) if vm["candidates"] else \
+        [(lambda: [table(vm["table_labels"], all_js, SHOWN, title, "")], "", True)]
+    for make, delta, full in layouts:
+        tables = make()
+        if all(fits(t) for t in tables):
             break
-    if full is not None:
-        console.print(full)
-        if any(e["case"].get("host_bound") for r in vm["rows"] for e in r["envs"]):
-            console.print("[dim]HB: host-bound (host dispatch ≥ kernel time: the GPU waits for the CPU)[/]")
-    else:
-        blocks = []
-        for delta in ("ci", "point", ""):
-            blocks = [table([lab for lab in pair if lab in vm["table_labels"]], [i], ("wall_us",),
-                            title if i == 0 else "", delta) for i, pair in enumerate(vm["pairs"])]
-            if all(fits(t) for t in blocks):
-                break
-        for t in blocks:
-            console.print(t)
+    for t in tables:
+        console.print(t)
+    if full and any(e["case"].get("host_bound") for r in vm["rows"] for e in r["envs"]):
+        console.print("[dim]HB: host-bound (host dispatch ≥ kernel time: the GPU waits for the CPU)[/]")
     if delta:
-        console.print("[dim]Δ wall µs: candidate minus baseline, µs per call, paired like the ratio"
-                      + (", with its interval at the ratio's level" if delta == "ci" else
-                         " (its interval: the HTML report or --markdown)") + "[/]")
+        shown = [fmt_delta(c["wall"], delta == "ci") for r in vm["rows"] for c in r["comps"]]
+        console.print(f"[dim]Δ wall µs: {DELTA_DEF}"
+                      + ("; the interval at the ratio's level" if any("[" in x for x in shown) else
+                         "" if delta == "ci" else "; its interval: the HTML report or --markdown") + "[/]")
+    elif vm["candidates"]:
+        console.print("[dim]Δ wall µs (the difference in µs per call) does not fit this console's width: see the "
+                      "HTML report or --markdown[/]")
     if vm["candidates"] and str((res.get("settings") or {}).get("method") or "").startswith("lockstep"):
         at_speed = " and taken at one CPU speed" if (res.get("settings") or {}).get("speed_adjust", True) else ""
         cmps = res.get("comparisons") or []
@@ -1016,6 +1050,8 @@ def terminal_table(res: dict, console=None) -> None:
         warn(vm["steal_note"], console)
     if vm["probe_note"]:
         console.print(f"[dim]{escape(vm['probe_note'])}[/]")
+    if resumed_note(res):
+        console.print(f"[dim]{escape(resumed_note(res))}[/]")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         console.print("[dim]GB/s: KV cache read per second at the kernel (device) time (kvcache cases)[/]")
     for w in vm["wrong"]:

@@ -680,6 +680,7 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     if len(runs) == 1 and min_effect is None:
         return runs[0]
     out = json.loads(json.dumps(runs[0], default=_default))
+    out.pop("merge_warnings", None)  # a merged report's own (commands.cmd_report): said again of this merge
 
     def origin(e: dict, r: dict, i: int) -> str:
         # the run an env or a process set was timed in: a merged record's keep theirs (``run_id`` on

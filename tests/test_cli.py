@@ -82,6 +82,9 @@ def test_an_output_dir_that_cannot_be_created_is_a_usage_error_naming_the_option
      "--max-sets 5 with --quick: a quick run times one process set of 2 s of cycles, whatever --max-sets says"),
     (["--versions", "2.6.3,2.7.0.post2", "--quick", "--set-seconds", "0.5"],
      "--set-seconds 0.5 with --quick: a quick run times one process set of 2 s of cycles"),
+    # argparse keeps the last: an extension by --time-budget=90 --time-budget 30 went to 30 (new-user trial)
+    (["--resume", "nowhere", "--time-budget=90", "--time-budget", "30"],
+     "--resume RUN_DIR --time-budget: given 2 times; give it once"),
 ])
 def test_more_bad_input_exits_2(args, needle, tmp_path):
     cp = run_cli(*args, "--envs-dir", str(tmp_path / "envs"), "--output", str(tmp_path / "o"))
@@ -559,7 +562,16 @@ def test_report_of_named_runs_names_them_and_warns_when_their_machines_differ(tm
             "ran at another speed: the speed probe (the same Python work in every worker) read a median of 3.74 µs "
             "in A and 6.42 µs in B (72% apart)") in err, err
     assert err.count("warning:") == 1 and "the merged report pools them" in err
+    # and the merged report's HTML and Markdown carry it (new-user trial: stderr only)
+    page = (tmp_path / "merged" / "index.html").read_text()
+    assert "<b>Warning:</b> h200-2.6.3-vs-2.7.0.post2-12-04-16 (A) and h200-2.6.3-vs-2.7.0.post2-12-04-17 (B): the CPU " \
+           "ran at another speed" in page and "this report pools them" in page
+    assert len(results.load(tmp_path / "merged")["merge_warnings"]) == 1
+    cp = run_cli("report", str(tmp_path / "merged"), "-o", str(tmp_path / "again"), "--markdown", str(tmp_path / "m.md"))
+    assert cp.returncode == 0, cp.stderr
+    assert "**Warning:** h200-2.6.3-vs-2.7.0.post2-12-04-16 (A) and" in (tmp_path / "m.md").read_text()
     out = " ".join(cp.stdout.split())  # both runs hold 2.6.3 and 2.7.0.post2: the second's are renamed
+    cp = run_cli("report", str(fast), str(slow), "-o", str(tmp_path / "merged2"))
     assert ("merged runs: ratio between runs (an env from another run than the baseline's): the ratio of the two "
             "runs' medians of per-set medians, not paired" in out and "(a label marked ' was renamed: the same "
             "label in two runs)" in out and "ratio within a run: paired cycle by cycle" in out), cp.stdout

@@ -302,7 +302,18 @@ def test_extending_a_run_is_refused_where_more_sets_would_add_nothing():
     for d, ext, needle in (
             (doc(budget), {"time_budget_s": 60.0}, "--time-budget 60: the run's own is 60 s; give more"),
             (doc(budget), {"time_budget_s": float("inf")}, "--time-budget inf: give a positive number, a finite one"),
-            (doc(budget), {"max_sets": 0}, "--max-sets 0: give a positive number"),
+            (doc("max_sets 40 reached"), {"max_sets": 0}, "--max-sets 0: give a positive number"),
+            # the limit that stopped the run must be raised (new-user trial: --max-sets on a budget stop)
+            (doc(budget), {"max_sets": 50}, "R --max-sets: that run stopped on its time budget (time budget 60 s: "
+             "another process set would overrun it): raising --max-sets alone would time nothing more; give "
+             "--time-budget above its 60"),
+            (doc("max_sets 40 reached"), {"time_budget_s": 90.0}, "give --max-sets above its 40"),
+            # room for another set: 35 s spent on 5 sets under a 40 s budget
+            ({**doc(budget, time_budget_s=40.0), "timing": {"stop_reason": budget, "timing_phase_s": 35.0},
+              "sets": [{}] * 5}, {"time_budget_s": 41.0}, "--time-budget 41: the run has spent 35 s timing 5 process "
+             "sets (~7.0 s each): give at least 42 s for another set to fit"),
+            # a quick run is said first, before any value (new-user trial)
+            (doc("quick: one process set", quick=True, max_sets=40), {"max_sets": 5}, "that was a --quick run"),
             (doc("quick: one process set", quick=True), {"time_budget_s": 120.0}, "that was a --quick run"),
             ({**doc(budget), "shards": [{"index": 0}]}, {"max_sets": 41}, "R --max-sets: that run was sharded"),
             (doc("all wall-time verdicts decided, every interval within ±1% of its ratio (anytime-valid intervals)"),

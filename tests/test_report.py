@@ -692,7 +692,7 @@ def test_terminal_table_fits_80_columns_with_one_line_per_case(h200):
     assert _row(lines, "B2 S300 bwd") == "B2 S300 bwd 175 371 slower 2.11x [1.13, 2.56] · host +195"
     assert _row(lines, "B512 S150 fwd") == "B512 S150 fwd 557 550 same 0.99x [0.97, 1.02] -7.08"
     assert _row(lines, "case op") == "case op wall µs wall µs wall ratio [95% CI] µs"
-    assert any(ln.startswith("Δ wall µs: candidate minus baseline, µs per call") for ln in lines)
+    assert any(ln.startswith("Δ wall µs: candidate minus baseline wall time, µs per call, paired like the") for ln in lines)
     assert any("every case: H16 D16 · fp16" in ln for ln in lines[:3])
     # wide: every clock per env, still one line per case
     wide = _terminal(h200, 200)
@@ -1313,8 +1313,49 @@ def test_the_reproduce_command_leaves_out_the_runs_own_output_and_a_resume_is_sa
                                   "--markdown", "D/s.md", "--markdown=t.md"]) == ["matrix-run", "--versions", "x", "--quick"]
     assert "Resumed (" not in html
     again = {**res, "resumed": ["2026-12-05T04:13:40+00:00"]}
-    assert ("Resumed (<code>--resume</code>) at 2026-12-05T04:13:40+00:00: the sets of 2 sessions are pooled"
+    assert ("Resumed (--resume) at 2026-12-05T04:13:40+00:00: the sets of 2 sessions are pooled"
             in report.render_html(again, with_charts=False))
+    # an extended run says so, in the HTML, the terminal and the Markdown (new-user trial: HTML only)
+    ext = {**again, "extended": [{"at": "2026-12-05T04:13:40+00:00", "time_budget_s": [60.0, 120.0]}]}
+    said = "At 2026-12-05T04:13:40+00:00 it was extended (time budget 60 → 120 s): its intervals are anytime-valid"
+    assert said in report.render_html(ext, with_charts=False) and said in report.markdown(ext)
+    from rich.console import Console
+    con = Console(record=True, width=400, color_system=None)
+    report.terminal_table(ext, con)
+    text = con.export_text()
+    assert said in text and "Resumed (--resume) at" in text
+    assert report.resumed_note(res) == "" and "Resumed" not in report.markdown(res)
+
+
+def test_delta_keeps_its_column_before_the_host_and_device_clocks_and_is_said_when_left_out():
+    """The Δ column came and went as the width changed (new-user trial: at 100 columns the table
+    kept host/dev and dropped Δ with no word); a console too narrow for it says where it is."""
+    from rich.console import Console
+    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-4")
+    b2 = next(c for c in res["comparisons"] if c["metric"] == "wall_us" and c["label"] == "B2 S150 H16 D16"
+              and c["op"] == "fwd")
+    for width in range(80, 201, 10):
+        con = Console(record=True, width=width, color_system=None)
+        report.terminal_table(res, con)
+        text = con.export_text()
+        assert max(map(len, text.splitlines())) <= width
+        (row,) = [" ".join(ln.split()) for ln in text.splitlines() if " ".join(ln.split()).startswith("B2 S150 fwd ")]
+        # at every width the Δ (with its interval where the layout fits it)
+        assert row.endswith((report.fmt_delta(b2), " " + report.fmt_delta(b2, False))), (width, row)
+        assert width < 100 or row.endswith(report.fmt_delta(b2)) or "/ 7.40 HB" in row, (width, row)
+        assert "Δ wall µs: candidate minus baseline wall time" in " ".join(text.split())
+    con = Console(record=True, width=60, color_system=None)
+    report.terminal_table(res, con)
+    assert "Δ wall µs (the difference in µs per call) does not fit this console's width" in " ".join(
+        con.export_text().split())
+
+
+def test_us_and_delta_formats_follow_the_rounded_value():
+    """fmt_us(999.6) read "1000" beside "1,000"; fmt_delta of a tiny negative read "-0.00" (new-user trial)."""
+    assert [report.fmt_us(v) for v in (999.6, 1000.4, 99.96, 9.996, 9.99, 0.001)] == \
+        ["1,000", "1,000", "100", "10.0", "9.99", "0.00"]
+    assert report.fmt_delta({"delta_us": -0.001}) == "0.00"
+    assert report.fmt_delta({"delta_us": -0.01, "delta_ci_low": -0.2, "delta_ci_high": 0.001}) == "-0.01 [-0.20, 0.00]"
 
 
 def test_one_interval_level_above_95_says_why():
