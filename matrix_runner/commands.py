@@ -93,6 +93,10 @@ def cmd_envs(args) -> int:
                                 "of the directory it runs from, or in --envs-dir)")
     rows = envmod.list_envs(envs_dir)
     if args.action in (None, "list"):
+        if not rows:  # an empty table said nothing (new-user trial)
+            console.print(f"no envs in {escape(str(envs_dir))} yet: matrix-run makes one per version when it runs")
+            return EXIT_OK
+
         def cell(v) -> str:
             return "–" if v is None else escape(str(v))
 
