@@ -134,7 +134,7 @@ def test_envs_list_refuses_labels_and_all(tmp_path):
     cp = run_cli("envs", "list", "--envs-dir", str(tmp_path))
     assert cp.returncode == 0, cp.stderr
     # none yet: a sentence, not an empty table (new-user trial)
-    assert f"no envs in {tmp_path} yet" in flat(cp.stdout + cp.stderr) and "label" not in cp.stdout + cp.stderr
+    assert f"no envs in {tmp_path} yet" in flat(cp.stdout + cp.stderr) and "requested" not in cp.stdout + cp.stderr
 
 
 # -- a closed output pipe -----------------------------------------------------------------------------
