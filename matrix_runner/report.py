@@ -997,17 +997,16 @@ def terminal_table(res: dict, console=None) -> None:
         # the width the table takes unwrapped (measured unclamped: rich clamps to the console's width)
         return Measurement.get(console, console.options.update_width(1 << 16), t).maximum <= console.width
 
-    # the widest layout that fits: every clock, then wall µs only with one block per candidate (host and
-    # device are in the report); each first with the µs difference and its interval, then its point alone
-    # (new-user trial: the terminal showed no µs difference), the narrowest (no difference) printed anyway
     all_js = list(range(len(vm["pairs"])))
 
     def narrow(delta: str) -> list:
         return [table([lab for lab in pair if lab in vm["table_labels"]], [i], ("wall_us",), title if i == 0 else "",
                       delta) for i, pair in enumerate(vm["pairs"])]
 
-    # the first layout that fits: the Δ column before the host and device clocks (new-user trial:
-    # Δ came and went as the width changed, host/dev kept in its place), the narrowest printed anyway
+    # the first layout that fits: every clock, then wall µs only in one block per candidate (host and
+    # device are in the report), each with the Δ column and its interval, then Δ's point alone -- Δ
+    # before the host and device clocks (new-user trial: Δ came and went as the width changed); the
+    # narrowest, without Δ, is printed anyway
     layouts = ([(lambda d=d: [table(vm["table_labels"], all_js, SHOWN, title, d)], d, True) for d in ("ci", "point")]
                + [(lambda d=d: narrow(d), d, False) for d in ("ci", "point", "")]) if vm["candidates"] else \
         [(lambda: [table(vm["table_labels"], all_js, SHOWN, title, "")], "", True)]

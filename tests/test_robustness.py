@@ -153,6 +153,9 @@ INDEX_VERSIONS = ("2.5.9", "2.6.0", "2.6.1", "2.6.2", "2.6.3", "2.7.0.post2")
 def index(monkeypatch):
     """A PEP 691 (JSON simple API) index on 127.0.0.1 listing flash-attn sdists; /html/ answers HTML."""
     seen: list[tuple[str, str]] = []
+    from packaging.tags import sys_tags
+    t = next(iter(sys_tags()))  # wheels for this interpreter (a pin with none for it is refused up front)
+    here = f"{t.interpreter}-{t.abi}-{t.platform}"
 
     def respond(path, port, headers):
         seen.append((path, headers.get("Accept", "")))
@@ -166,15 +169,17 @@ def index(monkeypatch):
             return b"<html><body><a href='x'>flash_attn-2.6.3.tar.gz</a></body></html>", "text/html"
         if path == "/simple/torch/":
             return json.dumps({"meta": {"api-version": "1.0"}, "name": "torch", "files": [
-                {"filename": f"torch-{v}-cp312-cp312-manylinux_2_28_x86_64.whl", "url": "x", "hashes": {}}
-                for v in ("2.5.1", "2.6.0", "2.7.0")]}).encode(), "application/vnd.pypi.simple.v1+json"
+                {"filename": f"torch-{v}-{here}.whl", "url": "x", "hashes": {}}
+                for v in ("2.5.1", "2.6.0", "2.7.0")] + [
+                {"filename": "torch-1.0.0-cp27-cp27mu-manylinux1_x86_64.whl", "url": "x", "hashes": {}}]}).encode(), \
+                "application/vnd.pypi.simple.v1+json"
         if path == "/simple/flash-attn-4/":
             return json.dumps({"meta": {"api-version": "1.0"}, "name": "flash-attn-4", "files": [
                 {"filename": f"flash_attn_4-{v}-py3-none-any.whl", "url": "x", "hashes": {}}
                 for v in ("4.0.0b35", "4.0.0b36")]}).encode(), "application/vnd.pypi.simple.v1+json"
         if path == "/whl/cu130/torch/":  # PyTorch's own index answers PEP 503 HTML, local labels in the names
-            page = (b"<html><body><a href='x'>torch-2.9.1+cu130-cp312-cp312-manylinux_2_28_x86_64.whl</a>"
-                    b"<a href='y' data-yanked=''>torch-2.9.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl</a></body></html>")
+            page = (f"<html><body><a href='x'>torch-2.9.1+cu130-{here}.whl</a>"
+                    f"<a href='y' data-yanked=''>torch-2.9.0+cu130-{here}.whl</a></body></html>").encode()
             return page, "text/html"
         return None
 
@@ -263,6 +268,10 @@ def test_pinned_torch_is_checked_on_its_index_before_anything_is_built(capsys, t
     assert "--torch-index, e.g. https://download.pytorch.org/whl/cu130" in err
     code, err = main(capsys, "plan", "--versions", "2.6.3", "--torch", "2.6.0", "--index-url", index["url"], *base)
     assert code == 0 and "warning" not in err, err
+    # listed, but its only wheel is for another Python: refused before anything is built (new-user trial)
+    code, err = main(capsys, "plan", "--versions", "2.6.3", "--torch", "1.0.0", "--index-url", index["url"], *base)
+    assert code == 2 and f"--torch 1.0.0: torch 1.0.0 on {index['url']} has no wheel for this Python" in err, err
+    assert "(its wheels are for cp27)" in err and "nearest with one: 2.5.1, 2.6.0, 2.7.0" in err, err
     cu = index["root"] + "/whl/cu130"
     code, err = main(capsys, "plan", "--versions", "2.6.3", "--torch", "2.9.1", "--torch-index", cu, *base)
     assert code == 0 and "warning" not in err, err
