@@ -312,8 +312,8 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     if rest:
         raise UsageError(f"--resume RUN_DIR takes every setting from RUN_DIR/results.json; give no other "
                          f"option than {' or '.join(EXTEND_FLAGS)} to extend it (got {' '.join(rest)})")
-    extend = {key: getattr(args, flag[2:].replace("-", "_")) for flag, key in EXTEND_FLAGS.items()
-              if getattr(args, flag[2:].replace("-", "_"), None) is not None}
+    extend = {key: getattr(args, dest(flag)) for flag, key in EXTEND_FLAGS.items()
+              if getattr(args, dest(flag), None) is not None}
     run_dir = Path(args.resume).expanduser().resolve()
     if run_dir.name in results.NAMES:
         run_dir = run_dir.parent
@@ -365,7 +365,7 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         new.device = st["device"]
     elif st.get("device") is not None:  # it had been ignored, and the resume ran on the command's device
         raise bad("device", "must be cuda or cpu (where the run timed its calls)")
-    for arg, key in (*((flag[2:].replace("-", "_"), key) for flag, key in RESUMED_FLAGS.items()),
+    for arg, key in (*((dest(flag), key) for flag, key in RESUMED_FLAGS.items()),
                      ("quick", "quick"), ("cpus", "cpus_request")):
         v = st.get(key)
         if v is None or (st.get("quick") is True and key in ("max_sets", "set_seconds")):
@@ -392,10 +392,15 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     if extend:  # the larger budget, kept by later resumes (settings) and in the command, as if given at the start
         for flag, key in EXTEND_FLAGS.items():
             if key in extend:
-                setattr(new, flag[2:].replace("-", "_"), extend[key])
+                setattr(new, dest(flag), extend[key])
                 doc["command"] = with_flag(doc.get("command") or [], flag, f"{extend[key]:g}")
         new.extended = {key: [st.get(key), v] for key, v in extend.items()}
     return new, new_argv, doc
+
+
+def dest(flag: str) -> str:
+    """The argparse attribute of a long option (``--time-budget`` -> ``time_budget``)."""
+    return flag[2:].replace("-", "_")
 
 
 #: The flags ``--resume RUN_DIR`` takes, to extend a run (a finished one too): its settings keys.
@@ -440,6 +445,8 @@ def check_extension(where, doc: dict, extend: dict, unfinished: bool) -> None:
                              f"{flags} alone would time nothing more; give {need} above its "
                              + (format(st[EXTEND_FLAGS[need]], "g") if isinstance(st.get(EXTEND_FLAGS[need]), (int, float))
                                 else "own"))
+    n = sum(1 for x in doc.get("sets") or [] if isinstance(x, dict) and x.get("status") != "interrupted")
+    spent = timing.get("timing_phase_s")
     for flag, key in EXTEND_FLAGS.items():
         if key not in extend:
             continue
@@ -451,8 +458,6 @@ def check_extension(where, doc: dict, extend: dict, unfinished: bool) -> None:
             raise UsageError(f"--resume {where} {flag} {v:g}: the run's own is {old:g}{unit}; give more to extend it "
                              + ("(the earlier sessions' time counts towards it)" if key == "time_budget_s" else
                                 "(its sets so far count towards it)"))
-        n = sum(1 for x in doc.get("sets") or [] if isinstance(x, dict) and x.get("status") != "interrupted")
-        spent = timing.get("timing_phase_s")
         if key == "time_budget_s" and n and isinstance(spent, (int, float)) and v < spent + spent / n:
             # the runner sets up and times a resumed run's set whatever the budget left (runner.run_all)
             raise UsageError(f"--resume {where} {flag} {v:g}: the run has spent {spent:.0f} s timing {n} process "
@@ -609,7 +614,7 @@ class Run:
         """The command line's overrides of the sampling, and every usage check of the numbers."""
         args = self.args
         for flag, attr in SAMPLING_FLAGS.items():
-            v = getattr(args, flag[2:].replace("-", "_"))
+            v = getattr(args, dest(flag))
             if v is not None:
                 setattr(samp, attr, v)
         for name, v in (("--max-sets", samp.max_sets), ("--set-seconds", samp.set_seconds), ("--burst-ms", samp.burst_ms),
@@ -655,7 +660,7 @@ class Run:
             raise UsageError(f"--fail-on-regression {args.fail_on_regression:g}: give a finite percentage >= 0 "
                              "(5 = fail when a candidate is slower by more than 5%)")
         for flag in ("--max-sets", "--set-seconds"):  # a quick run times one set of quick_set_seconds
-            v = getattr(args, flag[2:].replace("-", "_"), None)
+            v = getattr(args, dest(flag), None)
             if getattr(args, "quick", False) and v is not None:  # new-user trial: --quick --max-sets 5 ran one set
                 raise UsageError(f"{flag} {v:g} with --quick: a quick run times one process set of "
                                  f"{Sampling.quick_set_seconds:g} s of cycles, whatever {flag} says; drop --quick "

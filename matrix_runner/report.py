@@ -807,19 +807,8 @@ def write_markdown(path, text: str) -> Path:
     ``path`` is one): a hard link's other names keep their old content, so a Markdown written
     through a hard link to any file -- a run's own, which pipeline.check_writable_file cannot find
     unless the command reads it -- replaces only this name (new-user trial). Returns the path written."""
-    import os
-    import tempfile
-
     target = Path(path).expanduser().resolve()
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix="." + target.name, suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    results.write_atomic(target, lambda f: f.write(text))
     return target
 
 
@@ -889,8 +878,9 @@ def markdown(res: dict) -> str:
         lines.append(f"**Warning:** {esc(vm['steal_note'])}.")
     for w in res.get("merge_warnings") or []:
         lines.append(f"**Warning:** {esc(w)}; this report pools them.")
-    if resumed_note(res):
-        lines.append(esc(resumed_note(res)))
+    resumed = resumed_note(res)
+    if resumed:
+        lines.append(esc(resumed))
     if vm["probe_note"]:
         lines.append(esc(vm["probe_note"]) + ".")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
@@ -1049,8 +1039,9 @@ def terminal_table(res: dict, console=None) -> None:
         warn(vm["steal_note"], console)
     if vm["probe_note"]:
         console.print(f"[dim]{escape(vm['probe_note'])}[/]")
-    if resumed_note(res):
-        console.print(f"[dim]{escape(resumed_note(res))}[/]")
+    resumed = resumed_note(res)
+    if resumed:
+        console.print(f"[dim]{escape(resumed)}[/]")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         console.print("[dim]GB/s: KV cache read per second at the kernel (device) time (kvcache cases)[/]")
     for w in vm["wrong"]:

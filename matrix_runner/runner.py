@@ -1149,9 +1149,10 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                 return n  # a worker was lost: the set ends
             # the workers of the envs that have not failed this case for good (_todo: a pair of them)
             ks = [k for k in keys if not _failed(data.get((lab_of[k], c.id)))]
-            if len(ks) < len(keys) and not any(b in {lab_of[k] for k in ks} and q in {lab_of[k] for k in ks}
-                                               for b, q in run_pairs or stats.pairs_among(labels, pairs)):
-                continue
+            if len(ks) < len(keys):
+                healthy = {lab_of[k] for k in ks}
+                if not any(b in healthy and q in healthy for b, q in run_pairs or stats.pairs_among(labels, pairs)):
+                    continue
             item = (c.id, m)
             slope = slopes.setdefault(item, stats.SpeedSlope())
             beta, center = slope.beta_center() if sampling.speed_adjust else (0.0, 0.0)

@@ -1239,7 +1239,7 @@ class Server:
                 fn = b.wall_samples if cmd["clock"] == "wall" else b.host_samples
                 refs: list | None = [] if cmd.get("probe", True) else None  # the CPU-speed probe between samples
                 t0 = time.monotonic_ns()
-                samples = fn(inner, ms / 1e3, refs, max(1, int(cmd.get("min_samples", 1))))
+                samples = fn(inner, ms / 1e3, refs, int(cmd.get("min_samples", 1)))  # (at least 1: fn's rule)
                 rec.update(us=statistics.median(samples), n=len(samples), inner=inner)
                 if refs:
                     rec["ref_us"] = statistics.median(refs)
