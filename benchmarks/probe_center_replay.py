@@ -43,7 +43,11 @@ factor (the runner: its own cycles').
 of 2026-12-04) is first taken back to the ``full`` rule on the same cycles (:func:`undone`), so "as run"
 is ``full`` and the two-slope rule starts from it, as for the older runs.
 
-Usage: python benchmarks/probe_center_replay.py [--min-sets N] [--as-full] RUN [RUN ...]
+Clipped rule (``clipped``, 2026-12-05): the two-slope rule, but the share is not carried beyond the
+probe differences it was estimated on (``--clip K``: dm held to +-K times the largest of the earlier
+sets, any case; :func:`two_slope`).
+
+Usage: python benchmarks/probe_center_replay.py [--min-sets N] [--as-full] [--clip K] RUN [RUN ...]
 """
 from __future__ import annotations
 
@@ -62,12 +66,15 @@ from scipy import stats as sps  # noqa: E402
 
 from matrix_runner import report, results, stats  # noqa: E402
 
-MODES = ("as run", "centred", "2-slope", "pretest")
+MODES = ("as run", "centred", "2-slope", "pretest", "clipped")
 #: Earlier sets before the two-slope rule estimates its share (until then: the runner's rule);
 #: ``--min-sets N`` sets another (the runner's is stats.PROBE_SHARE_MIN_SETS).
 MIN_SETS = stats.PROBE_SHARE_MIN_SETS
 #: ``--as-full``: take runs made with probe_share: estimated back to full first (:func:`undone`)
 AS_FULL = False
+#: ``clipped`` mode: a set's probe difference dm counts only up to this many times the largest |dm| of
+#: the earlier sets, any case (``--clip K``)
+CLIP = 1.0
 CLOCKS = ("wall_us", "host_us")
 
 
@@ -142,14 +149,19 @@ def probe_share_bound(groups, level: float = 0.95) -> tuple[float, float]:
     return min(1.0, max(0.0, b)), b + float(sps.t.ppf(level, df)) * se
 
 
-def two_slope(d: dict, min_sets: int = MIN_SETS, pretest: bool = False) -> dict:
+def two_slope(d: dict, min_sets: int = MIN_SETS, pretest: bool = False, clip: float | None = None) -> dict:
     """A copy of results ``d`` under the two-slope rule: a set's between-worker probe difference (per
     case, the mean over its cycles of the two bursts' log probe difference, dm) counts with
     rho * beta instead of beta, rho the share of it that reached the plain call ratios in the
     earlier sets (least squares of the sets' plain mean log ratios on beta * dm, each case centred,
     pooled over cases, clamped to [0, 1]); before ``min_sets`` earlier sets, rho = 1 (the runner's rule).
     Per cycle: z = adjusted log ratio + (1 - rho) * beta * dm, i.e. each value of the candidate
-    (worker, set) times exp((1 - rho) * beta * dm)."""
+    (worker, set) times exp((1 - rho) * beta * dm).
+
+    ``clip`` (the ``clipped`` mode): once rho is estimated, the counted part is rho * beta * dm with dm
+    held to +-clip times the largest |dm| of the earlier sets (any case) -- the share is not carried
+    beyond the probe differences it was estimated on (a worker whose probe reads far off its partner's
+    for a whole set, calls alike, is not turned into a set ratio)."""
     d = copy.deepcopy(d)
     labs = [e["label"] for e in d["envs"] if e.get("status") == "ok"]
     base, cand = labs[0], labs[1]
@@ -158,8 +170,10 @@ def two_slope(d: dict, min_sets: int = MIN_SETS, pretest: bool = False) -> dict:
         by.setdefault(c["id"], {})[c["env"]] = c
     order = sorted({int(s) for c in d["cases"] for s in ((c.get("metrics") or {}).get("wall_us") or {}).get("by_set", {})})
     rows: dict = {}  # case id -> [(set, beta*dm, plain mean log ratio)]
+    seen_dm: list = []  # |dm| of every case of the earlier sets (``clip``)
     for sid in order:
         s = str(sid)
+        now_dm: list = []
         # rho from the earlier sets only, by the runner's estimator
         n_prev = len({p[0] for pts in rows.values() for p in pts})
         if pretest:  # the share only where the earlier sets' calls followed less than all of it (its bound < 1)
@@ -186,12 +200,17 @@ def two_slope(d: dict, min_sets: int = MIN_SETS, pretest: bool = False) -> dict:
             dm = sum(math.log(rb[k] / ra[k]) for k in ks) / len(ks)
             raw = sum(math.log(pb[k] / pa[k]) for k in ks) / len(ks)
             f = math.exp((1.0 - rho) * beta * dm)
+            if clip is not None and n_prev >= min_sets and seen_dm:
+                r = clip * max(seen_dm)
+                f = math.exp(beta * dm - rho * beta * max(-r, min(r, dm)))
             for clock in CLOCKS:
                 m = pair[cand]["metrics"].get(clock) or {}
                 per = (m.get("by_set") or {}).get(s)
                 if isinstance(per, dict) and (m.get("speed_by_set") or {}).get(s):
                     m["by_set"][s] = {k: (v * f if isinstance(v, (int, float)) else v) for k, v in per.items()}
             rows.setdefault(cid, []).append((sid, beta * dm, raw))
+            now_dm.append(abs(dm))
+        seen_dm += now_dm
     return d
 
 
@@ -251,7 +270,8 @@ def main(runs: list[str]) -> None:
         parts = []
         for mode in MODES:
             cs = judged(d if mode == "as run" else centred(d) if mode == "centred"
-                        else two_slope(d, MIN_SETS, pretest=mode == "pretest"))
+                        else two_slope(d, MIN_SETS, pretest=mode == "pretest",
+                                       clip=CLIP if mode == "clipped" else None))
             w = [c for c in cs if c["metric"] == "wall_us"]
             b512 = [hw(c) for c in w if c["label"].startswith("B512 ") and c["op"] == "fwd"]
             b2 = [hw(c) for c in w if c["label"].startswith("B2 ") and c["op"] == "fwd"]
@@ -301,10 +321,13 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    while sys.argv[1:2] in (["--min-sets"], ["--as-full"]):  # either order
+    while sys.argv[1:2] in (["--min-sets"], ["--as-full"], ["--clip"]):  # any order
         if sys.argv[1] == "--as-full":
             AS_FULL = True
             del sys.argv[1:2]
+        elif sys.argv[1] == "--clip":
+            CLIP = float(sys.argv[2])
+            del sys.argv[1:3]
         else:
             MIN_SETS = int(sys.argv[2])
             del sys.argv[1:3]

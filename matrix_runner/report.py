@@ -508,6 +508,12 @@ def probe_note(res: dict) -> str:
         hop += (f"; in {len(shares)} process set{'s' if len(shares) != 1 else ''} the speed adjustment counted {rng} of "
                 "the set's between-worker probe difference, the share the earlier pinned sets' calls followed "
                 f"(sampling.probe_share: estimated; the first {first} pinned sets counted all of it)")
+        held = [s for s in res.get("sets") or [] if s.get("probe_held")]
+        if held:  # runner.apply_probe_share: beyond stats.PROBE_SHARE_REACH times the earlier sets' largest
+            reach = st.get("probe_share_reach") or stats.PROBE_SHARE_REACH
+            hop += (f"; in {len(held)} of them the workers' probes differed by more than {reach:g}x the earlier sets' "
+                    "largest difference, and only that much counted (a share is not carried beyond the "
+                    "differences it was estimated on)")
     elif (st.get("probe_share") == "estimated" and not st.get("quick") and not results.is_merge(res)
           and sum(1 for e in res.get("envs") or [] if e.get("status") == "ok") >= 2
           and any(s.get("pinned") for s in res.get("sets") or [])):

@@ -865,6 +865,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             share = apply_probe_share(data, labels, ready, sid, sampling, unpinned=unguarded_now, cache=share_cache)
             if share is not None:  # an interrupted set too (it has no cycles count: new-user trial)
                 rec["probe_share"] = round(share, 4)
+                held = sorted({c for (_, c), cd in data.items() if "held" in (cd.speed["wall_us"].get(sid) or {})})
+                if held:  # its probe difference lay beyond stats.PROBE_SHARE_REACH times the earlier sets'
+                    rec["probe_held"] = len(held)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, t_cyc_end - t_cyc - budget), 3)
         rec["steal"], j0 = (_stretch_share(st) if hopping else _steal_since(j0, steal_cpus)), None
@@ -1272,10 +1275,12 @@ def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int
     """``sampling.probe_share: estimated``: set ``sid``'s speed-adjusted values (wall and host) taken
     with only the share (:func:`stats.probe_share`) of its between-worker probe difference that the
     calls felt in the earlier *pinned* sets (their :func:`share_points`; ``cache``: set id -> those,
-    kept across calls): each (env, case, clock) cycle value times exp((1 - share) * beta_k * dm),
+    kept across calls): each (env, case, clock) cycle value times exp(beta_k * (dm - share * d)),
     beta_k the slope that cycle was adjusted with (``CaseData.cycle_beta``; a --resume's first cycles
-    ran with none), dm its :func:`share_points` probe difference; the set's mean log shift is kept as
-    ``between`` in ``CaseData.speed``. Returns the share, or None where the option is off, the speed
+    ran with none), dm its :func:`share_points` probe difference (log µs), d = dm held to
+    +-``stats.PROBE_SHARE_REACH`` times the largest |dm| of the earlier sets (the share is not carried
+    beyond the differences it was estimated on; a held d is kept as ``held``); the set's mean log
+    shift is kept as ``between`` in ``CaseData.speed``. Returns the share, or None where the option is off, the speed
     is not adjusted, the set has one env or timed nothing, it ran unpinned (``unpinned``: its workers did not share a
     core, so their probe difference is CPU speed: the whole of it counts) or fewer than
     ``sampling.probe_share_min_sets`` (a resumed run's own; else stats.PROBE_SHARE_MIN_SETS) earlier
@@ -1290,23 +1295,28 @@ def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int
     if len(earlier) < (sampling.probe_share_min_sets or stats.PROBE_SHARE_MIN_SETS):
         return None
     groups: dict = {}
+    seen = 0.0  # the largest |dm| of the earlier sets, any case and env
     for s in earlier:
         if s not in cache:
             cache[s] = share_points(data, labels, cases, s)
         for key, (beta, dm, dy) in cache[s].items():
             groups.setdefault(key, []).append((beta * dm, dy))
+            seen = max(seen, abs(dm))
     share = stats.probe_share(list(groups.values()))
-    if share < 1.0:
-        for m in CYCLED:
-            for (cid, lab), (beta, dm, _) in share_points(data, labels, cases, sid, m).items():
-                cd = data[(lab, cid)]
-                vals = cd.sets[m].get(sid)
-                if not isinstance(vals, dict) or not vals or beta <= 0:
-                    continue
-                betas = cd.cycle_beta[m].get(sid) or {}
-                shifts = {k: (1.0 - share) * float(betas.get(k, beta)) * dm for k in vals}
-                cd.sets[m][sid] = {k: v * math.exp(shifts[k]) for k, v in vals.items()}
-                cd.speed[m][sid]["between"] = round(sum(shifts.values()) / len(shifts), 5)
+    reach = stats.PROBE_SHARE_REACH * seen
+    for m in CYCLED:
+        for (cid, lab), (beta, dm, _) in share_points(data, labels, cases, sid, m).items():
+            cd = data[(lab, cid)]
+            vals = cd.sets[m].get(sid)
+            counted = max(-reach, min(reach, dm))  # the share is not carried beyond what it was estimated on
+            if not isinstance(vals, dict) or not vals or beta <= 0 or (share >= 1.0 and counted == dm):
+                continue
+            betas = cd.cycle_beta[m].get(sid) or {}
+            shifts = {k: float(betas.get(k, beta)) * (dm - share * counted) for k in vals}
+            cd.sets[m][sid] = {k: v * math.exp(shifts[k]) for k, v in vals.items()}
+            cd.speed[m][sid]["between"] = round(sum(shifts.values()) / len(shifts), 5)
+            if counted != dm:  # results.json: speed_by_set[set]["held"], the dm counted (report.probe_note)
+                cd.speed[m][sid]["held"] = round(counted, 5)
     return share
 
 

@@ -803,6 +803,18 @@ def within_sums(groups) -> tuple[float, float, float, float]:
 #: +-3.44 %). 8 had been the first choice (2026-12-04), but a live CPU A/A run lost its four
 #: comparisons to an offset in its 6th set; 3 leaves only the first three sets exposed.
 PROBE_SHARE_MIN_SETS = 3
+#: ``sampling.probe_share: estimated``: a set's between-worker probe difference counts (times the share)
+#: only up to this many times the largest one of the earlier pinned sets (any case, any env): the share
+#: is not carried beyond the probe differences it was estimated on. Why: CPU self-check of 2026-12-05
+#: (this 2-core machine), A/A run 9 set 4: worker b's probe read 6.41 µs against a's 3.73 while their
+#: calls matched (35.5 vs 35.0 µs); the first four sets had probe differences of ~1 %, which gave no
+#: spread to judge a share by (1), and the adjustment turned the probe difference into a set ratio of
+#: 0.61 that left all four of the run's comparisons "ambiguous" at +-5-12 %. Replayed
+#: (benchmarks/probe_center_replay.py --as-full --clip K, benchmarks/results/probe-reach-replay-12-05.txt):
+#: on the 39 CPU self-check A/A runs of 2026-12-04/05, 156 of 156 comparisons "same" with 2 or 3 (152
+#: without, 154 with 5); on 139 H200 runs (95 A/A) 3 changed 4 runs by at most 0.2 %-points of one
+#: interval and no verdict or +-3 % count, 2 changed 8.
+PROBE_SHARE_REACH = 3.0
 #: The threshold of ``estimated`` runs whose results.json does not record one (made before
 #: settings.probe_share_min_sets existed, with the first choice): what a resume keeps and the report names.
 PROBE_SHARE_MIN_SETS_UNRECORDED = 8

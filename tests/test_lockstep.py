@@ -1059,6 +1059,40 @@ def test_probe_share_waits_for_three_earlier_pinned_sets_and_keeps_calls_that_fo
     assert runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="estimated")) == pytest.approx(1.0)
 
 
+def test_probe_share_is_not_carried_beyond_the_probe_differences_it_was_estimated_on():
+    """CPU self-check of 2026-12-05, A/A run 9 set 4: the first sets' probes differed by ~1 %, which gave
+    no spread to judge a share by (1), then one worker's probe read 1.72x its partner's for a whole set
+    while their calls matched, and the full adjustment made that an A/A set ratio of 0.61. The
+    difference counts only up to stats.PROBE_SHARE_REACH times the earlier sets' largest."""
+    from matrix_runner import runner, stats
+    from matrix_runner.config import Sampling
+
+    assert stats.PROBE_SHARE_REACH == 3.0
+    odd = math.log(6.41 / 3.73)
+    c, data = _share_data(10, odd=odd)
+    a, b = data[("a", c.id)], data[("b", c.id)]
+    for s in range(9):  # earlier sets: b's calls follow its probe exactly (share 1), offsets up to 3 %
+        for m in ("wall_us", "host_us"):
+            b.raw[m][s] = {k: 100.0 * (b.refs[m][s][k] / a.refs[m][s][k]) ** 0.8 for k in range(6)}
+    ratio = lambda: statistics.median(b.sets["wall_us"][9][k] / a.sets["wall_us"][9][k] for k in range(6))
+    assert ratio() == pytest.approx(math.exp(-0.8 * odd), rel=1e-9)  # the full adjustment: 0.648
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="estimated")) == pytest.approx(1.0)
+    # each env's dm is half the difference (+-odd/2); the earlier sets' largest half-difference 0.015
+    assert ratio() == pytest.approx(math.exp(-0.8 * 2 * 3.0 * 0.015), rel=1e-6)  # 0.930: 3x the largest counted
+    assert b.speed["wall_us"][9]["held"] == pytest.approx(3.0 * 0.015, abs=1e-5)
+    assert a.speed["wall_us"][9]["held"] == pytest.approx(-3.0 * 0.015, abs=1e-5)
+    # within the reach nothing is held and a share of 1 leaves the values as they were
+    c, data = _share_data(10, odd=0.04)
+    for s in range(10):
+        for m in ("wall_us", "host_us"):
+            cd = data[("b", c.id)]
+            cd.raw[m][s] = {k: 100.0 * (cd.refs[m][s][k] / data[("a", c.id)].refs[m][s][k]) ** 0.8 for k in range(6)}
+    before = dict(data[("b", c.id)].sets["wall_us"][9])
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 9, Sampling(probe_share="estimated")) == pytest.approx(1.0)
+    after = data[("b", c.id)].sets["wall_us"][9]
+    assert after == pytest.approx(before, rel=1e-9) and "held" not in data[("b", c.id)].speed["wall_us"][9]
+
+
 def test_probe_share_shifts_each_cycle_by_the_slope_it_was_adjusted_with():
     """A --resume starts its slopes afresh, so its first cycles ran unadjusted (slope 0): those get no
     shift (review: the set's last slope had been applied to every cycle)."""

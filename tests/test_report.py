@@ -1237,6 +1237,12 @@ def test_the_report_says_what_share_of_the_probe_difference_the_adjustment_count
     # runs from the late evening of 2026-12-04 on record how many pinned sets came before the share (stats.PROBE_SHARE_MIN_SETS)
     now = report.probe_note({**doc, "settings": {"probe_share": "estimated", "probe_share_min_sets": 3}})
     assert "(sampling.probe_share: estimated; the first 3 pinned sets counted all of it)" in now
+    assert "differed by more than" not in now
+    # a set whose probe difference lay beyond stats.PROBE_SHARE_REACH times the earlier sets' largest
+    held = report.probe_note({**doc, "settings": {"probe_share": "estimated", "probe_share_reach": 3.0},
+                              "sets": doc["sets"] + [{"set": 10, "probe_share": 0.2, "probe_held": 1}]})
+    assert "; in 1 of them the workers' probes differed by more than 3x the earlier sets' largest difference, " \
+           "and only that much counted (a share is not carried beyond the differences it was estimated on)" in held
 
 
 def test_compare_warns_when_one_run_counted_only_part_of_its_probe_differences():
