@@ -45,7 +45,9 @@ is ``full`` and the two-slope rule starts from it, as for the older runs.
 
 Clipped rule (``clipped``, 2026-12-05): the two-slope rule, but the share is not carried beyond the
 probe differences it was estimated on (``--clip K``: dm held to +-K times the largest of the earlier
-sets, any case; :func:`two_slope`).
+sets, any case; :func:`two_slope`; ``--first-reach R``: in the first sets, before a share is estimated,
+the set-wide difference, the median of the cases' dm, held to +-R, the log of the two workers' full
+probe difference, and every case's dm less the excess).
 
 Usage: python benchmarks/probe_center_replay.py [--min-sets N] [--as-full] [--clip K] RUN [RUN ...]
 """
@@ -75,6 +77,10 @@ AS_FULL = False
 #: ``clipped`` mode: a set's probe difference dm counts only up to this many times the largest |dm| of
 #: the earlier sets, any case (``--clip K``)
 CLIP = 1.0
+#: ``clipped`` mode, before the share is estimated (the first sets, which count the whole difference):
+#: the set-wide probe difference (the median of the cases' dm) held to +- this, every case's dm moved by
+#: the excess (log, the two workers' full difference; ``--first-reach R``); None: not held
+FIRST_REACH = None
 CLOCKS = ("wall_us", "host_us")
 
 
@@ -186,6 +192,7 @@ def two_slope(d: dict, min_sets: int = MIN_SETS, pretest: bool = False, clip: fl
             rho = 1.0 if n_prev < min_sets or upper >= 1.0 else est
         else:
             rho = 1.0 if n_prev < min_sets else stats.probe_share([[(x, y) for _, x, y in pts] for pts in rows.values()])
+        items = []
         for cid, pair in by.items():
             if base not in pair or cand not in pair:
                 continue
@@ -196,13 +203,17 @@ def two_slope(d: dict, min_sets: int = MIN_SETS, pretest: bool = False, clip: fl
             ks = [k for k in pa if k in pb and k in ra and k in rb and ra[k] > 0 and rb[k] > 0 and pa[k] > 0 and pb[k] > 0]
             if not sl or len(ks) < 2:
                 continue
-            beta = float(sl["beta"])
-            dm = sum(math.log(rb[k] / ra[k]) for k in ks) / len(ks)
-            raw = sum(math.log(pb[k] / pa[k]) for k in ks) / len(ks)
+            items.append((cid, pair, float(sl["beta"]), sum(math.log(rb[k] / ra[k]) for k in ks) / len(ks),
+                          sum(math.log(pb[k] / pa[k]) for k in ks) / len(ks)))
+        # the set-wide part of the probe difference (median over cases; ``--first-reach``)
+        whole = statistics.median(dm for *_, dm, _ in items) if items else 0.0
+        for cid, pair, beta, dm, raw in items:
             f = math.exp((1.0 - rho) * beta * dm)
             if clip is not None and n_prev >= min_sets and seen_dm:
                 r = clip * max(seen_dm)
                 f = math.exp(beta * dm - rho * beta * max(-r, min(r, dm)))
+            elif clip is not None and n_prev < min_sets and FIRST_REACH is not None:
+                f = math.exp(beta * (whole - max(-FIRST_REACH, min(FIRST_REACH, whole))))  # its excess only
             for clock in CLOCKS:
                 m = pair[cand]["metrics"].get(clock) or {}
                 per = (m.get("by_set") or {}).get(s)
@@ -321,12 +332,15 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    while sys.argv[1:2] in (["--min-sets"], ["--as-full"], ["--clip"]):  # any order
+    while sys.argv[1:2] in (["--min-sets"], ["--as-full"], ["--clip"], ["--first-reach"]):  # any order
         if sys.argv[1] == "--as-full":
             AS_FULL = True
             del sys.argv[1:2]
         elif sys.argv[1] == "--clip":
             CLIP = float(sys.argv[2])
+            del sys.argv[1:3]
+        elif sys.argv[1] == "--first-reach":
+            FIRST_REACH = float(sys.argv[2])
             del sys.argv[1:3]
         else:
             MIN_SETS = int(sys.argv[2])

@@ -822,6 +822,7 @@ class Run:
                                              if samp.probe_share == "estimated" else None),
                     # a set's probe difference counts only up to this many times the earlier sets' largest
                     "probe_share_reach": stats.PROBE_SHARE_REACH if samp.probe_share == "estimated" else None,
+                    "probe_first_reach": stats.PROBE_FIRST_REACH if samp.probe_share == "estimated" else None,
                     "preimport": samp.preimport, "prefetch_depth": samp.prefetch_depth, "cpus_request": args.cpus, "time_budget_s": samp.time_budget_s,
                     "fail_on_regression": args.fail_on_regression,
                     "case_timeout_s": args.case_timeout, "build": opts.build, "offline": opts.offline,

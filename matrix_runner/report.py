@@ -508,18 +508,21 @@ def probe_note(res: dict) -> str:
         hop += (f"; in {len(shares)} process set{'s' if len(shares) != 1 else ''} the speed adjustment counted {rng} of "
                 "the set's between-worker probe difference, the share the earlier pinned sets' calls followed "
                 f"(sampling.probe_share: estimated; the first {first} pinned sets counted all of it)")
-        held = [s for s in res.get("sets") or [] if s.get("probe_held")]
-        if held:  # runner.apply_probe_share: beyond stats.PROBE_SHARE_REACH times the earlier sets' largest
-            reach = st.get("probe_share_reach") or stats.PROBE_SHARE_REACH
-            hop += (f"; in {len(held)} of them the workers' probes differed by more than {reach:g}x the earlier sets' "
-                    "largest difference, and only that much counted (a share is not carried beyond the "
-                    "differences it was estimated on)")
     elif (st.get("probe_share") == "estimated" and not st.get("quick") and not results.is_merge(res)
           and sum(1 for e in res.get("envs") or [] if e.get("status") == "ok") >= 2
           and any(s.get("pinned") for s in res.get("sets") or [])):
         # only where a share could have come (2+ envs, pinned sets, not --quick: review), so the reason is this one
         hop += (f"; sampling.probe_share: estimated, but no set came after {first} earlier "
                 "pinned sets, so every set counted its whole between-worker probe difference")
+    held = sum(1 for s in res.get("sets") or [] if s.get("probe_held"))
+    if held:  # runner.apply_probe_share: beyond stats.PROBE_SHARE_REACH times the earlier sets' largest,
+        # or, before a share, beyond stats.PROBE_FIRST_REACH
+        reach = st.get("probe_share_reach") or stats.PROBE_SHARE_REACH
+        first_reach = st.get("probe_first_reach") or stats.PROBE_FIRST_REACH
+        hop += (f"; in {held} process set{'s' if held != 1 else ''} the workers' probes differed by more than the "
+                f"adjustment counts (before a share is estimated: {first_reach:g} in log from their mean; after: "
+                f"{reach:g}x the earlier sets' largest difference), and only that much counted (a share is not "
+                "carried beyond the differences it was estimated on)")
     read = f"a median of {m:.2f} µs in this run"
     if results.is_merge(res):  # results.merge: one median over several runs' states means nothing
         per = [(e.get("label"), probe_median_us(res, e.get("label"))) for e in res.get("envs") or []]

@@ -44,6 +44,7 @@ import json
 import math
 import random
 import re
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field
@@ -865,9 +866,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             share = apply_probe_share(data, labels, ready, sid, sampling, unpinned=unguarded_now, cache=share_cache)
             if share is not None:  # an interrupted set too (it has no cycles count: new-user trial)
                 rec["probe_share"] = round(share, 4)
-                held = sorted({c for (_, c), cd in data.items() if "held" in (cd.speed["wall_us"].get(sid) or {})})
-                if held:  # its probe difference lay beyond stats.PROBE_SHARE_REACH times the earlier sets'
-                    rec["probe_held"] = len(held)
+            held = {c for (_, c), cd in data.items() if "held" in (cd.speed["wall_us"].get(sid) or {})}
+            if held:  # its probe difference lay beyond what the share was estimated on (apply_probe_share)
+                rec["probe_held"] = len(held)
         budget = sampling.quick_set_seconds if quick else sampling.set_seconds
         rec["extended_s"] = round(max(0.0, t_cyc_end - t_cyc - budget), 3)
         rec["steal"], j0 = (_stretch_share(st) if hopping else _steal_since(j0, steal_cpus)), None
@@ -1284,7 +1285,9 @@ def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int
     is not adjusted, the set has one env or timed nothing, it ran unpinned (``unpinned``: its workers did not share a
     core, so their probe difference is CPU speed: the whole of it counts) or fewer than
     ``sampling.probe_share_min_sets`` (a resumed run's own; else stats.PROBE_SHARE_MIN_SETS) earlier
-    pinned sets give the share (until then the whole difference counts, as with ``full``)."""
+    pinned sets give the share: until then the whole difference counts, as with ``full``, but an env's
+    set-wide difference (the median of its cases' dm) only up to +-``stats.PROBE_FIRST_REACH``: each
+    of its cases' dm less the excess."""
     if sampling.probe_share != "estimated" or not sampling.speed_adjust or len(labels) < 2 or sid in unpinned:
         return None
     if not any(cd.sets["wall_us"].get(sid) for (lab, _), cd in data.items() if lab in labels):
@@ -1292,23 +1295,32 @@ def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int
     cache = {} if cache is None else cache
     earlier = sorted({s for (lab, _), cd in data.items() if lab in labels for s in cd.raw["wall_us"]
                       if s < sid and s not in unpinned})
-    if len(earlier) < (sampling.probe_share_min_sets or stats.PROBE_SHARE_MIN_SETS):
-        return None
-    groups: dict = {}
-    seen = 0.0  # the largest |dm| of the earlier sets, any case and env
-    for s in earlier:
-        if s not in cache:
-            cache[s] = share_points(data, labels, cases, s)
-        for key, (beta, dm, dy) in cache[s].items():
-            groups.setdefault(key, []).append((beta * dm, dy))
-            seen = max(seen, abs(dm))
-    share = stats.probe_share(list(groups.values()))
-    reach = stats.PROBE_SHARE_REACH * seen
+    estimated = len(earlier) >= (sampling.probe_share_min_sets or stats.PROBE_SHARE_MIN_SETS)
+    share, reach = 1.0, stats.PROBE_FIRST_REACH  # too few earlier sets: all of it counts, up to the first reach
+    if estimated:
+        groups: dict = {}
+        seen = 0.0  # the largest |dm| of the earlier sets, any case and env
+        for s in earlier:
+            if s not in cache:
+                cache[s] = share_points(data, labels, cases, s)
+            for key, (beta, dm, dy) in cache[s].items():
+                groups.setdefault(key, []).append((beta * dm, dy))
+                seen = max(seen, abs(dm))
+        share = stats.probe_share(list(groups.values()))
+        reach = stats.PROBE_SHARE_REACH * seen
     for m in CYCLED:
-        for (cid, lab), (beta, dm, _) in share_points(data, labels, cases, sid, m).items():
+        pts = share_points(data, labels, cases, sid, m)
+        excess: dict = {}  # before a share: env -> its set-wide difference (median over cases) beyond the reach
+        for lab in labels if not estimated else ():
+            ds = [dm for (_, lb), (_, dm, _) in pts.items() if lb == lab]
+            whole = statistics.median(ds) if ds else 0.0
+            excess[lab] = whole - max(-reach, min(reach, whole))
+        for (cid, lab), (beta, dm, _) in pts.items():
             cd = data[(lab, cid)]
             vals = cd.sets[m].get(sid)
-            counted = max(-reach, min(reach, dm))  # the share is not carried beyond what it was estimated on
+            # the share is not carried beyond what it was estimated on; before one, only a set-wide
+            # difference beyond the first reach is held (one case's few cycles can differ by CPU speed)
+            counted = max(-reach, min(reach, dm)) if estimated else dm - excess[lab]
             if not isinstance(vals, dict) or not vals or beta <= 0 or (share >= 1.0 and counted == dm):
                 continue
             betas = cd.cycle_beta[m].get(sid) or {}
@@ -1317,7 +1329,7 @@ def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int
             cd.speed[m][sid]["between"] = round(sum(shifts.values()) / len(shifts), 5)
             if counted != dm:  # results.json: speed_by_set[set]["held"], the dm counted (report.probe_note)
                 cd.speed[m][sid]["held"] = round(counted, 5)
-    return share
+    return share if estimated else None
 
 
 def _geomean(vals: list) -> float | None:

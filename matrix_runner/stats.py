@@ -815,6 +815,17 @@ PROBE_SHARE_MIN_SETS = 3
 #: without, 154 with 5); on 139 H200 runs (95 A/A) 3 changed 4 runs by at most 0.2 %-points of one
 #: interval and no verdict or +-3 % count, 2 changed 8.
 PROBE_SHARE_REACH = 3.0
+#: ... and before the share is estimated (the first PROBE_SHARE_MIN_SETS pinned sets, which count all of
+#: the difference), an env's *set-wide* difference (the median over the set's cases of its dm, log, its
+#: probe from the envs' mean: two envs' probes 0.2 apart, 1.22x) counts up to this; one case's dm may
+#: go further (a case with 1-2 cycles in a set can meet a different CPU speed in each worker's turn,
+#: which its calls felt). Why: same self-check, A/A run 2 set 0: worker b's probe read 6.39 µs against
+#: a's 3.77, calls 36.3 vs 35.6 µs, set ratio 0.64 and four "ambiguous" comparisons. On the H200 the
+#: co-pinned workers' set-wide probe difference (two envs) never exceeded 0.110 in 3,400 sets of 150
+#: runs (p99 0.068): replayed (benchmarks/results/probe-reach-replay-12-05.txt), every H200 run as
+#: with PROBE_SHARE_REACH alone; holding each case's dm instead changed 46 of 139 H200 runs, and
+#: counting none of it before the share cost A/A runs (all 12 inside +-3 % in 9 of 95 instead of 18).
+PROBE_FIRST_REACH = 0.1
 #: The threshold of ``estimated`` runs whose results.json does not record one (made before
 #: settings.probe_share_min_sets existed, with the first choice): what a resume keeps and the report names.
 PROBE_SHARE_MIN_SETS_UNRECORDED = 8

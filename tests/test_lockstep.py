@@ -986,14 +986,14 @@ def test_cpu_hop_that_cannot_move_says_why_in_the_results_and_the_report(tmp_pat
     assert "; in one part of the run (a --resume) it could do nothing: the process sets have 1 CPU to run on" in note
 
 
-def _share_data(n_sets: int, odd: float):
+def _share_data(n_sets: int, odd: float, batch: int = 1):
     """Two envs' CaseData of one case over ``n_sets`` sets whose calls match (plain 100 µs both)
     while env b's probe reads a set-wide offset dm (-3..+3 %; ``odd`` in the last set) off a's:
     a probe offset of the process, not CPU speed. The values are adjusted as the runner does with
     slope 0.8 around a 4 µs centre: log v = log raw - 0.8 (log probe - log 4)."""
     from matrix_runner.config import Case
     from matrix_runner.runner import CaseData
-    c = Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
+    c = Case(op="fwd", batch=batch, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
     a, b = CaseData("a", c), CaseData("b", c)
     for s in range(n_sets):
         off = odd if s == n_sets - 1 else 0.03 * ((s % 5) - 2) / 2
@@ -1037,10 +1037,28 @@ def test_probe_share_waits_for_three_earlier_pinned_sets_and_keeps_calls_that_fo
     from matrix_runner.config import Sampling
 
     assert stats.PROBE_SHARE_MIN_SETS == 3
-    c, data = _share_data(3, odd=0.2)  # 2 earlier sets: too few to judge by, the whole difference counts
+    c, data = _share_data(3, odd=0.15)  # 2 earlier sets: too few to judge by, the whole difference counts
     before = dict(data[("b", c.id)].sets["wall_us"][2])
     assert runner.apply_probe_share(data, ["a", "b"], [c], 2, Sampling(probe_share="estimated")) is None
     assert data[("b", c.id)].sets["wall_us"][2] == before and "between" not in data[("b", c.id)].speed["wall_us"][2]
+    # ... up to stats.PROBE_FIRST_REACH from the envs' mean (0.1 each, 0.2 apart: CPU self-check 2026-12-05,
+    # a first set whose b probe read 1.70x a's while the calls matched)
+    assert stats.PROBE_FIRST_REACH == 0.1
+    odd = math.log(6.39 / 3.77)
+    c, data = _share_data(1, odd=odd)
+    a, b = data[("a", c.id)], data[("b", c.id)]
+    assert runner.apply_probe_share(data, ["a", "b"], [c], 0, Sampling(probe_share="estimated")) is None
+    assert statistics.median(b.sets["wall_us"][0][k] / a.sets["wall_us"][0][k] for k in range(6)) == \
+        pytest.approx(math.exp(-0.8 * 0.2), rel=1e-6)  # 0.852, not the full adjustment's 0.655
+    assert b.speed["wall_us"][0]["held"] == pytest.approx(0.1) and a.speed["wall_us"][0]["held"] == pytest.approx(-0.1)
+    # only a set-wide difference is held: one case of three differing that much (its few cycles met
+    # different CPU speeds, which its calls felt) keeps its whole adjustment
+    parts = [_share_data(1, odd=odd if i == 0 else 0.01, batch=1 + i) for i in range(3)]
+    data = {k: v for _, d in parts for k, v in d.items()}
+    before = {k: dict(v.sets["wall_us"][0]) for k, v in data.items()}
+    assert runner.apply_probe_share(data, ["a", "b"], [c for c, _ in parts], 0, Sampling(probe_share="estimated")) is None
+    assert {k: v.sets["wall_us"][0] for k, v in data.items()} == before
+    assert not any("held" in v.speed["wall_us"][0] for v in data.values())
     c, data = _share_data(4, odd=0.2)  # 3 earlier sets: the share is estimated (0 here: the calls never followed)
     assert runner.apply_probe_share(data, ["a", "b"], [c], 3, Sampling(probe_share="estimated")) == pytest.approx(0.0)
     # 3 earlier sets, but one ran unpinned (its workers did not share a core): 2 pinned ones are too few,

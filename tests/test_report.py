@@ -1241,8 +1241,13 @@ def test_the_report_says_what_share_of_the_probe_difference_the_adjustment_count
     # a set whose probe difference lay beyond stats.PROBE_SHARE_REACH times the earlier sets' largest
     held = report.probe_note({**doc, "settings": {"probe_share": "estimated", "probe_share_reach": 3.0},
                               "sets": doc["sets"] + [{"set": 10, "probe_share": 0.2, "probe_held": 1}]})
-    assert "; in 1 of them the workers' probes differed by more than 3x the earlier sets' largest difference, " \
-           "and only that much counted (a share is not carried beyond the differences it was estimated on)" in held
+    assert "; in 1 process set the workers' probes differed by more than the adjustment counts (before a share " \
+           "is estimated: 0.1 in log from their mean; after: 3x the earlier sets' largest difference), and only " \
+           "that much counted (a share is not carried beyond the differences it was estimated on)" in held
+    # a first set (no share yet) held too: said even where no set got a share
+    first = report.probe_note({**doc, "envs": two, "sets": [{"set": 0, "pinned": True, "probe_held": 2},
+                                                            {"set": 1, "pinned": True, "probe_held": 1}]})
+    assert "; in 2 process sets the workers' probes differed by more than the adjustment counts" in first
 
 
 def test_compare_warns_when_one_run_counted_only_part_of_its_probe_differences():
