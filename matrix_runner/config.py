@@ -404,7 +404,10 @@ class Sampling:
     #: A/A 0 of 40 not "same" each; on their cycles ``full`` gave batch-2 intervals of median +-1.51 % and
     #: +-1.65 % against +-1.33 % and +-1.44 %. Not yet run live on the H200 at 3 sets (two runs at 8:
     #: benchmarks/results/h200-runs-12-04-g.txt). With ``speed_adjust: false`` there is no adjustment
-    #: to share, and the default falls back to ``full``.
+    #: to share, and the default falls back to ``full``. Since 2026-12-05 ``estimated`` does not carry
+    #: its share beyond the differences it was estimated on: a set's difference counts only up to
+    #: stats.PROBE_SHARE_REACH (3) times the earlier sets' largest, and in the first sets, before a
+    #: share, a set-wide one only up to stats.PROBE_FIRST_REACH (the report counts the sets held).
     probe_share: str = "estimated"
     #: Not a config key: the earlier pinned sets before ``estimated`` gives a share, where a --resume
     #: keeps the one its run started with (settings.probe_share_min_sets; 8 for runs made before the
