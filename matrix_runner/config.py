@@ -383,8 +383,10 @@ class Sampling:
     #: batch-512 S300 backward (~3.1 ms a call) and 4 of S150 backward, 1-3 % of batch-512 samples were
     #: 1.4x their case's median or more, and one such sample was its burst's and, with about two
     #: cycles of such a case a set, its set's value (A/A intervals of +-5-11 % from one set). With 5,
-    #: that case's bursts take ~15 ms instead of ~6. Not yet measured on the H200: an option, not
-    #: the default (benchmarks/variant-min-samples5.yaml is the side-by-side to run).
+    #: that case's bursts take ~15 ms instead of ~6. On the H200, alternated with the default
+    #: (2026-12-05, benchmarks/variant-min-samples5.yaml, benchmarks/results/h200-runs-12-05-b.txt):
+    #: in two seed pairs no narrowing (batch-512 forward median +-2.11 % vs +-1.81 %), one A/A pair
+    #: 12 vs 11 of 12 inside +-3 %; too few to decide: an option, not the default.
     min_burst_samples: int = 1
     #: How much of a process set's *between-worker* speed-probe difference (one worker's probe reading
     #: higher than its partner's over the whole set) the speed adjustment counts: ``estimated`` (the

@@ -310,8 +310,11 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     if twice:  # argparse keeps the last (new-user trial: --time-budget=90 --time-budget 30 extended to 30)
         raise UsageError(f"--resume RUN_DIR {twice[0]}: given {given.count(twice[0])} times; give it once")
     if rest:
+        md = any(a.split("=", 1)[0] == "--markdown" for a in rest)  # new-user trial: where it goes instead
         raise UsageError(f"--resume RUN_DIR takes every setting from RUN_DIR/results.json; give no other "
-                         f"option than {' or '.join(EXTEND_FLAGS)} to extend it (got {' '.join(rest)})")
+                         f"option than {' or '.join(EXTEND_FLAGS)} to extend it (got {' '.join(rest)})"
+                         + ("; for a Markdown table of the run: matrix-run report RUN_DIR/results.json --markdown FILE"
+                            if md else ""))
     extend = {key: getattr(args, dest(flag)) for flag, key in EXTEND_FLAGS.items()
               if getattr(args, dest(flag), None) is not None}
     run_dir = Path(args.resume).expanduser().resolve()

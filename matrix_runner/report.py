@@ -505,9 +505,11 @@ def probe_note(res: dict) -> str:
     first = stats.recorded_min_sets(st)
     if shares:  # sampling.probe_share: estimated (runner.apply_probe_share: pinned sets after the first few)
         rng = f"{min(shares):.2f}" + (f"-{max(shares):.2f}" if max(shares) > min(shares) else "")
+        capped = (f", up to a set-wide {st['probe_first_reach']:g} in log from the workers' mean"
+                  if isinstance(st.get("probe_first_reach"), (int, float)) else "")
         hop += (f"; in {len(shares)} process set{'s' if len(shares) != 1 else ''} the speed adjustment counted {rng} of "
-                "the set's between-worker probe difference, the share the earlier pinned sets' calls followed "
-                f"(sampling.probe_share: estimated; the first {first} pinned sets counted all of it)")
+                "each set's between-worker probe difference, the share the earlier pinned sets' calls followed "
+                f"(sampling.probe_share: estimated; the first {first} pinned sets counted all of it{capped})")
     elif (st.get("probe_share") == "estimated" and not st.get("quick") and not results.is_merge(res)
           and sum(1 for e in res.get("envs") or [] if e.get("status") == "ok") >= 2
           and any(s.get("pinned") for s in res.get("sets") or [])):

@@ -646,7 +646,7 @@ def _check_metrics(p: Path, data: dict) -> list[str]:
                     nums(v, [*at, k], 2)
                 elif k == "round_medians":
                     nums(v, [*at, k], 1)
-                elif k == "speed_by_set":  # set id -> {"beta", "center"[, "between"[, "held"]]}
+                elif k == "speed_by_set":  # set id -> {"beta", "center"[, "between", "held", SpeedSlope.state()]}
                     if not isinstance(v, dict):
                         raise bad([*at, k], f"a {type(v).__name__}")
                     for sid, sv in v.items():

@@ -479,7 +479,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
         worker_env = {**(worker_env or {}), CUDA_AT_START_ENV: "1"}
     labels = [e.label for e in envs]
     durations: list[float] = []
-    slopes: dict = {}  # (case id, metric) -> stats.SpeedSlope, over every set of this run
+    slopes = restored_slopes(data)  # (case id, metric) -> stats.SpeedSlope, over every set of this run
     share_cache: dict = {}  # set id -> its share_points (sampling.probe_share: estimated; apply_probe_share)
     # the sets whose workers are starting or waiting, next first (Sampling.prefetch_depth)
     pending: list[_Set] = []
@@ -1220,6 +1220,11 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     cd.status, cd.error, cd.error_kind = "ok", None, None
             for key, fit, xm in fits:  # after the cycle: its bursts all used the same slope
                 slope.add((sid, key), fit, xm)
+            if fits and sampling.speed_adjust:  # what a --resume carries the slope on from (restored_slopes)
+                now = slope.state()
+                for lab in got:
+                    if sid in data[(lab, c.id)].speed[m]:
+                        data[(lab, c.id)].speed[m][sid].update(now)
             if hopper is not None and got:  # both bursts of every cycle on one core: move between cycles
                 was = hopper.at  # where the set is
                 to = hopper.after_cycle(refs)
@@ -1338,6 +1343,22 @@ def _geomean(vals: list) -> float | None:
     if not vals or any(not math.isfinite(v) or v <= 0 for v in vals):
         return None
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def restored_slopes(data: dict) -> dict:
+    """(case id, metric) -> :class:`stats.SpeedSlope` carried on from the earlier sets in ``data`` (a
+    --resume's; empty for a new run): from the latest set's speed record of the case
+    (:meth:`stats.SpeedSlope.restored`), one per case and clock as the cycles keep them."""
+    out: dict = {}
+    for (_, cid), cd in data.items():
+        for m in CYCLED:
+            recs = cd.speed[m]
+            if (cid, m) in out or not recs:
+                continue
+            last = recs[max(recs)]
+            if isinstance(last, dict) and "fit_n" in last:
+                out[(cid, m)] = stats.SpeedSlope.restored(last)
+    return out
 
 
 def case_data_from_record(rec: dict, case: Case) -> CaseData:

@@ -902,6 +902,36 @@ class SpeedSlope:
         for i, v in enumerate(fit):
             acc[i] += v
 
+    def state(self) -> dict:
+        """What a --resume needs to carry the slope on (:meth:`restored`), written into each set's speed
+        record (results.json ``speed_by_set``): the pooled within-worker sums ``fit_n``, ``fit_sxx``,
+        ``fit_sxy`` (log probe µs, log call µs), the centre ``fit_center`` and the bursts behind it
+        ``fit_bursts``."""
+        sxx, sxy, n_all, sx_all = within_sums(self.per.values())
+        center = _median(self.x_medians) if self.x_medians else (sx_all / n_all if n_all else 0.0)
+        return {"fit_n": n_all, "fit_sxx": float(f"{sxx:.8g}"), "fit_sxy": float(f"{sxy:.8g}"),
+                "fit_center": float(f"{center:.8g}"), "fit_bursts": len(self.x_medians)}
+
+    @classmethod
+    def restored(cls, rec: dict) -> "SpeedSlope":
+        """A slope that carries on from a --resume's earlier sets: ``rec``, the latest set's speed record
+        (:meth:`state`'s keys), stands in for their workers (one pooled group) and their bursts' centre.
+        Why: a resume's workers are new processes, and a slope started afresh from their first few
+        bursts could reach 1.3-1.5 where the run's had been 0.1-0.3 (new-user trial 2026-12-05: an A/A
+        run extended by 2 sets, whose probes read 4.46 vs 3.97 µs, got set ratios 1.08-1.18 and all
+        four comparisons "ambiguous"). A record without them (a run from before, 2026-12-05): afresh."""
+        s = cls()
+        try:
+            n, sxx, sxy = float(rec["fit_n"]), float(rec["fit_sxx"]), float(rec["fit_sxy"])
+        except (KeyError, TypeError, ValueError):
+            return s
+        if n >= 2 and math.isfinite(sxx) and math.isfinite(sxy) and sxx > 0:
+            s.per["earlier sets"] = [n, 0.0, 0.0, sxx, sxy]  # its mean removed already: sum x = sum y = 0
+        c, k = rec.get("fit_center"), rec.get("fit_bursts")
+        if isinstance(c, (int, float)) and math.isfinite(c) and isinstance(k, (int, float)) and k >= 1:
+            s.x_medians = [float(c)] * int(k)
+        return s
+
     def beta_center(self) -> tuple[float, float]:
         """(slope, centre): 0 and 0 (no adjustment) until the workers have >= 8 samples with spread."""
         sxx, sxy, n_all, sx_all = within_sums(self.per.values())

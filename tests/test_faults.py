@@ -979,6 +979,10 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     assert cp.returncode == 0 and "nothing to resume" in cp.stderr
     cp = run_cli("--resume", str(out), "--quick")
     assert cp.returncode == 2 and "give no other option than --time-budget or --max-sets" in " ".join(cp.stderr.split())
+    assert "--markdown FILE" not in cp.stderr
+    cp = run_cli("--resume", str(out), "--markdown", str(tmp_path / "t.md"))  # new-user trial: where it goes instead
+    assert cp.returncode == 2 and "for a Markdown table of the run: matrix-run report RUN_DIR/results.json " \
+        "--markdown FILE" in " ".join(cp.stderr.split())
 
     # a finished run is extended by a larger budget (new-user trial: it could not be): one more set,
     # the earlier ones kept as they were, the larger budget in its settings and command

@@ -330,6 +330,51 @@ def test_speed_slope_is_the_within_worker_slope_pooled_and_ignores_offsets_betwe
     assert sl2.beta_center()[0] == stats.SLOPE_BOUNDS[1]
 
 
+def test_a_resume_carries_the_speed_slope_on_from_the_earlier_sets():
+    """New-user trial 2026-12-05: a finished A/A run extended by 2 sets started its slopes afresh; from
+    the new workers' first bursts the slope came out 1.30-1.46 (the run's had been 0.2), and with the
+    workers' probes reading 4.46 vs 3.97 µs the set ratios came out 1.08-1.18. Each set's speed record
+    now keeps the slope's sums (stats.SpeedSlope.state) and a resume starts from them."""
+    import random
+
+    from matrix_runner import runner, stats
+    from matrix_runner.config import Case
+    rng = random.Random(3)
+    sl = stats.SpeedSlope()
+    for w in range(6):  # earlier workers: log µs = offset + 0.2 * log probe
+        for _ in range(40):
+            xs = [math.log(rng.choice((3.7, 4.0, 4.4))) for _ in range(8)]
+            ys = [3.6 + 0.1 * w + 0.2 * x + rng.gauss(0, 0.01) for x in xs]
+            sl.add((0, w), [len(xs), sum(xs), sum(ys), sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))],
+                   statistics.median(xs))
+    beta, center = sl.beta_center()
+    assert abs(beta - 0.2) < 0.03
+    st = sl.state()
+    assert st["fit_bursts"] == 240 and st["fit_n"] == 6 * 40 * 8
+    back = stats.SpeedSlope.restored(json.loads(json.dumps(st)))  # as results.json keeps it
+    assert back.beta_center() == pytest.approx((beta, center), rel=1e-6)
+    # a new worker's first bursts, noisy and steep, hardly move it
+    for _ in range(2):
+        xs = [math.log(3.9), math.log(4.5)]
+        ys = [3.0 + 1.5 * x for x in xs]
+        back.add((9, 0), [2, sum(xs), sum(ys), sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))], xs[0])
+    assert abs(back.beta_center()[0] - beta) < 0.02
+    fresh = stats.SpeedSlope()
+    for _ in range(5):
+        fresh.add((9, 0), [2, sum(xs), sum(ys), sum(x * x for x in xs), sum(x * y for x, y in zip(xs, ys))], xs[0])
+    assert fresh.beta_center()[0] == pytest.approx(1.5)  # what the resume got before
+    # the runner finds it in the latest set's record of each case and clock; older records: afresh
+    c = Case(op="fwd", batch=1, seqlen_q=16, seqlen_k=16, nheads=2, nheads_k=2, head_dim=16)
+    cd = runner.CaseData("a", c)
+    cd.speed["wall_us"] = {0: {"beta": 0.9, "center": 1.0}, 3: {"beta": round(beta, 4), "center": 1.3, **st}}
+    cd.speed["host_us"] = {3: {"beta": 0.5, "center": 1.3}}
+    got = runner.restored_slopes({("a", c.id): cd})
+    assert set(got) == {(c.id, "wall_us")}
+    assert got[(c.id, "wall_us")].beta_center() == pytest.approx((beta, center), rel=1e-6)
+    assert stats.SpeedSlope.restored({"beta": 0.3}).beta_center() == (0.0, 0.0)
+    assert stats.SpeedSlope.restored({**st, "fit_sxx": float("nan")}).beta_center()[0] == 0.0
+
+
 class _BurstWorker:
     """A stand-in for a live lockstep.Worker: every burst takes ``ms`` and reports 100 µs."""
 

@@ -1220,11 +1220,11 @@ def test_the_report_says_what_share_of_the_probe_difference_the_adjustment_count
     doc = {"cases": [{"metrics": {"wall_us": {"ref_by_set": {"0": {"1": 3.8}}}}}], "settings": {"probe_share": "estimated"},
            "sets": [{"set": i} for i in range(8)] + [{"set": 8 + i, "probe_share": v} for i, v in enumerate((0.31, 0.12))]}
     note = report.probe_note(doc)
-    assert "; in 2 process sets the speed adjustment counted 0.12-0.31 of the set's between-worker probe " \
+    assert "; in 2 process sets the speed adjustment counted 0.12-0.31 of each set's between-worker probe " \
            "difference, the share the earlier pinned sets' calls followed (sampling.probe_share: estimated; " \
            "the first 8 pinned sets counted all of it)" in note
     one = report.probe_note({**doc, "sets": [{"set": 8, "probe_share": 0.83}]})
-    assert "; in 1 process set the speed adjustment counted 0.83 of the set's" in one  # (new-user trial: "1 process sets ... 0.83-0.83")
+    assert "; in 1 process set the speed adjustment counted 0.83 of each set's" in one  # (new-user trial: "1 process sets ... 0.83-0.83")
     two = [{"label": "a", "status": "ok"}, {"label": "b", "status": "ok"}]
     few = report.probe_note({**doc, "envs": two, "sets": [{"set": 0, "pinned": True}]})
     assert "sampling.probe_share: estimated, but no set came after 8 earlier pinned sets" in few
@@ -1237,6 +1237,10 @@ def test_the_report_says_what_share_of_the_probe_difference_the_adjustment_count
     # runs from the late evening of 2026-12-04 on record how many pinned sets came before the share (stats.PROBE_SHARE_MIN_SETS)
     now = report.probe_note({**doc, "settings": {"probe_share": "estimated", "probe_share_min_sets": 3}})
     assert "(sampling.probe_share: estimated; the first 3 pinned sets counted all of it)" in now
+    capped = report.probe_note({**doc, "settings": {"probe_share": "estimated", "probe_share_min_sets": 3,
+                                                    "probe_first_reach": 0.1}})
+    assert "(sampling.probe_share: estimated; the first 3 pinned sets counted all of it, up to a set-wide 0.1 " \
+           "in log from the workers' mean)" in capped
     assert "differed by more than" not in now
     # a set whose probe difference lay beyond stats.PROBE_SHARE_REACH times the earlier sets' largest
     held = report.probe_note({**doc, "settings": {"probe_share": "estimated", "probe_share_reach": 3.0},
