@@ -863,6 +863,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                                     more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
         finally:  # whatever of the set's cycles ran (an interrupt keeps them) is taken at the estimated share
             t_cyc_end = time.monotonic()
+            if sampling.speed_adjust:  # what a --resume carries each slope on from (restored_slopes)
+                keep_slopes(data, labels, sid, slopes or {})
             share = apply_probe_share(data, labels, ready, sid, sampling, unpinned=unguarded_now, cache=share_cache)
             if share is not None:  # an interrupted set too (it has no cycles count: new-user trial)
                 rec["probe_share"] = round(share, 4)
@@ -1220,11 +1222,6 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
                     cd.status, cd.error, cd.error_kind = "ok", None, None
             for key, fit, xm in fits:  # after the cycle: its bursts all used the same slope
                 slope.add((sid, key), fit, xm)
-            if fits and sampling.speed_adjust:  # what a --resume carries the slope on from (restored_slopes)
-                now = slope.state()
-                for lab in got:
-                    if sid in data[(lab, c.id)].speed[m]:
-                        data[(lab, c.id)].speed[m][sid].update(now)
             if hopper is not None and got:  # both bursts of every cycle on one core: move between cycles
                 was = hopper.at  # where the set is
                 to = hopper.after_cycle(refs)
@@ -1343,6 +1340,19 @@ def _geomean(vals: list) -> float | None:
     if not vals or any(not math.isfinite(v) or v <= 0 for v in vals):
         return None
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def keep_slopes(data: dict, labels: list[str], sid: int, slopes: dict) -> None:
+    """At set ``sid``'s end: each (case, clock) slope's state (:meth:`stats.SpeedSlope.state`) into the
+    set's speed record of every env that timed it, for :func:`restored_slopes`."""
+    for (cid, m), sl in slopes.items():
+        now = None
+        for lab in labels:
+            cd = data.get((lab, cid))
+            rec = cd.speed[m].get(sid) if cd is not None and m in cd.speed else None
+            if isinstance(rec, dict):
+                now = now or sl.state()
+                rec.update(now)
 
 
 def restored_slopes(data: dict) -> dict:

@@ -94,6 +94,8 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
             assert all(0 < v < 1e4 for v in w["ref_by_set"][sid].values())
             sp = w["speed_by_set"][sid]
             assert 0.0 <= sp["beta"] <= 1.5
+            # and the slope's state at the set's end, which a --resume carries on from (runner.keep_slopes)
+            assert sp["fit_n"] >= 0 and sp["fit_bursts"] >= 1 and {"fit_sxx", "fit_sxy", "fit_center"} <= sp.keys()
         if all(sp["beta"] == 0.0 for sp in w["speed_by_set"].values()):
             assert w["by_set"] == w["raw_by_set"]
         assert w["q1"] <= w["median"] <= w["q3"] or w["n_rounds"] > 1
