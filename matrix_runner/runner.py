@@ -1313,10 +1313,11 @@ def apply_probe_share(data: dict, labels: list[str], cases: list[Case], sid: int
     for m in CYCLED:
         pts = share_points(data, labels, cases, sid, m)
         excess: dict = {}  # before a share: env -> its set-wide difference (median over cases) beyond the reach
-        for lab in labels if not estimated else ():
-            ds = [dm for (_, lb), (_, dm, _) in pts.items() if lb == lab]
-            whole = statistics.median(ds) if ds else 0.0
-            excess[lab] = whole - max(-reach, min(reach, whole))
+        if not estimated:
+            for lab in labels:
+                ds = [dm for (_, lb), (_, dm, _) in pts.items() if lb == lab]
+                whole = statistics.median(ds) if ds else 0.0
+                excess[lab] = whole - max(-reach, min(reach, whole))
         for (cid, lab), (beta, dm, _) in pts.items():
             cd = data[(lab, cid)]
             vals = cd.sets[m].get(sid)

@@ -908,7 +908,7 @@ class SpeedSlope:
         ``fit_sxy`` (log probe µs, log call µs), the centre ``fit_center`` and the bursts behind it
         ``fit_bursts``."""
         sxx, sxy, n_all, sx_all = within_sums(self.per.values())
-        center = _median(self.x_medians) if self.x_medians else (sx_all / n_all if n_all else 0.0)
+        center = self._center(n_all, sx_all) if n_all else 0.0
         return {"fit_n": n_all, "fit_sxx": float(f"{sxx:.8g}"), "fit_sxy": float(f"{sxy:.8g}"),
                 "fit_center": float(f"{center:.8g}"), "fit_bursts": len(self.x_medians)}
 
@@ -938,5 +938,9 @@ class SpeedSlope:
         if n_all < 8 or sxx <= 1e-9:
             return 0.0, 0.0
         lo, hi = SLOPE_BOUNDS
-        center = _median(self.x_medians) if self.x_medians else sx_all / n_all
-        return min(hi, max(lo, sxy / sxx)), center
+        return min(hi, max(lo, sxy / sxx)), self._center(n_all, sx_all)
+
+    def _center(self, n_all: float, sx_all: float) -> float:
+        """The centre (log probe µs): the median of the bursts' median x, else the pooled mean x
+        (``n_all`` > 0 samples summing to ``sx_all``)."""
+        return _median(self.x_medians) if self.x_medians else sx_all / n_all
