@@ -749,6 +749,12 @@ class Run:
         console.print(f"[bold]matrix-run[/] {__version__}: {len(self.reqs)} env(s), {len(self.cfg.cases)} case(s) "
                       f"({self.cfg.source})")
         console.print(f"  output: {escape(str(out_dir))}", soft_wrap=True)
+        if len(self.reqs) == 1 and prior is None:  # new-user trial: a typo'd list ran with nothing to compare, unsaid
+            how = ("--backend here times this interpreter alone; for a comparison use --backend uv with two or more "
+                   "--versions" if args.backend == "here" else
+                   "to compare, give two or more, comma-separated (e.g. --versions 2.6.3,2.7.0.post2)")
+            console.print(f"[yellow]note:[/] one env ({escape(self.reqs[0].label)}): nothing to compare; it is timed "
+                          f"in one process set for its own times (µs, TFLOP/s), with no verdict; {escape(how)}")
 
     def _command(self) -> list[str]:
         argv = self.argv

@@ -561,6 +561,27 @@ def config_overrides(res: dict) -> list[str]:
     return out
 
 
+def shown_gap(rows: list[dict]) -> float | None:
+    """How far, at most, a wall comparison's ratio lies from the ratio of the two wall medians the table
+    shows beside it: max over comparisons of |ratio / (candidate median / baseline median) - 1|, in %.
+    The ratio is paired cycle by cycle (and taken at one CPU speed), the µs are plain burst medians, so
+    the two differ (on the H200 by up to ~10 % where a version's set medians fall into two groups;
+    the terminal legend said that figure on every machine until a new-user trial found it on a CPU run).
+    ``rows``: view_model's rows. None when no comparison has a ratio and both medians."""
+    gaps = []
+    for r in rows:
+        for c in r["comps"]:
+            w = c.get("wall")
+            ratio = w.get("ratio") if w else None
+            meds = [((r["by_env"].get(lab) or {}).get("m") or {}).get("wall_us") for lab in (c["baseline"], c["candidate"])]
+            if not (isinstance(ratio, (int, float)) and math.isfinite(ratio) and ratio > 0) or not all(meds):
+                continue
+            b, k = meds[0].get("median"), meds[1].get("median")
+            if isinstance(b, (int, float)) and isinstance(k, (int, float)) and b > 0 and k > 0 and math.isfinite(b / k):
+                gaps.append(abs(ratio / (k / b) - 1) * 100)
+    return max(gaps) if gaps else None
+
+
 def view_model(res: dict, with_charts: bool = False) -> dict:
     """Reshape results for templates: per case rows with each env's clocks and each comparison."""
     envs = res.get("envs", [])
@@ -1032,10 +1053,10 @@ def terminal_table(res: dict, console=None) -> None:
         cmps = res.get("comparisons") or []
         unpaired = results.is_merge(res) and any(c.get("paired") is False for c in cmps)
         if any(c.get("paired") is not False for c in cmps if c.get("metric") == "wall_us"):
+            gap = shown_gap(vm["rows"])
             console.print(f"[dim]µs: the bursts' plain medians; ratio{' within a run' if unpaired else ''}: paired "
-                          f"cycle by cycle{at_speed}, so it can differ from the ratio of the µs shown (on the H200 by "
-                          "up to ~10 % where a version's set medians fall into two groups; far more where few sets "
-                          "met unequal loads)[/]")
+                          f"cycle by cycle{at_speed}, so it can differ from the ratio of the µs shown"
+                          + (f" (in this run by up to {gap:.1f} %)" if gap is not None else "") + "[/]")
         state = cpu_state_note(cmps)
         if state:
             console.print(f"[dim]{escape(state[0].upper() + state[1:])}[/]")

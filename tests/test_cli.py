@@ -689,3 +689,19 @@ def test_version_and_envs_dir_errors_name_the_real_problem(tmp_path):
     afile.write_text("x")
     cp = run_cli("plan", "--versions", "2.6.3", "--envs-dir", str(afile))
     assert cp.returncode == 2 and f"--envs-dir {afile}: is a file, not a directory" in cp.stderr, cp.stderr
+
+
+def test_one_version_says_at_the_start_that_there_is_nothing_to_compare(tmp_path):
+    """New-user trial: a typo'd --versions (one entry) ran a whole run with nothing to compare and said
+    so only in the report. Now the banner says it, before anything is built."""
+    (tmp_path / "fl").mkdir()
+    cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--offline", "--find-links", str(tmp_path / "fl"),
+                 "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "c"), "-o", str(tmp_path / "o"))
+    out = " ".join(cp.stderr.split())
+    assert ("note: one env (2.6.3): nothing to compare; it is timed in one process set for its own times (µs, "
+            "TFLOP/s), with no verdict; to compare, give two or more, comma-separated (e.g. --versions "
+            "2.6.3,2.7.0.post2)") in out, cp.stderr
+    assert out.index("nothing to compare") < out.index("Plan:")  # before anything is built
+    cp = run_cli("--versions", "a=2.6.3,b=2.6.3", "--device", "cpu", "--offline", "--find-links", str(tmp_path / "fl"),
+                 "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "c"), "-o", str(tmp_path / "o2"))
+    assert "nothing to compare" not in cp.stderr, cp.stderr

@@ -1409,3 +1409,22 @@ def test_compare_and_merge_warn_of_other_sampling_settings_in_one_line():
     (why,) = commands.setting_differences(b, c)
     assert "(method A lockstep-sets/anytime-t-cs/5, B lockstep-sets/anytime-t-cs/4; set_seconds A 0.5, B 1; " \
            "preimport A off, B on; cuda_at_start A on, B off)" in why
+
+
+def test_the_terminal_legend_gives_this_runs_gap_between_ratio_and_shown_medians():
+    """The legend said "on the H200 by up to ~10 %" on every machine, CPU runs too (new-user trial).
+    It now gives the run's own largest gap between a wall ratio (paired, at one CPU speed) and the ratio
+    of the two plain medians shown beside it — recomputed here from the results."""
+    from rich.console import Console
+    run = results.load(ROOT / "reports" / "h200-aa-103")
+    med = {(c["env"], c["id"]): c["metrics"]["wall_us"]["median"] for c in run["cases"]}
+    want = max(abs(c["ratio"] / (med[(c["candidate"], c["case"])] / med[(c["baseline"], c["case"])]) - 1) * 100
+               for c in run["comparisons"] if c["metric"] == "wall_us")
+    assert 4.3 < want < 4.5  # B2 S300 fwd: ratio 1.01x, medians 54.5 and 52.6 µs
+    con = Console(record=True, width=400, color_system=None)
+    report.terminal_table(run, con)
+    out = con.export_text()
+    assert f"so it can differ from the ratio of the µs shown (in this run by up to {want:.1f} %)" in out
+    assert "H200" not in out.split("µs: the bursts")[1].split("\n")[0]
+    # no comparison with a ratio and both medians: no figure, and no stale one
+    assert report.shown_gap([{"comps": [{"wall": None, "baseline": "a", "candidate": "b"}], "by_env": {}}]) is None
