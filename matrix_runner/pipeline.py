@@ -31,6 +31,7 @@ import hashlib
 import math
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import threading
@@ -330,6 +331,11 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         raise UsageError(f"--resume {args.resume}: that run measured nothing (no NVIDIA GPU was visible where it "
                          f"ran; its envs were skipped); on a machine with a GPU start it again: {cmd}")
     st = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    if st.get("device") == "cuda" and not shutil.which("nvidia-smi") and not Path("/dev/nvidiactl").exists():
+        # before its stored cwd and --find-links are read: a committed H200 run resumed on a CPU
+        # machine failed on "--find-links /work/main/.carry/built: not a directory" (new-user trial)
+        raise UsageError(cuda_resume_error(args.resume, "no CUDA device is visible here (no nvidia-smi, no "
+                                                        "/dev/nvidiactl)"))
     unfinished = stopped in ("interrupted", "running") or (doc.get("timing") or {}).get("shards_lost")
     if extend:
         check_extension(args.resume, doc, extend, bool(unfinished))
@@ -399,6 +405,12 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                 doc["command"] = with_flag(doc.get("command") or [], flag, f"{extend[key]:g}")
         new.extended = {key: [st.get(key), v] for key, v in extend.items()}
     return new, new_argv, doc
+
+
+def cuda_resume_error(where, none: str) -> str:
+    """The error of ``--resume RUN`` for a run timed on cuda where ``none`` (why no GPU is seen here)."""
+    return (f"{where}: the run timed its calls on cuda (settings.device in its results.json), and {none}: "
+            "resume it on a machine with an NVIDIA GPU")
 
 
 def dest(flag: str) -> str:
@@ -794,8 +806,7 @@ class Run:
             none = (f"no CUDA device is visible here (nvidia-smi is missing and torch "
                     f"{torch_info.get('version', '(not importable)')} reports none)")
             if prior is not None:  # a --resume takes the device from results.json: no flag to name (new-user trial)
-                raise UsageError(f"{args.resume}: the run timed its calls on cuda (settings.device in its results.json), "
-                                 f"and {none}: resume it on a machine with an NVIDIA GPU")
+                raise UsageError(cuda_resume_error(args.resume, none))
             raise UsageError(f"--device cuda: {none}; run on a machine with an NVIDIA GPU, or use --device cpu")
         if device == "auto":
             has_gpu = bool(torch_info.get("cuda_available") or mach.get("nvidia_smi"))
