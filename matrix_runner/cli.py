@@ -21,7 +21,8 @@ from .errors import UsageError
 SUBCOMMANDS = ("run", "report", "plan", "envs", "wheelhouse", "compare", "publish", "explain")
 EXIT_HELP = ("Exit codes: 0 done; 1 a wall-time regression over --fail-on-regression; 2 usage or config error; "
              "3 some env or case failed, or nothing could be timed (e.g. no GPU; results still written), or "
-             "--fail-on-regression could not judge a comparison over its threshold (too few sets); "
+             "--fail-on-regression could not judge a comparison over its threshold (too few sets), or results.json "
+             "could not be written (the error names the rescue copy); "
              "4 internal error (a bug: please report it with the traceback printed); "
              "130 interrupted (results so far written). plan: 3 when an env has no way to be obtained.")
 

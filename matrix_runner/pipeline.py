@@ -27,6 +27,7 @@ error before the output directory holds anything removes the directory it create
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import math
 import os
@@ -331,6 +332,15 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         raise UsageError(f"--resume {args.resume}: that run measured nothing (no NVIDIA GPU was visible where it "
                          f"ran; its envs were skipped); on a machine with a GPU start it again: {cmd}")
     st = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    more = [(f, n) for f, n in rescues_of(doc) if n > len(doc.get("sets") or [])]
+    if more:  # new-user trial: a resume from the older partial save went on, and its own rescue then
+        # overwrote the one with more sets
+        f, n = more[0]
+        k = len(doc.get("sets") or [])
+        raise UsageError(f"--resume {args.resume}: its results.json holds {k} process set{'s' if k != 1 else ''} "
+                         f"(stopped: {stopped}), but a rescue of this run with {n} is at {f} (written when "
+                         f"results.json could not be): make room, move that file to {run_dir / 'results.json'}, "
+                         "then resume")
     if st.get("device") == "cuda" and not shutil.which("nvidia-smi") and not Path("/dev/nvidiactl").exists():
         # before its stored cwd and --find-links are read: a committed H200 run resumed on a CPU
         # machine failed on "--find-links /work/main/.carry/built: not a directory" (new-user trial)
@@ -405,6 +415,29 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                 doc["command"] = with_flag(doc.get("command") or [], flag, f"{extend[key]:g}")
         new.extended = {key: [st.get(key), v] for key, v in extend.items()}
     return new, new_argv, doc
+
+
+#: The rescue folders of results.json files that could not be written (Run._write_files), under
+#: the temporary directory: PREFIX + run id + "-" + a unique suffix.
+RESCUE_PREFIX = "matrix-run-rescue-"
+
+
+def rescues_of(doc: dict) -> list[tuple[Path, int]]:
+    """The rescue copies of the run ``doc`` (results.json files under the temporary directory whose
+    run id is ``doc``'s), each with its number of process sets, most sets first. Unreadable ones are
+    left out."""
+    rid = doc.get("run_id")
+    if not isinstance(rid, str) or not rid:
+        return []
+    found = []
+    for f in Path(tempfile.gettempdir()).glob(f"{RESCUE_PREFIX}{glob.escape(rid)}*/results.json"):
+        try:
+            other = results.load(f.parent)
+        except Exception:  # noqa: BLE001 - a damaged rescue is no better than the run's own file
+            continue
+        if other.get("run_id") == rid:
+            found.append((f, len(other.get("sets") or [])))
+    return sorted(found, key=lambda x: -x[1])
 
 
 def cuda_resume_error(where, none: str) -> str:
@@ -765,8 +798,8 @@ class Run:
             how = ("--backend here times this interpreter alone; for a comparison use --backend uv with two or more "
                    "--versions" if args.backend == "here" else
                    "to compare, give two or more, comma-separated (e.g. --versions 2.6.3,2.7.0.post2)")
-            console.print(f"[yellow]note:[/] one env ({escape(self.reqs[0].label)}): nothing to compare; it is timed "
-                          f"in one process set for its own times (µs, TFLOP/s), with no verdict; {escape(how)}")
+            console.print(f"[yellow]note:[/] one env ({escape(self.reqs[0].label)}): nothing to compare; its own "
+                          f"times (µs, TFLOP/s) are taken to the time budget, with no verdict; {escape(how)}")
 
     def _command(self) -> list[str]:
         argv = self.argv
@@ -1108,13 +1141,16 @@ class Run:
         """results.json, index.html, ``--markdown``; the terminal table; where they are. A results.json
         that cannot be written (a full disk: new-user trial, which had ended in "error: No space left on
         device", exit 2, with the last partial write's 3 of 6 sets) is written to a rescue folder under
-        the temporary directory instead, and the error names both and how to go on (exit 3)."""
+        the temporary directory instead, and the error names both and how to go on (exit 3). Each
+        rescue gets a folder of its own (tempfile.mkdtemp): a resume that hit the same full disk had
+        overwritten the first rescue's sets (new-user trial)."""
         doc, out_dir = self.doc, self.out_dir
         try:
             results.write_json(out_dir / "results.json", doc)
         except OSError as ex:
-            rescue = Path(tempfile.gettempdir()) / f"matrix-run-rescue-{doc.get('run_id') or 'run'}"
+            rescue = Path(tempfile.gettempdir()) / f"{RESCUE_PREFIX}{doc.get('run_id') or 'run'}-..."
             try:
+                rescue = Path(tempfile.mkdtemp(prefix=f"{RESCUE_PREFIX}{doc.get('run_id') or 'run'}-"))
                 results.write_json(rescue / "results.json", doc)
                 kept = (f"every set measured ({len(doc.get('sets') or [])}) was written to {rescue / 'results.json'} "
                         f"instead: once {out_dir} can be written, move it there (or give `matrix-run report "

@@ -202,10 +202,14 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
     if counts["same"]:
         rest.append(f"same in {len(counts['same'])}")
     if counts["ambiguous"]:
-        unb = sum(1 for c in counts["ambiguous"] if c.get("unbounded"))
+        unb = [c for c in counts["ambiguous"] if c.get("unbounded")]
+        need = [stats.sets_for_finite(c["alpha"], c["cs_mixing"]) for c in unb
+                if isinstance(c.get("alpha"), float) and isinstance(c.get("cs_mixing"), float)]
+        need = [n for n in need if n is not None]
         rest.append(f"ambiguous in {len(counts['ambiguous'])}" + (
-            f" ({unb} with too few process sets for a finite interval at this level, about 5 are needed: "
-            + ("--resume adds sets)" if interrupted else "raise --time-budget)") if unb else ""))
+            f" ({len(unb)} with too few process sets for a finite interval at this level"
+            + (f", {min(need)}{'' if min(need) == max(need) else f'-{max(need)}'} are needed" if need else "")
+            + ": " + ("--resume adds sets)" if interrupted else "raise --time-budget)") if unb else ""))
     if counts["provisional"]:
         lo = min(counts["provisional"], key=lambda c: c["ratio"])
         hi = max(counts["provisional"], key=lambda c: c["ratio"])

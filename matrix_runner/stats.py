@@ -396,6 +396,18 @@ def _t_cs_halfwidth(n: int, q: float, alpha: float, c: float) -> float:
     return math.sqrt(max(q, 0.0) * (1.0 - r) * (n + c) / den)
 
 
+def sets_for_finite(alpha: float, c: float, limit: int = 10_000) -> int | None:
+    """The fewest observations (process sets) at which :func:`t_cs` at level 1 - ``alpha`` and mixing
+    ``c`` gives a finite interval (its half-width's denominator n^2 - (1-r)(n+c)n > 0); None beyond
+    ``limit``. It depends on the level and the mixing only, not on the data: the report's "about N
+    are needed" (a fixed 5 had told a run with 6 sets at level 0.0125 that 5 were needed: new-user
+    trial)."""
+    for n in range(2, limit + 1):
+        if math.isfinite(_t_cs_halfwidth(n, 1.0, alpha, c)):
+            return n
+    return None
+
+
 def t_cs(x, alpha: float, c: float) -> tuple[float, float, float]:
     """Anytime-valid confidence sequence for the mean of i.i.d. Gaussian observations ``x`` with
     unknown variance: returns (mean, low, high), valid *simultaneously* over every n, so it can be

@@ -698,8 +698,8 @@ def test_one_version_says_at_the_start_that_there_is_nothing_to_compare(tmp_path
     cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--offline", "--find-links", str(tmp_path / "fl"),
                  "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "c"), "-o", str(tmp_path / "o"))
     out = " ".join(cp.stderr.split())
-    assert ("note: one env (2.6.3): nothing to compare; it is timed in one process set for its own times (µs, "
-            "TFLOP/s), with no verdict; to compare, give two or more, comma-separated (e.g. --versions "
+    assert ("note: one env (2.6.3): nothing to compare; its own times (µs, TFLOP/s) are taken to the "
+            "time budget, with no verdict; to compare, give two or more, comma-separated (e.g. --versions "
             "2.6.3,2.7.0.post2)") in out, cp.stderr
     assert out.index("nothing to compare") < out.index("Plan:")  # before anything is built
     cp = run_cli("--versions", "a=2.6.3,b=2.6.3", "--device", "cpu", "--offline", "--find-links", str(tmp_path / "fl"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import shutil
 from html.parser import HTMLParser
@@ -521,11 +522,23 @@ def test_headline_of_an_interrupted_run_is_not_called_quick():
     q = report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a", quick=True)["text"]
     assert "Quick run" in q and "interrupted" not in q
     # too few sets for an interval: an interrupted run is told to resume, not to raise its budget (new-user trial)
-    amb = [{"case": "c1", "verdict": "ambiguous", "ratio": 1.01, "unbounded": True, "attribution": None}]
+    # how many: from the comparison's level and mixing (a fixed "about 5" had told a run whose
+    # comparisons held 6 sets at level 0.0125 that 5 were needed: new-user trial)
+    c = stats.lai_mixing(24, 0.05)
+    amb = [{"case": "c1", "verdict": "ambiguous", "ratio": 1.01, "unbounded": True, "attribution": None,
+            "alpha": 0.0125, "cs_mixing": c}]
     cut = report.summarize(amb, 1, {"c1": "B2 fwd"}, "b", "a", interrupted=True)["text"]
-    assert "about 5 are needed: --resume adds sets)" in cut and "--time-budget" not in cut
-    full = report.summarize(amb, 1, {"c1": "B2 fwd"}, "b", "a")["text"]
-    assert "about 5 are needed: raise --time-budget)" in full
+    assert "(1 with too few process sets for a finite interval at this level, 8 are needed: --resume adds sets)" in cut
+    assert "--time-budget" not in cut
+    assert stats.t_cs([0.0, 1.0] * 3 + [0.5], 0.0125, c)[2] == math.inf  # 7 sets: unbounded
+    assert math.isfinite(stats.t_cs([0.0, 1.0] * 4, 0.0125, c)[2])  # 8: finite
+    full = report.summarize([amb[0], {**amb[0], "case": "c2", "alpha": 0.05}], 2, {"c1": "B2 fwd", "c2": "B2 bwd"},
+                            "b", "a")["text"]
+    assert "(2 with too few process sets for a finite interval at this level, 6-8 are needed: raise --time-budget)" in full
+    # an older record without level or mixing: no number, no guess
+    old = report.summarize([{k: v for k, v in amb[0].items() if k not in ("alpha", "cs_mixing")}], 1, {"c1": "B2 fwd"},
+                           "b", "a")["text"]
+    assert "finite interval at this level: raise --time-budget)" in old
 
 
 def test_compare_runs_is_unpaired_so_round_order_does_not_matter(h200):

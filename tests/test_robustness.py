@@ -754,6 +754,24 @@ def test_a_full_disk_at_the_end_keeps_every_set_and_says_how_to_go_on(capsys, st
     assert f"every set measured (2) was written to {rescue / 'results.json'} instead" in err, err
     assert f"`matrix-run --resume {out}` then adds sets" in err
     assert len(json.loads((rescue / "results.json").read_text())["sets"]) == 2
+    # new-user trial: --resume from an older partial save (1 set, "running") while the rescue held
+    # more went on, and its own rescue overwrote the first: now it is refused, naming the rescue
+    doc = json.loads((rescue / "results.json").read_text())
+    out.mkdir(exist_ok=True)
+    real(out / "results.json", {**doc, "sets": doc["sets"][:1], "timing": {**doc["timing"], "stop_reason": "running"}})
+    code, err = main(capsys, "--resume", str(out))
+    assert code == 2, err
+    assert (f"--resume {out}: its results.json holds 1 process set (stopped: running), but a rescue of this run "
+            f"with 2 is at {rescue / 'results.json'} (written when results.json could not be): make room, move "
+            f"that file to {out / 'results.json'}, then resume") in " ".join(err.split()), err
+    # moved (copied) as told, extended, and the disk still full: a second rescue beside the first
+    real(out / "results.json", doc)
+    code, err = main(capsys, "--resume", str(out), "--max-sets", "3")
+    assert code == 3, err
+    second = [d for d in (tmp_path / "tmp").glob("matrix-run-rescue-*") if d != rescue]
+    assert len(second) == 1 and f"was written to {second[0] / 'results.json'}" in " ".join(err.split()), err
+    assert len(json.loads((rescue / "results.json").read_text())["sets"]) == 2  # the first one as it was
+    assert len(json.loads((second[0] / "results.json").read_text())["sets"]) == 3
     monkeypatch.setattr(results, "write_json", real)  # the rescued run's report
     code, err = main(capsys, "report", str(rescue), "-o", str(tmp_path / "rep"))
     assert code == 0 and (tmp_path / "rep" / "index.html").is_file(), err
