@@ -1215,6 +1215,11 @@ class Run:
             code = EXIT_FAILED
             not_run = [c for c in failed_cases if c["status"] == "not run"]
             failed = [c for c in failed_cases if c["status"] != "not run"]
+            for e in self.env_results:  # at the end too, not only mid-log (new-user trial: a typo'd
+                # version's env failed and the run closed with "one env: nothing to compare" alone)
+                if e.status != "ok":
+                    first = str(e.error or e.status).splitlines()[0] if (e.error or e.status) else "failed"
+                    console.print(f"[yellow]env {escape(e.label)} {escape(e.status)}: {escape(first)}[/]")
             if failed:
                 kinds = sorted({c.get("error_kind") or "error" for c in failed})
                 n_env = len({c["env"] for c in failed})

@@ -215,7 +215,7 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
         hi = max(counts["provisional"], key=lambda c: c["ratio"])
         parts.append(f"provisional ratios {lo['ratio']:.2f}x-{hi['ratio']:.2f}x in {len(counts['provisional'])} "
                      "cases, no verdict (" + ("a --quick run decides nothing" if quick else
-                                              "one process set per side decides nothing") + ")")
+                                              "a side timed in one process set decides nothing") + ")")
     missing = n_cases - len(wall)
     if missing:
         rest.append(f"not compared in {missing} (failed or not run)")
@@ -317,8 +317,12 @@ def ci_head(comparisons: list[dict], quick: bool = False) -> str:
         return "(provisional)"
     levels = {round(1 - c["alpha"], 6) for c in comparisons
               if c.get("metric") == "wall_us" and c.get("alpha") is not None and c.get("verdict") != "provisional"}
-    if len(levels) == 1:
+    between = any(c.get("metric") == "wall_us" and c.get("alpha") is None and c.get("paired") is False
+                  and c.get("verdict") != "provisional" for c in comparisons)
+    if len(levels) == 1 and not between:
         return f"[{level_pct(1 - levels.pop())} CI]"
+    # a merged report's comparisons between runs are at 95 % beside the runs' own (new-user trial:
+    # "[97.5% CI]" headed them all)
     return "[CI, levels below]" if levels else "[95% CI]"
 
 
@@ -330,14 +334,17 @@ def level_note(comparisons: list[dict]) -> str:
     decided = [c for c in wall if c.get("verdict") != "provisional"]
     levels = {round(c["alpha"], 9) for c in decided}
     fam = (decided[0].get("family_alpha") or stats.FAMILY_ALPHA) if decided else stats.FAMILY_ALPHA
+    between = any(c.get("metric") == "wall_us" and c.get("alpha") is None and c.get("paired") is False
+                  and c.get("verdict") != "provisional" for c in comparisons)
+    tail = "; between runs (not paired) every wall interval at 95%" if between and levels else ""
     if len(levels) == 1 and decided[0]["alpha"] < fam - 1e-9:
         # one level above the family's: the column head said "[97.5% CI]" with no word of why (new-user trial)
-        return (f"every wall interval at {level_pct(decided[0]['alpha'])}: e-BY holds the run's "
-                f"{len(decided)} wall-time verdicts together at {level_pct(fam)}, so each alone is at a "
-                "higher level")
+        return (f"every wall interval{' within a run' if tail else ''} at {level_pct(decided[0]['alpha'])}: e-BY "
+                f"holds the run's {len(decided)} wall-time verdicts together at {level_pct(fam)}, so each alone is "
+                "at a higher level" + tail)
     if len(levels) < 2:
-        return ""
-    return "interval levels (e-BY over the wall-time comparisons of the run): " + level_groups(wall)
+        return ("every wall interval within a run at " + level_pct(decided[0]["alpha"]) + tail) if tail else ""
+    return "interval levels (e-BY over the wall-time comparisons of the run): " + level_groups(wall) + tail
 
 
 def cpu_state_note(comparisons: list[dict]) -> str:

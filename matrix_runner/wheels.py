@@ -320,7 +320,8 @@ def nearest_versions(version: str, available: list[str], n: int = 3) -> list[str
     """The ``n`` available versions closest to ``version``, for error messages: by release tuple
     (per-component distance, the major first), except above every available version the newest
     ones, newest first, and below every one the oldest (new-user trial: 3.0.0, 99.0.0 and torch 9.9.9
-    named 2.0.x, the smallest minor difference)."""
+    named 2.0.x, the smallest minor difference); first of all, a version written with the same
+    characters but its dots elsewhere (2.70.post2: 2.7.0.post2)."""
     vs = []
     for v in dict.fromkeys(available):
         try:
@@ -328,6 +329,15 @@ def nearest_versions(version: str, available: list[str], n: int = 3) -> list[str
         except InvalidVersion:  # not a release name: never suggested
             continue
     vs.sort(key=lambda kv: kv[1])
+    # a misplaced or missing dot first (new-user trial: 2.70.post2 named 2.8.3.post2, 2.8.3.post1,
+    # 2.8.3 and not 2.7.0.post2): the same characters once dots and dashes are dropped
+    squash = lambda s: re.sub(r"[.\-_]", "", s.lower())  # noqa: E731
+    typo = [v for v, _ in vs if squash(v) == squash(version) and v != version][:n]
+    return typo + [v for v in _nearest_by_release(version, vs, n) if v not in typo][:n - len(typo)]
+
+
+def _nearest_by_release(version: str, vs: list, n: int) -> list[str]:
+    """:func:`nearest_versions` by release tuple; ``vs``: (name, Version) sorted by version."""
     try:
         target = Version(version)
     except InvalidVersion:

@@ -705,3 +705,7 @@ def test_one_version_says_at_the_start_that_there_is_nothing_to_compare(tmp_path
     cp = run_cli("--versions", "a=2.6.3,b=2.6.3", "--device", "cpu", "--offline", "--find-links", str(tmp_path / "fl"),
                  "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "c"), "-o", str(tmp_path / "o2"))
     assert "nothing to compare" not in cp.stderr, cp.stderr
+    # a failed env is named again at the end, after the time line (new-user trial: only mid-log)
+    tail = " ".join(cp.stderr.split("time: envs")[-1].split())
+    assert "env a failed: no wheel for key" in tail and "env b failed: no wheel for key" in tail, cp.stderr
+    assert cp.returncode == 3

@@ -628,8 +628,9 @@ def test_a_full_run_is_never_called_quick(h200):
         for m in c["metrics"].values():
             m["samples"] = m["samples"][:1]
     texts = [s["text"] for s in report.compare_runs(h200, one)["summaries"]]
-    # one process per side: provisional ratios, no verdict, and never called a quick run
-    assert texts and all("one process set per side decides nothing" in t and "quick" not in t.lower()
+    # one side timed in one process (the other in many; new-user trial: "per side" was wrong):
+    # provisional ratios, no verdict, and never called a quick run
+    assert texts and all("a side timed in one process set decides nothing" in t and "quick" not in t.lower()
                          for t in texts), texts
     quick = copy.deepcopy(one)
     quick["settings"]["quick"] = True
@@ -1441,3 +1442,28 @@ def test_the_terminal_legend_gives_this_runs_gap_between_ratio_and_shown_medians
     assert "H200" not in out.split("µs: the bursts")[1].split("\n")[0]
     # no comparison with a ratio and both medians: no figure, and no stale one
     assert report.shown_gap([{"comps": [{"wall": None, "baseline": "a", "candidate": "b"}], "by_env": {}}]) is None
+
+
+def test_a_merged_reports_column_head_and_levels_cover_its_between_run_intervals():
+    """New-user trial: a merged report whose runs' own intervals were all at 97.5 % headed every ratio
+    column "[97.5% CI]" and said "every wall interval at 97.5%", while its comparisons between runs are
+    unpaired 95 % intervals. Now the head says the levels are below, and the note names both."""
+    from rich.console import Console
+    aa = results.load(ROOT / "reports" / "h200-aa-103")
+    other = copy.deepcopy(aa)
+    other["run_id"] += "-other"
+    merged = results.merge([aa, other])
+    wall = [c for c in merged["comparisons"] if c["metric"] == "wall_us"]
+    within = {round(c["alpha"], 9) for c in wall if c.get("alpha") is not None}
+    assert within and any(c.get("paired") is False and c.get("alpha") is None for c in wall)
+    assert report.ci_head(merged["comparisons"]) == "[CI, levels below]"
+    note = report.level_note(merged["comparisons"])
+    assert note.endswith("; between runs (not paired) every wall interval at 95%"), note
+    con = Console(record=True, width=250)
+    report.terminal_table(merged, con)
+    text = " ".join(con.export_text().split())
+    assert "between runs (not paired) every wall interval at 95%" in text and "[97.5% CI]" not in text
+    # one run alone: as before
+    assert report.ci_head(aa["comparisons"]) != "[CI, levels below]" or len(
+        {round(c["alpha"], 9) for c in aa["comparisons"] if c["metric"] == "wall_us"}) > 1
+    assert "between runs" not in report.level_note(aa["comparisons"])

@@ -62,6 +62,10 @@ def test_nearest_versions():
     assert wheels.nearest_versions("3.0.0", many) == ["2.8.3", "2.8.2", "2.8.1"]
     assert wheels.nearest_versions("99.0.0", many) == ["2.8.3", "2.8.2", "2.8.1"]
     assert wheels.nearest_versions("2.13", ["2.9.1", "2.10.0", "2.12.0", "2.13.0", "2.14.0"])[0] == "2.13.0"
+    # new-user trial: 2.70.post2 (a misplaced dot) named 2.8.3.post2, 2.8.3.post1, 2.8.3
+    fa = ["2.6.3", "2.7.0", "2.7.0.post1", "2.7.0.post2", "2.8.3", "2.8.3.post1", "2.8.3.post2"]
+    assert wheels.nearest_versions("2.70.post2", fa) == ["2.7.0.post2", "2.8.3.post2", "2.8.3.post1"]
+    assert wheels.nearest_versions("26.3", fa)[0] == "2.6.3"
     assert wheels.same_version("2.13", "2.13.0") and wheels.same_version("2.13.0+cpu", "2.13")
     assert not wheels.same_version("2.13.1", "2.13")
 
