@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         timing = _timing_option_names()
         used = list(dict.fromkeys(a.split("=", 1)[0] for a in extra if a.split("=", 1)[0] in timing))
         if used:
-            why = ("--device: plan always plans for this machine's torch (its CUDA, or none); "
+            why = ("it always plans for this machine's torch (its CUDA, or none), whatever --device says; "
                    if "--device" in used else "")
             print(f"error: plan does not take {', '.join(used)}: {why}timing options change how `run` times "
                   "the cases, not where each env's flash-attn comes from; leave them out (e.g. a run command "

@@ -244,7 +244,10 @@ def cmd_report(args) -> int:
         raise UsageError(f"-o {args.output}: holds one of the runs read ({existing.name}); writing {what} there "
                          "would replace that run's own record: give another -o")
     check_writable_dir(out, "-o")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # new-user trial: "error: /proc/rep: No such file or directory", naming no option
+        raise UsageError(f"-o {out}: cannot create it ({e.strerror or e}); give a directory you can write") from None
     json_name = None
     if rewrites:
         results.write_json(out / "results.json", res)

@@ -440,6 +440,24 @@ def rescues_of(doc: dict) -> list[tuple[Path, int]]:
     return sorted(found, key=lambda x: -x[1])
 
 
+def held_run_hint(out_dir: Path, name: str) -> str:
+    """What ``--output DIR`` that holds a run's ``name`` (results.json / .gz) can do instead: finish
+    that run (unfinished), extend it (stopped on its budget), or nothing (new-user trial: a finished
+    run was to be "finished with --resume", which then said "nothing to resume")."""
+    if name != "results.json":
+        return ""
+    try:
+        stopped = (results.load(out_dir).get("timing") or {}).get("stop_reason")
+    except Exception:  # noqa: BLE001 - unreadable: --resume says why
+        stopped = "interrupted"
+    q = shlex.quote(str(out_dir))
+    if stopped in ("interrupted", "running"):
+        return f", or finish that run with --resume {q}"
+    if extendable(stopped):
+        return f", or time more sets for that run with --resume {q} --time-budget S"
+    return ""
+
+
 def cuda_resume_error(where, none: str) -> str:
     """The error of ``--resume RUN`` for a run timed on cuda where ``none`` (why no GPU is seen here)."""
     return (f"{where}: the run timed its calls on cuda (settings.device in its results.json), and {none}: "
@@ -753,8 +771,7 @@ class Run:
             if prior is None and held:  # an archived run's results.json.gz too (new-user trial: a new
                 # results.json beside it hid it from every reader)
                 raise UsageError(f"--output {out_dir} already holds a run ({held[0]}); give another "
-                                 f"--output" + (f", or finish that run with --resume {shlex.quote(str(out_dir))}"
-                                                if held[0] == "results.json" else ""))
+                                 f"--output" + held_run_hint(out_dir, held[0]))
             if out_dir.exists() and not out_dir.is_dir():
                 raise UsageError(f"--output {out_dir} is a file, not a directory")
             check_writable_dir(out_dir, "--output")

@@ -1,6 +1,7 @@
 """The command line: no-GPU behaviour, exit codes, bad input."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 from conftest import load_results, run_cli
@@ -60,6 +61,12 @@ def test_an_output_dir_that_cannot_be_created_is_a_usage_error_naming_the_option
     cp = run_cli("--versions", "2.6.3", "--envs-dir", str(tmp_path / "envs"), "--output", out)
     assert cp.returncode == 2, cp.stderr
     assert f"--output {out}: cannot create it" in " ".join(cp.stderr.split()) and "Traceback" not in cp.stderr
+    # report's -o too (new-user trial: "error: /proc/rep: No such file or directory")
+    run = Path(__file__).resolve().parents[1] / "reports" / "h200-aa-103"
+    cp = run_cli("report", str(run), "-o", out)
+    assert cp.returncode == 2, cp.stderr
+    assert cp.stderr.strip() == (f"error: -o {out}: cannot create it (No such file or directory); give a directory "
+                                 "you can write"), cp.stderr
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -376,7 +383,8 @@ def test_plan_refuses_the_runs_timing_options(extra, named, tmp_path):
     err = " ".join(cp.stderr.split())
     assert f"error: plan does not take {named}: " in err and "timing options change how `run` times the cases" in err
     if "--device" in named:  # says why plan has no --device
-        assert "plan always plans for this machine's torch" in err
+        assert (f"error: plan does not take {named}: it always plans for this machine's torch (its CUDA, or none), "
+                "whatever --device says;") in err and "--device: --device" not in err  # it was doubled
     assert not (tmp_path / "envs").exists()
     cp = run_cli("plan", "--versions", "2.6.3", "--bogus")
     assert cp.returncode == 2 and "unrecognized arguments: --bogus" in cp.stderr

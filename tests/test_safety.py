@@ -1,5 +1,7 @@
 """Nothing of the user's is deleted or overwritten: foreign dirs in --envs-dir, an existing run in
 --output; and inputs that cannot work are refused up front."""
+from pathlib import Path
+
 from conftest import load_results, run_cli
 
 
@@ -41,6 +43,22 @@ def test_an_existing_run_is_not_overwritten(tmp_path):
     cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--output", str(arch), "--envs-dir", str(tmp_path / "e"))
     assert cp.returncode == 2 and "already holds a run (results.json.gz)" in " ".join(cp.stderr.split())
     assert sorted(p.name for p in arch.iterdir()) == ["results.json.gz"]
+    # a finished run is not to be "finished with --resume" (which then said "nothing to resume":
+    # new-user trial): one that stopped on its budget can be extended, one decided says nothing more
+    import gzip
+    import json
+    doc = json.loads(gzip.decompress((Path(__file__).resolve().parents[1] / "reports" / "h200-aa-103" /
+                                      "results.json.gz").read_bytes()))
+    for stop, hint in (("time budget 60 s: another process set would overrun it",
+                        "or time more sets for that run with --resume {} --time-budget S"),
+                       ("all wall-time verdicts decided", None), ("interrupted", "or finish that run with --resume {}")):
+        done = tmp_path / f"done-{len(stop)}"
+        done.mkdir()
+        (done / "results.json").write_text(json.dumps({**doc, "timing": {**doc["timing"], "stop_reason": stop}}))
+        cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--output", str(done), "--envs-dir", str(tmp_path / "e"))
+        err = " ".join(cp.stderr.split())
+        assert cp.returncode == 2 and f"--output {done} already holds a run (results.json); give another --output" in err
+        assert (hint.format(done) in err) if hint else ("--resume" not in err), err
 
 
 def test_device_cuda_without_a_gpu_is_refused_up_front(tmp_path):
