@@ -18,6 +18,9 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
+# a warm machine keeps the last call's runs there (they came back in its $OUT): each step's --output
+# would hold a run and be refused (session 31's call 6 ran nothing)
+rm -rf /tmp/lk
 mkdir -p "$OUT" /tmp/lk
 # uv: from .carry, or already installed into /tmp/site by an earlier call while the machine is warm
 # (the tracked tree plus uv's and both slim wheels exceed one call's 64 MiB carry)
