@@ -96,8 +96,12 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
             assert 0.0 <= sp["beta"] <= 1.5
             # and the slope's state at the set's end, which a --resume carries on from (runner.keep_slopes)
             assert sp["fit_n"] >= 0 and sp["fit_bursts"] >= 1 and {"fit_sxx", "fit_sxy", "fit_center"} <= sp.keys()
-        if all(sp["beta"] == 0.0 for sp in w["speed_by_set"].values()):
-            assert w["by_set"] == w["raw_by_set"]
+        # the slope is 0 before any data: the run's first cycle of each case is its plain median. (A set's
+        # record holds the slope of its *last* cycle, its earlier cycles were adjusted with the slope in
+        # force then: "every set's beta 0, so nothing was adjusted" failed now and then, session 31.)
+        if "0" in w["by_set"]:
+            first = min(w["by_set"]["0"], key=int)
+            assert w["by_set"]["0"][first] == w["raw_by_set"]["0"][first]
         assert w["q1"] <= w["median"] <= w["q3"] or w["n_rounds"] > 1
         assert c["correctness"]["ok"] is True
         assert c["faults"] == 0 and not c["notes"]
