@@ -341,11 +341,6 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                          f"(stopped: {stopped}), but a rescue of this run with {n} is at {f} (written when "
                          f"results.json could not be): make room, move that file to {run_dir / 'results.json'}, "
                          "then resume")
-    if st.get("device") == "cuda" and not shutil.which("nvidia-smi") and not Path("/dev/nvidiactl").exists():
-        # before its stored cwd and --find-links are read: a committed H200 run resumed on a CPU
-        # machine failed on "--find-links /work/main/.carry/built: not a directory" (new-user trial)
-        raise UsageError(cuda_resume_error(args.resume, "no CUDA device is visible here (no nvidia-smi, no "
-                                                        "/dev/nvidiactl)"))
     unfinished = stopped in ("interrupted", "running") or (doc.get("timing") or {}).get("shards_lost")
     if extend:
         check_extension(args.resume, doc, extend, bool(unfinished))
@@ -719,6 +714,13 @@ class Run:
         """The flags' syntax (--gpus, --fail-on-regression, --cpus), the version requests (a version the
         index lacks is a usage error) and the run id."""
         args, prior = self.args, self.prior
+        if (prior is not None and (prior.get("settings") or {}).get("device") == "cuda"
+                and not shutil.which("nvidia-smi") and not Path("/dev/nvidiactl").exists()):
+            # after the stored settings' checks, before its --find-links are read: a committed H200 run
+            # resumed on a CPU machine failed on "--find-links /work/main/.carry/built: not a directory"
+            # (new-user trial); the driver's probe (device) decides where nvidia-smi is there
+            raise UsageError(cuda_resume_error(args.resume, "no CUDA device is visible here (no nvidia-smi, no "
+                                                            "/dev/nvidiactl)"))
         if getattr(args, "gpus", None) not in (None, "all"):  # its syntax now; which GPUs exist once probed
             shard.gpu_indices(args.gpus)
         if args.fail_on_regression is not None and not (args.fail_on_regression >= 0

@@ -670,7 +670,7 @@ def test_an_interrupt_early_in_a_resume_says_the_earlier_sets_are_kept(capsys, t
 def test_resume_of_a_cuda_run_without_a_gpu_names_the_stored_device_not_a_flag(capsys, tmp_path, monkeypatch):
     """--resume refuses every other option, so "--device cuda: ... or use --device cpu" sent the user
     to a flag they could not give (new-user trial); it names settings.device. It says so before the
-    stored cwd and --find-links are read (a committed H200 run resumed on a CPU machine failed on
+    command's --find-links are read (a committed H200 run resumed on a CPU machine failed on
     "--find-links /work/main/.carry/built: not a directory", new-user trial). And a run whose settings
     have no probe_share resumes with full, and says so."""
     p = _edited(tmp_path, "1.0")
@@ -684,10 +684,11 @@ def test_resume_of_a_cuda_run_without_a_gpu_names_the_stored_device_not_a_flag(c
     cap = capsys.readouterr()
     out, err = " ".join(cap.out.split()), " ".join(cap.err.split())
     assert code == 2, err
-    assert err.strip() == (f"error: {p.parent}: the run timed its calls on cuda (settings.device in its results.json), "
-                           "and no CUDA device is visible here (no nvidia-smi, no /dev/nvidiactl): resume it on a "
-                           "machine with an NVIDIA GPU"), err
-    assert "resuming in" not in out + err and "no-such-dir" not in err
+    assert err.endswith(f"error: {p.parent}: the run timed its calls on cuda (settings.device in its results.json), "
+                        "and no CUDA device is visible here (no nvidia-smi, no /dev/nvidiactl): resume it on a "
+                        "machine with an NVIDIA GPU"), err
+    assert "no-such-dir" not in err  # refused before the command's --find-links are read
+    assert "its settings have no probe_share" in out + err and "sampling.probe_share: full" in out + err
     # where nvidia-smi is found but torch sees no GPU: the driver's probe decides, after the settings
     d["command"] = d["command"][:-2]
     p.write_text(json.dumps(d))
