@@ -309,6 +309,13 @@ def level_groups(wall: list[dict]) -> str:
     return ", ".join(f"{who} at {lev}" for who, lev in merged)
 
 
+def between_runs(comparisons: list[dict]) -> bool:
+    """Whether a merged report holds decided wall comparisons between runs: unpaired, at
+    stats.CI_LEVEL, with no e-BY level of their own (``alpha``) beside the runs' paired ones."""
+    return any(c.get("metric") == "wall_us" and c.get("alpha") is None and c.get("paired") is False
+               and c.get("verdict") != "provisional" for c in comparisons)
+
+
 def ci_head(comparisons: list[dict], quick: bool = False) -> str:
     """The label of a wall-ratio column: "[95% CI]" where every wall interval has that level (results/1:
     95 %; Bonferroni: 1 - alpha/m), "[CI, levels below]" where e-BY gave the verdicts different levels
@@ -317,9 +324,7 @@ def ci_head(comparisons: list[dict], quick: bool = False) -> str:
         return "(provisional)"
     levels = {round(1 - c["alpha"], 6) for c in comparisons
               if c.get("metric") == "wall_us" and c.get("alpha") is not None and c.get("verdict") != "provisional"}
-    between = any(c.get("metric") == "wall_us" and c.get("alpha") is None and c.get("paired") is False
-                  and c.get("verdict") != "provisional" for c in comparisons)
-    if len(levels) == 1 and not between:
+    if len(levels) == 1 and not between_runs(comparisons):
         return f"[{level_pct(1 - levels.pop())} CI]"
     # a merged report's comparisons between runs are at 95 % beside the runs' own (new-user trial:
     # "[97.5% CI]" headed them all)
@@ -334,9 +339,8 @@ def level_note(comparisons: list[dict]) -> str:
     decided = [c for c in wall if c.get("verdict") != "provisional"]
     levels = {round(c["alpha"], 9) for c in decided}
     fam = (decided[0].get("family_alpha") or stats.FAMILY_ALPHA) if decided else stats.FAMILY_ALPHA
-    between = any(c.get("metric") == "wall_us" and c.get("alpha") is None and c.get("paired") is False
-                  and c.get("verdict") != "provisional" for c in comparisons)
-    tail = "; between runs (not paired) every wall interval at 95%" if between and levels else ""
+    tail = (f"; between runs (not paired) every wall interval at {level_pct(1 - stats.CI_LEVEL)}"
+            if between_runs(comparisons) and levels else "")
     if len(levels) == 1 and decided[0]["alpha"] < fam - 1e-9:
         # one level above the family's: the column head said "[97.5% CI]" with no word of why (new-user trial)
         return (f"every wall interval{' within a run' if tail else ''} at {level_pct(decided[0]['alpha'])}: e-BY "
