@@ -116,7 +116,10 @@ def test_run_succeeds_and_writes_versioned_results(first_run):
                 base, cand = by[("2.6.3", cid)][m]["by_set"].get(sid, {}), by[("2.7.0.post2", cid)][m]["by_set"].get(sid, {})
                 assert base.keys() == cand.keys(), (sid, cid, m)
                 used += list(base)
-            assert by[("2.6.3", cid)]["wall_us"]["by_set"][sid]  # every case's wall clock in every set
+            # every case's wall clock in every set until it was settled (runner._settled: left out of
+            # later sets once decided within sampling.precision; CI's run of stop 42 had one left out)
+            wb = by[("2.6.3", cid)]["wall_us"]
+            assert wb["by_set"][sid] if int(sid) < wb["n_rounds"] else sid not in wb["by_set"], (sid, cid)
         assert sorted(map(int, used)) == list(range(s["cycles"]))
     assert res["timing"]["stop_reason"]
     # the workers' stop after the last set is on record, and so is what the budget's last check kept
