@@ -267,7 +267,8 @@ def cmd_report(args) -> int:
         console.print("that run measured nothing: no NVIDIA GPU was visible where it ran, so every env was skipped "
                       "(its report says so); run it on a machine with a GPU")
     else:
-        report.terminal_table(res, Console())
+        # one run read: its --resume advice names its folder (a merge is never resumed)
+        report.terminal_table(res, Console(), run_dir=str(paths[0].resolve().parent) if len(runs) == 1 else None)
     console.print(f"report: {p}")
     return EXIT_OK
 

@@ -1189,7 +1189,7 @@ class Run:
         if getattr(self.args, "markdown", None):
             report.write_markdown(self.args.markdown, report.markdown(doc))
         if doc["cases"]:
-            report.terminal_table(doc, Console())
+            report.terminal_table(doc, Console(), run_dir=str(out_dir))
         console.print(f"results: {out_dir / 'results.json'}" + (f"\nreport:  {p}" if p else ""))
 
     def write(self) -> None:

@@ -14,6 +14,7 @@ import html
 import json
 import math
 import re
+import shlex
 import statistics
 import zlib
 from pathlib import Path
@@ -159,9 +160,11 @@ SDPA_WARNING = "the SDPA control differs between envs that run the same torch: t
 def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
               device: list[dict] | None = None, host: list[dict] | None = None,
               min_effect: float = 0.05, prefix: str = "", quick: bool = False, interrupted: bool = False,
-              n_control: int = 0) -> dict:
+              n_control: int = 0, run_dir: str | None = None) -> dict:
     """The one-line verdict for a candidate: ``{cls, text, detail}``. ``quick``: the run was a
-    ``--quick`` one (else one process per version means it stopped early); ``interrupted``: it was.
+    ``--quick`` one (else one process per version means it stopped early); ``interrupted``: it was;
+    ``run_dir``: where its results.json is, named in the ``--resume`` advice (else a placeholder DIR:
+    the HTML report may be read anywhere).
 
     ``wall``: the candidate's wall comparisons (with attribution), ``name``: case id -> short name
     (label + op). ``cls`` is slower / faster / mixed / same / none for the colour.
@@ -232,7 +235,8 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
     cls = ("mixed" if counts["slower"] and counts["faster"] else "slower" if counts["slower"]
            else "faster" if counts["faster"] else "same" if wall and len(counts["same"]) == len(wall) else "none")
     if interrupted:
-        text += " The run was interrupted: finish it with matrix-run --resume DIR (DIR: the directory of this run's results.json)."
+        text += (f" The run was interrupted: finish it with matrix-run --resume {shlex.quote(run_dir)}." if run_dir else
+                 " The run was interrupted: finish it with matrix-run --resume DIR (DIR: the directory of this run's results.json).")
     if any(c.get("within_process_only") for c in wall) and not counts["provisional"]:
         if quick:
             text += (" Quick run: one worker process per version, so the intervals ignore process-to-process "
@@ -597,8 +601,10 @@ def shown_gap(rows: list[dict]) -> float | None:
     return max(gaps) if gaps else None
 
 
-def view_model(res: dict, with_charts: bool = False) -> dict:
-    """Reshape results for templates: per case rows with each env's clocks and each comparison."""
+def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None) -> dict:
+    """Reshape results for templates: per case rows with each env's clocks and each comparison.
+    ``run_dir``: the folder of the run's results.json, named in an interrupted run's summary
+    (:func:`summarize`)."""
     envs = res.get("envs", [])
     labels = [e["label"] for e in envs]
     ok_labels = [e["label"] for e in envs if e["status"] == "ok"]
@@ -644,7 +650,7 @@ def view_model(res: dict, with_charts: bool = False) -> dict:
         s = summarize(pick("wall"), len(rows), name, cand, b_lab, pick("device"), pick("host"), min_effect,
                       quick=bool((res.get("settings") or {}).get("quick")),
                       interrupted=(res.get("timing") or {}).get("stop_reason") == "interrupted",
-                      n_control=sum(1 for r in rows if r["case"].get("impl") == "sdpa"))
+                      n_control=sum(1 for r in rows if r["case"].get("impl") == "sdpa"), run_dir=run_dir)
         hb = {lab: sum(1 for r in rows if lab in r["host_bound"]) for lab in (b_lab, cand)}
         if any(r["case"].get("host_bound") is not None for r in rows):
             s["detail"] += (" Host-bound (host dispatch ≥ kernel time): " +
@@ -948,14 +954,15 @@ DELTA_DEF = ("candidate minus baseline wall time, µs per call, paired like the 
 VERDICT_STYLE = {"slower": "red", "faster": "green", "same": "white", "ambiguous": "yellow", "provisional": "cyan"}
 
 
-def terminal_table(res: dict, console=None) -> None:
+def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
     """Print the verdict table with rich, then one headline per candidate.
 
     Cases are named by their short label (the tokens every case shares go in the title). The full
     table (each env's wall / host / device µs, each candidate's ratio) is printed when rich
     measures that it fits the console's width (a pipe or log: $COLUMNS, else 80); else one table per
     candidate with the two envs' wall µs and the verdict, which fits 80 columns. No cell is cut:
-    only a cell too long for any layout (an error message) wraps, at spaces."""
+    only a cell too long for any layout (an error message) wraps, at spaces. ``run_dir``: the folder
+    of the run's results.json, named in an interrupted run's ``--resume`` advice."""
     from rich import box
     from rich.console import Console
     from rich.markup import escape
@@ -965,7 +972,7 @@ def terminal_table(res: dict, console=None) -> None:
     from .ui import warn
 
     console = console or Console()
-    vm = view_model(res)
+    vm = view_model(res, run_dir=run_dir)
     title = escape(str(res.get("title") or ""))
     if vm["common"]:
         title += f" [dim]· every case: {escape(vm['common'])}[/]"

@@ -924,6 +924,9 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     err = cli.stderr()
     assert cli.poll() == 130, err[-3000:]
     assert "interrupted" in err and "Traceback" not in err and "--resume" in err
+    # the headline on stdout names the run's folder as stderr does (it said "--resume DIR": new-user trial)
+    said = " ".join(cli.out.read_text().split())
+    assert f"finish it with matrix-run --resume {out}." in said and "--resume DIR" not in said, said[-1500:]
     assert not seen_invalid
     assert not _stray(str(tmp_path)), _stray(str(tmp_path))
     first = load_results(out)

@@ -519,6 +519,11 @@ def test_headline_of_an_interrupted_run_is_not_called_quick():
     s = report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a", quick=False, interrupted=True)["text"]
     assert "interrupted" in s and "--resume" in s and "Only one worker process per version" in s
     assert "Quick run" not in s
+    # the HTML report may be read anywhere: a placeholder; the terminal knows the run's folder (new-user
+    # trial: stdout said "DIR" while stderr named it), quoted for a shell
+    assert "--resume DIR (DIR: the directory of this run's results.json)" in s
+    here = report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a", interrupted=True, run_dir="/r/my run")["text"]
+    assert "finish it with matrix-run --resume '/r/my run'." in here and "DIR" not in here
     q = report.summarize(w, 1, {"c1": "B2 fwd"}, "b", "a", quick=True)["text"]
     assert "Quick run" in q and "interrupted" not in q
     # too few sets for an interval: an interrupted run is told to resume, not to raise its budget (new-user trial)
