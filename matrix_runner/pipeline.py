@@ -435,6 +435,13 @@ def rescues_of(doc: dict) -> list[tuple[Path, int]]:
     return sorted(found, key=lambda x: -x[1])
 
 
+def failed_env_line(label: str, status: str | None, error: object) -> str:
+    """The run's closing line for an env that did not come up: ``env LABEL STATUS: first line of its
+    error``; with no error text on record, says so (it had printed "failed: failed")."""
+    first = (str(error).strip().splitlines() or [""])[0] if error else ""
+    return f"env {label} {status or 'failed'}" + (f": {first}" if first else " (no error text on record; see the log above)")
+
+
 def held_run_hint(out_dir: Path, name: str) -> str:
     """What ``--output DIR`` that holds a run's ``name`` (results.json / .gz) can do instead: finish
     that run (unfinished), extend it (stopped on its budget), or nothing (new-user trial: a finished
@@ -1237,8 +1244,7 @@ class Run:
             for e in self.env_results:  # at the end too, not only mid-log (new-user trial: a typo'd
                 # version's env failed and the run closed with "one env: nothing to compare" alone)
                 if e.status != "ok":
-                    first = str(e.error or e.status).splitlines()[0] if (e.error or e.status) else "failed"
-                    console.print(f"[yellow]env {escape(e.label)} {escape(e.status)}: {escape(first)}[/]")
+                    console.print(f"[yellow]{escape(failed_env_line(e.label, e.status, e.error))}[/]")
             if failed:
                 kinds = sorted({c.get("error_kind") or "error" for c in failed})
                 n_env = len({c["env"] for c in failed})

@@ -717,3 +717,8 @@ def test_one_version_says_at_the_start_that_there_is_nothing_to_compare(tmp_path
     tail = " ".join(cp.stderr.split("time: envs")[-1].split())
     assert "env a failed: no wheel for key" in tail and "env b failed: no wheel for key" in tail, cp.stderr
     assert cp.returncode == 3
+    # its first line only; an env with no error text on record says so, not "failed: failed"
+    from matrix_runner.pipeline import failed_env_line
+    assert failed_env_line("a", "failed", "uv pip install: exit 1\nlong log") == "env a failed: uv pip install: exit 1"
+    assert failed_env_line("a", "failed", None) == failed_env_line("a", None, "  ") == \
+        "env a failed (no error text on record; see the log above)"
