@@ -137,6 +137,22 @@ def test_envs_list_refuses_labels_and_all(tmp_path):
     assert f"no envs in {tmp_path} yet" in flat(cp.stdout + cp.stderr) and "requested" not in cp.stdout + cp.stderr
 
 
+def test_envs_list_names_an_unfinished_env_and_its_log(tmp_path):
+    """A venv whose build failed before its record was written was listed as "no record" (new-user
+    trial): it says what that means, where its log is, and that the next run builds it again."""
+    from matrix_runner.envs.record import list_envs
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / ".logs").mkdir()
+    (tmp_path / ".logs" / "a.log").write_text("uv pip install: exit 1\n")
+    (row,) = list_envs(tmp_path)
+    assert row["label"] == "a" and row["status"] == (
+        f"unfinished: its build failed or was cut short (log: {tmp_path / '.logs' / 'a.log'}); the next run builds it again")
+    cp = run_cli("envs", "list", "--envs-dir", str(tmp_path))
+    assert cp.returncode == 0 and "unfinished: its build failed" in flat(cp.stdout), cp.stdout + cp.stderr
+
+
 # -- a closed output pipe -----------------------------------------------------------------------------
 def closed_pipe_run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """``matrix-run ARGS`` with its stdout a pipe whose reader has gone (every write: EPIPE)."""

@@ -102,7 +102,11 @@ def list_envs(envs_dir: Path) -> list[dict]:
                 continue
             rec = load_record(d) or {}
             size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
-            out.append({"label": d.name, "requested": rec.get("requested"), "status": rec.get("status", "no record"),
+            # no record: a venv whose build failed or was cut short (is_matrix_run_env); its record is
+            # written last, so the next run builds it again (new-user trial: listed as "no record")
+            status = rec.get("status") or (f"unfinished: its build failed or was cut short (log: "
+                                           f"{d.parent / '.logs' / (d.name + '.log')}); the next run builds it again")
+            out.append({"label": d.name, "requested": rec.get("requested"), "status": status,
                         "torch": (rec.get("torch") or {}).get("version"), "python": rec.get("python"),
                         "wheel": Path((rec.get("wheel") or {}).get("file") or "-").name,
                         "created": rec.get("created"), "size_mb": round(size / 2**20, 1), "path": str(d)})
