@@ -961,6 +961,8 @@ class Run:
         for e in self.env_results:
             if e.status == "ok":
                 how = "reused" if e.build.get("reused") else e.build.get("method")
+                if e.build.get("rebuilt_because"):  # a reused env found broken and made again
+                    how = f"rebuilt by {how}: the existing env was broken"
                 cc = ((e.build.get("source_build") or {}).get("compile_cache") or {}).get("stats")
                 hits = (f", compile cache {sum(cc['hits'].values())} hits / {sum(cc['misses'].values())} misses"
                         if cc else "")

@@ -414,6 +414,34 @@ def test_two_processes_share_envs_and_cache_without_rebuilding(standins, tmp_pat
         assert rec["status"] == "ok" and rec["label"] == lab
 
 
+def test_a_broken_env_is_planned_listed_and_reported_as_rebuilt(standins, tmp_path):
+    """New-user trial: with an env's python deleted, `plan` said "reuse", `envs list` "ok", and the run
+    (which found it broken and rebuilt it) printed "(reuse, 0.2 s)"."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(ONE_SHAPE)
+    common = ["--versions", "a=2.6.3", "--config", str(cfg), "--offline", "--find-links",
+              str(standins["wheels"]), "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache")]
+    cp = run_cli(*common, "--device", "cpu", "--quick", "--output", str(tmp_path / "o1"))
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    flat = lambda t: " ".join(t.split())  # noqa: E731
+    # intact: planned as a reuse with no note, listed plain "ok"
+    cp = run_cli("plan", *common)
+    assert cp.returncode == 0 and "reuse" in cp.stdout + cp.stderr and "existing env" not in flat(cp.stdout + cp.stderr)
+    for name in ("python", "python3"):
+        (tmp_path / "envs" / "a" / "bin" / name).unlink(missing_ok=True)
+    cp = run_cli("plan", *common)
+    assert "existing env broken: its python is missing (the next run rebuilds it)" in flat(cp.stdout + cp.stderr), cp.stdout
+    cp = run_cli("envs", "list", "--envs-dir", str(tmp_path / "envs"))
+    assert "broken: its python is missing" in flat(cp.stdout), cp.stdout
+    cp = run_cli(*common, "--device", "cpu", "--quick", "--output", str(tmp_path / "o2"))
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert "a: flash_attn 2.6.3 (rebuilt by find-links: the existing env was broken," in flat(cp.stderr), cp.stderr[-3000:]
+    (env,) = load_results(tmp_path / "o2")["envs"]
+    assert env["build"]["method"] == "find-links" and "python" in env["build"]["rebuilt_because"], env["build"]
+    cp = run_cli("envs", "list", "--envs-dir", str(tmp_path / "envs"))
+    assert "its python is missing" not in flat(cp.stdout) and "changed since" not in flat(cp.stdout), cp.stdout
+
+
 # ---------------------------------------------------------------------------------------------
 # a results.json with an edited sample: a one-line error naming the file and field (exit 2), or the
 # sample skipped with a note; never a traceback

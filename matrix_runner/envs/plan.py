@@ -18,7 +18,7 @@ from .. import build as buildmod
 from .. import compcache, fa3, machine, subjects, wheels
 from ..config import Case
 from ..errors import UsageError
-from .record import RECORD, RECORD_SCHEMA, is_matrix_run_env, load_record
+from .record import RECORD, RECORD_SCHEMA, is_matrix_run_env, load_record, reuse_state
 from .requests import EnvRequest
 from .venv import driver_site_dirs, local_version
 
@@ -142,6 +142,10 @@ def plan_env(req: EnvRequest, cases: list[Case], opts: Options, driver_probe: di
     the env planned first with that compile unit in this run (filled in here; see compcache.py)."""
     item = _plan_env(req, cases, opts, driver_probe, n_builds_hint, planned_units if planned_units is not None else {})
     d = item.env_dir
+    if item.method == "reuse":
+        state = reuse_state(d, load_record(d))
+        if state:
+            item.notes.append(f"existing env {state}")
     if item.method not in ("failed", "reuse") and (d.exists() or d.is_symlink()) and not is_matrix_run_env(d):
         item.method = "failed"
         item.error = (f"{d} exists and is not a matrix-run env (no {RECORD} or pyvenv.cfg): it is left untouched; "

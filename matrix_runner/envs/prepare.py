@@ -139,7 +139,10 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
                 except EnvError as e:
                     progress(req.label, f"existing env is broken ({e}); rebuilding")
                     rebuilt = {"rebuilt_because": str(e)}
+                    res.build.update(rebuilt)  # every kind of env (the flash-attn path also records it in the env)
                     item = plan_env(req, cases, replace(opts, rebuild=True), driver_probe)
+                    # how it is obtained now (new-user trial: the rebuilt env was reported "reuse, 0.2 s")
+                    res.build.update({"method": item.method, "key": item.key, "key_id": item.key_id})
                     if item.method == "failed":
                         raise EnvError(item.error or "no way to rebuild this env") from None
             if done is None:

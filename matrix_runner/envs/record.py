@@ -83,6 +83,21 @@ def try_exclusive(envs_dir: Path, label: str, stack: ExitStack) -> bool:
     return True
 
 
+def reuse_state(env_dir: Path, rec: dict | None) -> str | None:
+    """What a cheap look finds in an env whose record says ok, before a run checks it for real
+    (prepare._prepare_reused: the import preflight, and a rebuild when that fails): None when nothing
+    that decides its imports changed since its check (the fingerprint, venv.fingerprint); else a
+    sentence for ``plan`` and ``envs list`` (new-user trial: an env with its python deleted was listed
+    "ok" and planned "reuse")."""
+    from .venv import env_python, fingerprint
+
+    if not env_python(env_dir).exists():
+        return "broken: its python is missing (the next run rebuilds it)"
+    if (rec or {}).get("fingerprint") and fingerprint(env_dir) != rec["fingerprint"]:
+        return "changed since its check (the next run checks its import again, and rebuilds it if that fails)"
+    return None
+
+
 def list_envs(envs_dir: Path) -> list[dict]:
     """Records of every env under ``envs_dir`` (with size in MB), for ``matrix-run envs list``."""
     out = []
@@ -104,7 +119,8 @@ def list_envs(envs_dir: Path) -> list[dict]:
             size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
             # no record: a venv whose build failed or was cut short (is_matrix_run_env); its record is
             # written last, so the next run builds it again (new-user trial: listed as "no record")
-            status = rec.get("status") or (f"unfinished: its build failed or was cut short (log: "
+            state = reuse_state(d, rec) if rec.get("status") == "ok" else None
+            status = (f"ok, {state}" if state and not state.startswith("broken") else state) or rec.get("status") or (f"unfinished: its build failed or was cut short (log: "
                                            f"{d.parent / '.logs' / (d.name + '.log')}); the next run builds it again")
             out.append({"label": d.name, "requested": rec.get("requested"), "status": status,
                         "torch": (rec.get("torch") or {}).get("version"), "python": rec.get("python"),
