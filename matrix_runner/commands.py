@@ -269,6 +269,8 @@ def cmd_report(args) -> int:
     else:
         # one run read: its --resume advice names its folder (a merge is never resumed)
         report.terminal_table(res, Console(), run_dir=str(paths[0].resolve().parent) if len(runs) == 1 else None)
+        if report.gate_line(res):
+            console.print(report.gate_line(res), markup=False)
     console.print(f"report: {p}")
     return EXIT_OK
 

@@ -243,6 +243,41 @@ def regressions(doc: dict, pct: float) -> list[dict]:
             and (c["ratio"] - 1) * 100 > pct]
 
 
+def gate_outcome(doc: dict, pct: float, budget_s: float | None = None) -> dict:
+    """What ``--fail-on-regression PCT`` decides on the run ``doc``, as stored in results.json
+    ``gate`` and shown in the report (new-user trial: it was only an exit code and a line on stderr):
+    ``{threshold_pct, outcome, exit, regressions, not_judged, undecided, text}``. ``outcome``:
+    "failed" (a wall-time "slower" by more than PCT: :func:`regressions`; exit 1), "not judged" (no
+    regression, but a comparison over PCT has no interval yet: :func:`unjudged`; exit 3), "passed"
+    (exit 0; ``undecided`` names undecided comparisons whose interval still reaches above PCT).
+    The three lists name comparisons as "CANDIDATE vs BASELINE LABEL OP RATIOx"."""
+    def name(c):
+        return f"{c['candidate']} vs {c['baseline']} {c['label']} {c['op']} {c['ratio']:.2f}x"
+
+    bad = regressions(doc, pct)
+    open_ = unjudged(doc, pct)
+    none = [c for c in open_ if c["verdict"] == "provisional" or c.get("unbounded")]
+    later = [c for c in open_ if c not in none]
+    head = f"--fail-on-regression {pct:g}"
+    if bad:
+        outcome, code = "failed", EXIT_REGRESSION
+        text = f"{head}: failed: {len(bad)} regression(s) over {pct:g}%: " + ", ".join(name(c) for c in bad)
+    elif none:
+        outcome, code = "not judged", EXIT_FAILED
+        text = (f"{head}: not judged: {len(none)} comparison(s) over {pct:g}% have no interval yet (too few process "
+                f"sets" + (f" in --time-budget {budget_s:g} s" if budget_s else "") + "): "
+                + ", ".join(name(c) for c in none) + "; raise --time-budget")
+    elif later:
+        outcome, code = "passed", EXIT_OK
+        text = (f"{head}: passed, but {len(later)} undecided comparison(s) could still be over {pct:g}% (their "
+                "intervals reach above it): " + ", ".join(f"{name(c)} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" for c in later))
+    else:
+        outcome, code = "passed", EXIT_OK
+        text = f"{head}: passed (no wall time over {pct:g}% slower)"
+    return {"threshold_pct": pct, "outcome": outcome, "exit": code, "regressions": [name(c) for c in bad],
+            "not_judged": [name(c) for c in none], "undecided": [name(c) for c in later], "text": text}
+
+
 
 def run(args, argv: list[str], parse: Callable[[list[str]], object]) -> int:
     """Run (or, with ``--resume``, finish) a benchmark: :class:`Run`'s steps with signals handled and
@@ -1173,6 +1208,10 @@ class Run:
         rescue gets a folder of its own (tempfile.mkdtemp): a resume that hit the same full disk had
         overwritten the first rescue's sets (new-user trial)."""
         doc, out_dir = self.doc, self.out_dir
+        pct = getattr(self.args, "fail_on_regression", None)
+        doc.pop("gate", None)  # a resumed run's earlier one: decided again on all its sets
+        if pct is not None and not self.stop.is_set() and (doc.get("timing") or {}).get("stop_reason") != "interrupted":
+            doc["gate"] = gate_outcome(doc, pct, self.samp.time_budget_s)
         try:
             results.write_json(out_dir / "results.json", doc)
         except OSError as ex:
@@ -1260,33 +1299,16 @@ class Run:
         return code
 
     def gate(self, code: int) -> int:
-        """``--fail-on-regression PCT``: exit 1 on a wall-time "slower" by more than PCT (the SDPA control
-        left out); where no comparison is over it but some could not be judged (:func:`unjudged`),
-        says which: exit 3 when one has no interval at all (the run decided nothing there: a longer
-        ``--time-budget`` does), a warning for an undecided one whose interval reaches over PCT."""
-        pct, doc = self.args.fail_on_regression, self.doc
-
-        def name(c):
-            return f"{c['candidate']} vs {c['baseline']} {c['label']} {c['op']} {c['ratio']:.2f}x"
-
-        bad = regressions(doc, pct)
-        if bad:
-            console.print(f"[red]{len(bad)} regression(s) over {pct:g}%[/]: " + ", ".join(name(c) for c in bad))
+        """``--fail-on-regression PCT``: :func:`gate_outcome` (stored in results.json by
+        :meth:`_write_files`), said on the console; exit 1 on a regression, 3 when one over PCT could
+        not be judged, else ``code``."""
+        g = self.doc.get("gate") or gate_outcome(self.doc, self.args.fail_on_regression, self.samp.time_budget_s)
+        style = {"failed": "red", "not judged": "yellow"}.get(g["outcome"], "yellow" if g["undecided"] else "dim")
+        console.print(f"[{style}]{escape(g['text'])}[/]")
+        if g["outcome"] == "failed":
             return EXIT_REGRESSION
-        open_ = unjudged(doc, pct)
-        none = [c for c in open_ if c["verdict"] == "provisional" or c.get("unbounded")]
-        if none:
-            console.print(f"[yellow]--fail-on-regression {pct:g}: not judged: {len(none)} comparison(s) over "
-                          f"{pct:g}% have no interval yet (too few process sets in --time-budget "
-                          f"{self.samp.time_budget_s:g} s): " + ", ".join(name(c) for c in none)
-                          + "; raise --time-budget[/]")
+        if g["outcome"] == "not judged":
             return max(code, EXIT_FAILED)
-        if open_:
-            console.print(f"[yellow]--fail-on-regression {pct:g}: passed, but {len(open_)} undecided comparison(s) "
-                          f"could still be over {pct:g}% (their intervals reach above it): "
-                          + ", ".join(f"{name(c)} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" for c in open_) + "[/]")
-        else:
-            console.print(f"[dim]--fail-on-regression {pct:g}: passed (no wall time over {pct:g}% slower)[/]")
         return code
 
     # ---- clean-up ------------------------------------------------------------------------------

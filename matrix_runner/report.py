@@ -601,6 +601,14 @@ def shown_gap(rows: list[dict]) -> float | None:
     return max(gaps) if gaps else None
 
 
+def gate_line(res: dict) -> str | None:
+    """The run's ``--fail-on-regression`` outcome as stored in results.json ``gate``
+    (pipeline.gate_outcome), for the report's head; None for a run without the gate (or a merged or
+    re-rendered report, whose verdicts are not the run's: results.merge drops it)."""
+    g = res.get("gate")
+    return str(g["text"]) if isinstance(g, dict) and g.get("text") else None
+
+
 def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None) -> dict:
     """Reshape results for templates: per case rows with each env's clocks and each comparison.
     ``run_dir``: the folder of the run's results.json, named in an interrupted run's summary
@@ -675,6 +683,8 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
           "summaries": summaries, "common": common, "min_effect": min_effect,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
           "has_device": any("device_us" in (c.get("metrics") or {}) for c in cases)}
+    vm["gate"] = gate_line(res)
+    vm["gate_outcome"] = (res.get("gate") or {}).get("outcome") if vm["gate"] else None
     vm["config_overrides"] = config_overrides(res)
     vm["resumed_note"] = resumed_note(res)
     vm["merged"] = results.is_merge(res)
@@ -900,7 +910,9 @@ def markdown(res: dict) -> str:
     lines.append("")
     for s in vm["summaries"]:
         lines.append(f"- **{esc(s['text'])}** {esc(s['detail'])}")
-    if vm["summaries"]:
+    if gate_line(res):
+        lines.append(f"- **{esc(gate_line(res))}**")
+    if vm["summaries"] or gate_line(res):
         lines.append("")
     hdr = "| case | op | " + " | ".join(f"{esc(lab)} wall µs" for lab in vm["labels"]) + " | " + \
           " | ".join((f"{esc(c)} vs {esc(vm['base'])}" if vm["one_base"] else esc(c)) + " " + esc(vm["ci_head"])

@@ -21,6 +21,8 @@ Schema ``matrix-runner/results/1`` (top-level keys)::
                   probe), before_timing_s (probe and plan: counted in the time budget), close_s (after
                   the last set, the workers still alive stopped and reaped: not in the budget's
                   estimate of a set, so a run can end this much past its budget)}
+    gate:         (a run with --fail-on-regression PCT) {threshold_pct, outcome: failed | not judged |
+                  passed, exit, regressions, not_judged, undecided, text}: pipeline.gate_outcome
     sharded runs (shard module): cases[].gpu {index, uuid, name, shard, sm_clock_mhz_min/max};
     sets[].shard; shards: [{index, count, gpu, cases, cpus, stop_reason, timing_phase_s, lost}];
     a job's own results: shard {index, count, host, gpu}
@@ -690,6 +692,7 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
         return runs[0]
     out = json.loads(json.dumps(runs[0], default=_default))
     out.pop("merge_warnings", None)  # a merged report's own (commands.cmd_report): said again of this merge
+    out.pop("gate", None)  # the run's --fail-on-regression outcome: not that of these recomputed verdicts
 
     def origin(e: dict, r: dict, i: int) -> str:
         # the run an env or a process set was timed in: a merged record's keep theirs (``run_id`` on

@@ -303,6 +303,48 @@ def test_fail_on_regression_says_what_it_could_not_judge_and_exits_3_where_nothi
     assert gate(doc(verdict="provisional"), errors.EXIT_FAILED)[0] == errors.EXIT_FAILED
 
 
+def test_the_gate_outcome_is_kept_in_results_and_shown_in_every_report(tmp_path, capsys):
+    """New-user trial: --fail-on-regression's outcome was an exit code and a line on stderr only. It is
+    written to results.json ``gate`` with the run, shown in the HTML, the Markdown and `report`'s
+    terminal, and dropped from a re-rendered report whose verdicts are recomputed."""
+    import gzip
+    import threading
+    from types import SimpleNamespace
+
+    from matrix_runner import errors, pipeline, results
+
+    src = Path(__file__).resolve().parent.parent / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-10" / "results.json.gz"
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    doc.pop("gate", None)
+    r = pipeline.Run(SimpleNamespace(fail_on_regression=50.0, markdown=str(tmp_path / "s.md")), [], threading.Event(), None)
+    r.doc, r.samp, r.out_dir = doc, SimpleNamespace(time_budget_s=60.0), tmp_path / "run"
+    r.out_dir.mkdir()
+    r._write_files()
+    assert r.gate(0) == errors.EXIT_REGRESSION
+    g = results.load(r.out_dir / "results.json")["gate"]
+    slower = [c for c in doc["comparisons"] if c["metric"] == "wall_us" and c["verdict"] == "slower" and c["ratio"] > 1.5]
+    assert g["outcome"] == "failed" and g["exit"] == 1 and g["threshold_pct"] == 50.0
+    assert len(g["regressions"]) == len(slower) > 0 and not g["not_judged"] and not g["undecided"]
+    assert g["text"].startswith(f"--fail-on-regression 50: failed: {len(slower)} regression(s) over 50%: 2.7.0.post2 vs 2.6.3 ")
+    html = (r.out_dir / "index.html").read_text()
+    assert 'id="gate"' in html and "--fail-on-regression 50: failed" in html and "exit code 1" in html
+    assert "**--fail-on-regression 50: failed" in (tmp_path / "s.md").read_text()
+    capsys.readouterr()
+    cp = run_cli("report", str(r.out_dir), "-o", str(tmp_path / "re"))
+    assert cp.returncode == 0 and "--fail-on-regression 50: failed" in " ".join(cp.stderr.split()), cp.stderr[-2000:]
+    # at 300 % nothing is over: passed; re-rendered at another --min-effect: no gate (not the run's verdicts)
+    r.args.fail_on_regression = 300.0
+    r._write_files()
+    assert results.load(r.out_dir / "results.json")["gate"]["outcome"] == "passed" and r.gate(0) == 0
+    cp = run_cli("report", str(r.out_dir), "-o", str(tmp_path / "re2"), "--min-effect", "0.1")
+    assert cp.returncode == 0 and "fail-on-regression" not in cp.stdout + cp.stderr
+    assert "gate" not in results.load(tmp_path / "re2" / "results.json")
+    # an interrupted run is not gated
+    doc["timing"]["stop_reason"] = "interrupted"
+    r._write_files()
+    assert "gate" not in results.load(r.out_dir / "results.json")
+
+
 def test_a_config_of_over_500_cases_needs_yes(standins, tmp_path):
     big = tmp_path / "big.yaml"
     big.write_text("dtype: [float16, torch.bfloat16]\ncausal: [false, true]\nops: [fwd, bwd]\n"
