@@ -601,6 +601,26 @@ def shown_gap(rows: list[dict]) -> float | None:
     return max(gaps) if gaps else None
 
 
+#: Said of a merged report's comparisons between runs (new-user trial: two runs of the same wheels
+#: three minutes apart were merged into "2.6.3' vs 2.6.3: faster in 2/4 cases", the legend alone
+#: saying they were unpaired).
+BETWEEN_NOTE = ("Between runs: these two were not timed in turns, so a change of the machine between the runs "
+                "(CPU speed, load, clocks) counts as a difference as much as the code's; time both in one run "
+                "to tell them apart.")
+
+
+def same_build(a: dict | None, b: dict | None) -> str | None:
+    """A sentence when env records ``a`` and ``b`` (results.json ``envs``) hold the same flash-attn
+    wheel (build.wheel_sha256) on the same torch: then any difference between them is not the code's.
+    None when either is unknown or they differ."""
+    wa, wb = (((e or {}).get("build") or {}).get("wheel_sha256") for e in (a, b))
+    if not wa or wa != wb or (a or {}).get("torch") != (b or {}).get("torch"):
+        return None
+    return (f"Both are the same wheel (sha256 {str(wa)[:12]}…) on the same torch"
+            + (f" {a.get('torch')}" if a.get("torch") else "") + ": every difference here is the machine's "
+            "between the runs, not the code's.")
+
+
 def gate_line(res: dict) -> str | None:
     """The run's ``--fail-on-regression`` outcome as stored in results.json ``gate``
     (pipeline.gate_outcome), for the report's head; None for a run without the gate (or a merged or
@@ -659,6 +679,11 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
                       quick=bool((res.get("settings") or {}).get("quick")),
                       interrupted=(res.get("timing") or {}).get("stop_reason") == "interrupted",
                       n_control=sum(1 for r in rows if r["case"].get("impl") == "sdpa"), run_dir=run_dir)
+        walls = pick("wall")
+        if walls and all(c.get("paired") is False and c.get("alpha") is None for c in walls):  # merged: between runs
+            s["text"] = s["text"].replace(f"{cand} vs {b_lab}:", f"{cand} vs {b_lab}, between runs (unpaired):", 1)
+            env_of = {e["label"]: e for e in envs}
+            s["detail"] = " ".join(x for x in (BETWEEN_NOTE, same_build(env_of.get(b_lab), env_of.get(cand)), s["detail"]) if x)
         hb = {lab: sum(1 for r in rows if lab in r["host_bound"]) for lab in (b_lab, cand)}
         if any(r["case"].get("host_bound") is not None for r in rows):
             s["detail"] += (" Host-bound (host dispatch ≥ kernel time): " +
@@ -1209,6 +1234,10 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
                       [r["host"] for r in rs if r["host"]], eff, prefix=f"{env_name} — ",
                       quick=any((x.get("settings") or {}).get("quick") for x in (a, b)),
                       n_control=len([c for c in a.get("cases", []) if c["env"] == la and c.get("impl") == "sdpa"]))
+        same = same_build(next((e for e in a.get("envs", []) if e["label"] == la), None),
+                          next((e for e in b.get("envs", []) if e["label"] == lb), None))
+        if same:  # a difference is then the machine's between the runs (new-user trial)
+            s["detail"] = " ".join(x for x in (same, s["detail"]) if x)
         s["env"] = la
         summaries.append(s)
     unpaired = ([f"A {e['label']}" for e in a.get("envs", []) if e["label"] not in {p[0] for p in pairs}] +

@@ -555,6 +555,11 @@ def test_compare_runs_is_unpaired_so_round_order_does_not_matter(h200):
             m["samples"] = m["samples"][::-1]
     same, flipped = report.compare_runs(h200, h200), report.compare_runs(h200, rev)
     assert len(same["rows"]) == len(flipped["rows"]) == 24
+    # each env is the same wheel on the same torch in both: its headline says the difference is the machine's
+    assert all(s["detail"].startswith("Both are the same wheel (sha256 ") for s in same["summaries"]), same["summaries"]
+    other = copy.deepcopy(h200)
+    other["envs"][0]["torch"] = "2.99.0"
+    assert "same wheel" not in report.compare_runs(h200, other)["summaries"][0]["detail"]
     for x, y in zip(same["rows"], flipped["rows"]):
         for k in ("wall", "host", "device"):
             if x[k] is None:
@@ -595,6 +600,16 @@ def test_merge_compares_envs_of_different_runs_unpaired(h200):
     assert report.view_model(merged)["ratio_def"] == report.MERGED_DEF
     mixed = report.view_model(again)["ratio_def"]
     assert mixed.startswith("within a run: trimmed mean over rounds") and mixed.endswith("; " + report.MERGED_DEF)
+    # the headline of an env from another run says so, and a copy of the same wheel on the same torch is
+    # called the machine's difference (new-user trial: "2.6.3' vs 2.6.3: faster in 2/4 cases" for two runs
+    # of one wheel three minutes apart)
+    heads = {s["candidate"]: s for s in report.view_model(again)["summaries"]}
+    assert heads["2.6.3'"]["text"].startswith("2.6.3' vs 2.6.3, between runs (unpaired): ")
+    assert heads["2.6.3'"]["detail"].startswith(report.BETWEEN_NOTE + " Both are the same wheel (sha256 ")
+    assert "every difference here is the machine's between the runs, not the code's" in heads["2.6.3'"]["detail"]
+    assert heads["2.7.0.post2'"]["text"].startswith("2.7.0.post2' vs 2.6.3, between runs (unpaired): ")
+    assert "same wheel" not in heads["2.7.0.post2'"]["detail"]  # another wheel than the baseline's
+    assert heads["2.7.0.post2"]["text"].startswith("2.7.0.post2 vs 2.6.3: ") and report.BETWEEN_NOTE not in heads["2.7.0.post2"]["detail"]
 
 
 def test_a_merged_report_of_lockstep_runs_defines_its_unpaired_ratios(tmp_path):
