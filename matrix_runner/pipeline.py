@@ -1031,10 +1031,25 @@ class Run:
         t_tm = time.monotonic() - prior_tm  # a resumed run's timing phase includes the earlier one
         before_s = max(0.0, time.monotonic() - self.t_inv - self.env_s)
         self.base_timing["before_timing_s"] = round(before_s, 2)
-        if ok_envs and all((e.build or {}).get("reused") for e in ok_envs):
+        built = not (ok_envs and all((e.build or {}).get("reused") for e in ok_envs))
+        if not built:
             # envs only checked, nothing built or installed: that check is part of the minute too
             # (0.01-0.44 s on the H200, 2026-12-03; one run ended at 60.69 s with 0.44 s of it)
             before_s += self.env_s
+        # what the budget leaves out, over every session of the run: building and installing envs
+        pt = (prior or {}).get("timing") or {}
+        excluded = float(pt.get("budget_excluded_s") or 0.0) + (self.env_s if built else 0.0)
+        self.base_timing["budget_excluded_s"] = round(excluded, 2)
+        # a resumed run's earlier sessions: their time outside the timing phase counts as well (their
+        # start-up, the results written at their end; new-user trial: a run interrupted at 14.2 s and
+        # resumed ended at 41.2 s of a 40 s budget, the first session's 1.5 s of it uncounted). Records
+        # from before budget_excluded_s: their last session's time before timing.
+        prior_other = 0.0
+        if prior:
+            prior_other = (max(0.0, float(pt.get("total_s") or 0.0) - float(pt["budget_excluded_s"]) - prior_tm)
+                           if "budget_excluded_s" in pt else float(pt.get("before_timing_s") or 0.0))
+        self.base_timing["resumed_other_s"] = round(prior_other, 2) if prior else None
+        before_s += prior_other
         base_doc["timing"] = self.base_timing
         # measured process sets of the run being resumed (case id + env label is the key)
         self.data = data = runner.data_from_results(prior, self.cfg.cases) if prior else {}

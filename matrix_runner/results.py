@@ -20,7 +20,10 @@ Schema ``matrix-runner/results/1`` (top-level keys)::
     timing:       {env_phase_s, timing_phase_s, total_s, stop_reason, probe_s (the driver's torch
                   probe), before_timing_s (probe and plan: counted in the time budget), close_s (after
                   the last set, the workers still alive stopped and reaped: not in the budget's
-                  estimate of a set, so a run can end this much past its budget)}
+                  estimate of a set, so a run can end this much past its budget), budget_excluded_s
+                  (building and installing envs, over all sessions of a run: not in the budget),
+                  resumed_other_s (a --resume: the earlier sessions' time outside their timing
+                  phases, counted in the budget; null for a run's first session)}
     gate:         (a run with --fail-on-regression PCT) {threshold_pct, outcome: failed | not judged |
                   passed, exit, regressions, not_judged, undecided, text}: pipeline.gate_outcome
     sharded runs (shard module): cases[].gpu {index, uuid, name, shard, sm_clock_mhz_min/max};

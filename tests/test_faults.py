@@ -962,6 +962,12 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     assert res["settings"]["probe_share_min_sets"] == 5  # kept, not the current default
     assert res["run_id"] == first["run_id"] and res["command"] == first["command"] and len(res["resumed"]) == 1
     assert res["timing"]["stop_reason"] != "interrupted"
+    # the budget counts the first session's time outside its timing phase too (new-user trial: a run
+    # interrupted at 14.2 s and resumed ended at 41.2 s of a 40 s budget): envs were reused, so all of it
+    ft, rt = first["timing"], res["timing"]
+    assert ft["resumed_other_s"] is None and ft["budget_excluded_s"] >= 0
+    assert rt["resumed_other_s"] == pytest.approx(ft["total_s"] - ft["budget_excluded_s"] - ft["timing_phase_s"], abs=0.02)
+    assert rt["resumed_other_s"] >= ft["before_timing_s"] - 0.02 and rt["budget_excluded_s"] == ft["budget_excluded_s"]
     # the sets measured before the interrupt are kept as they were; new sets get new ids; an
     # interrupted set does not count towards max_sets
     assert [s["set"] for s in res["sets"]] == list(range(len(res["sets"])))
