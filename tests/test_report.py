@@ -513,6 +513,16 @@ def test_publish_cli_on_the_committed_reports(tmp_path):
     assert cp.returncode == 2 and "not a directory" in cp.stderr
 
 
+def test_a_faster_headline_gives_the_tables_ratio_too():
+    """New-user trial: "faster in 2/4 cases; largest 1.08x" beside a table cell of 0.92x."""
+    w = [{"case": "c1", "verdict": "faster", "ratio": 0.92, "attribution": "host"},
+         {"case": "c2", "verdict": "faster", "ratio": 0.5, "attribution": "host"},
+         {"case": "c3", "verdict": "slower", "ratio": 1.3, "attribution": "host"}]
+    t = report.summarize(w, 3, {"c1": "B2 fwd", "c2": "B2 bwd", "c3": "B4 fwd"}, "b", "a")["text"]
+    assert t == ("b vs a: slower in 1/3 cases, host overhead; largest 1.30x at B4 fwd; faster in 2/3 cases, all host "
+                 "overhead; largest 2.00x faster (ratio 0.50x) at B2 bwd."), t
+
+
 def test_headline_of_an_interrupted_run_is_not_called_quick():
     w = [{"case": "c1", "verdict": "slower", "ratio": 1.9, "attribution": None, "within_process_only": True,
           "attribution_why": "no device clock (CPU run)"}]
