@@ -5,7 +5,7 @@ other subcommands are :mod:`commands`. :func:`main` turns :mod:`errors`' classes
 
 Exit codes: 0 done; 1 a wall-time regression over ``--fail-on-regression PCT``; 2 usage or config
 error; 3 some env or case failed, or nothing could be timed (results still written); 4 an
-internal error (a bug); 130 interrupted (results measured so far written). 1 wins over 3 when both apply.
+internal error (a bug); 130 interrupted (results measured so far written, if any). 1 wins over 3 when both apply.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ EXIT_HELP = ("Exit codes: 0 done; 1 a wall-time regression over --fail-on-regres
              "--fail-on-regression could not judge a comparison over its threshold (too few sets), or results.json "
              "could not be written (the error names the rescue copy); "
              "4 internal error (a bug: please report it with the traceback printed); "
-             "130 interrupted (results so far written). plan: 3 when an env has no way to be obtained.")
+             "130 interrupted (results so far written, if any). plan: 3 when an env has no way to be obtained.")
 
 
 def _add_env_args(p: argparse.ArgumentParser) -> None:

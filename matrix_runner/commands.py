@@ -120,6 +120,11 @@ def cmd_envs(args) -> int:
     unknown = wanted - {r["label"] for r in rows}
     if unknown:
         raise UsageError(f"envs clean: no env named {', '.join(sorted(unknown))} in {envs_dir}")
+    foreign = [r for r in rows if r["label"] in wanted and r.get("foreign")]
+    if foreign:  # named, and left alone: it had exited 0 having removed nothing (new-user trial)
+        raise UsageError(f"envs clean: {', '.join(r['path'] for r in foreign)}: not a matrix-run env (no env record, "
+                         "no build log of matrix-run's), so it is never removed by matrix-run; remove it yourself "
+                         "if you mean to")
     busy: list[str] = []
     for r in rows:
         if not wanted or r["label"] in wanted:

@@ -1124,8 +1124,13 @@ def load_config(path: str | Path | None, max_cases: int | None = MAX_CASES) -> C
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
-        raise ConfigError(f"--config {path}: cannot read the file ({e.strerror}); built-in configs by name: "
-                          f"{', '.join(builtin_configs())}") from None
+        import difflib
+
+        # a typo'd built-in name (new-user trial: `--config defualt` listed the names, suggested none)
+        near = difflib.get_close_matches(Path(str(path)).stem, builtin_configs(), n=1, cutoff=0.6)
+        raise ConfigError(f"--config {path}: cannot read the file ({e.strerror}); "
+                          + (f"did you mean the built-in config {near[0]!r}? " if near else "")
+                          + f"built-in configs by name: {', '.join(builtin_configs())}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"--config {path}: not UTF-8 text (byte {e.start}); save the YAML as UTF-8") from None
     try:

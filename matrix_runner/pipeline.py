@@ -209,8 +209,9 @@ def check_writable_file(f: Path, opt: str, creates: Path | None = None, inputs: 
         f = Path(creates).expanduser().resolve()  # made before f is written: its nearest existing parent must take it
         while not f.parent.is_dir():
             f = f.parent
-    if not f.parent.is_dir():
-        raise UsageError(f"{opt} {f}: the directory {f.parent} does not exist")
+    if not f.parent.is_dir():  # new-user trial: /dev/null/x.md was said not to exist
+        raise UsageError(f"{opt} {f}: " + (f"{f.parent} is not a directory" if f.parent.exists() else
+                                           f"the directory {f.parent} does not exist"))
     if (f.exists() and not os.access(f, os.W_OK)) or not os.access(f.parent, os.W_OK | os.X_OK):
         raise UsageError(f"{opt} {f}: not writable; give a path you can write")
     try:  # access() says yes to root on file systems that refuse files (/proc): try one

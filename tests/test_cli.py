@@ -36,6 +36,7 @@ def test_no_gpu_says_so_plainly_and_writes_results(tmp_path):
     (["--versions", "2.6.3", "--torch", "latest"], "--torch 'latest'"),
     (["--versions", "2.6.3", "--archs", "hopper"], "--archs 'hopper'"),
     (["--versions", "2.6.3", "--config", "/nonexistent.yaml"], "cannot read the file"),
+    (["--versions", "2.6.3", "--config", "defualt"], "did you mean the built-in config 'default'? built-in configs by name:"),
 ])
 def test_bad_input_exits_2_with_a_clear_message(args, needle, tmp_path):
     cp = run_cli(*args, "--envs-dir", str(tmp_path / "envs"), "--output", str(tmp_path / "o"))
@@ -192,6 +193,8 @@ def test_writability_checks_name_the_unwritable_directory(tmp_path, monkeypatch)
         pipeline.check_writable_file(ro / "x.md", "--markdown")
     with pytest.raises(envs.UsageError, match="does not exist"):
         pipeline.check_writable_file(tmp_path / "nope" / "x.md", "--markdown")
+    with pytest.raises(envs.UsageError, match="--markdown /dev/null/x.md: /dev/null is not a directory"):
+        pipeline.check_writable_file(Path("/dev/null/x.md"), "--markdown")  # it exists (new-user trial)
     (tmp_path / "f").write_text("")
     with pytest.raises(envs.UsageError, match="is not a directory"):
         pipeline.check_writable_dir(tmp_path / "f" / "out", "--output")

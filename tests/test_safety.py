@@ -12,6 +12,10 @@ def test_envs_clean_leaves_foreign_dirs_alone(tmp_path):
     assert cp.returncode == 0, cp.stderr
     assert (tmp_path / "photos" / "a.jpg").read_text() == "x"
     assert "left" in cp.stderr and "not a matrix-run env" in " ".join(cp.stderr.split())
+    # named: refused (exit 2), nothing removed (it had exited 0 with "left ... alone": new-user trial)
+    cp = run_cli("envs", "clean", "photos", "--envs-dir", str(tmp_path))
+    assert cp.returncode == 2 and (tmp_path / "photos" / "a.jpg").read_text() == "x"
+    assert f"envs clean: {tmp_path / 'photos'}: not a matrix-run env" in " ".join(cp.stderr.split()), cp.stderr
 
 
 def test_a_user_folder_named_like_a_label_is_never_wiped(standins, tiny_config, tmp_path):
