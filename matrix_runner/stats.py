@@ -628,7 +628,8 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
 
     Returns ``{ratio, ci_low, ci_high, delta_us, delta_ci_low, delta_ci_high, verdict, base_median,
     cand_median, n_sets, sets, set_log_ratios, set_deltas, alpha, ci_method, paired, selection}``;
-    ratio > 1: the candidate is slower; ``alpha``: the interval's level is 1 - alpha; None when no
+    ``base_median``/``cand_median`` (µs): the median over the compared sets of each set's median, as
+    the case tables give it; ratio > 1: the candidate is slower; ``alpha``: the interval's level is 1 - alpha; None when no
     set has both sides. ``delta_us`` (µs per call) is the mean over sets of each
     set's trimmed mean of the paired per-cycle differences (device/graph: difference of the set's
     medians), with the same kind of interval. ``unbounded``: too few sets yet for a finite interval.
@@ -700,12 +701,16 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
         return None
 
     def med(sets):
-        vals = []
+        # the median over the compared sets of each set's median (bursts, or a pass's samples): the
+        # case tables' "µs" (stats.summarize, in results.case_record); pooling every burst had given another number
+        # beside the same table (new-user trial: 32.56 vs 33.0 µs)
+        meds = []
         for s in used:
             d = sets[s]
-            vals.extend(d.values() if isinstance(d, dict) else d)
-        vals = [x for x in vals if x is not None and math.isfinite(x)]
-        return _median(vals) if vals else math.nan
+            vals = [x for x in (d.values() if isinstance(d, dict) else d) if x is not None and math.isfinite(x)]
+            if vals:
+                meds.append(_median(vals))
+        return _median(meds) if meds else math.nan
 
     mb, mc = med(pb if all(s in pb for s in used) else base_sets), med(pk if all(s in pk for s in used) else cand_sets)
     alpha = family_alpha / max(1, family_size)
