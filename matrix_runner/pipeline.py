@@ -705,14 +705,15 @@ class Run:
                 for flag, key in RESUMED_FLAGS.items():
                     why = why.replace(flag, f"settings.{key}")
                 raise UsageError(stored_settings_error(src, why)) from None
-            # its stored settings checked before a word of resuming
+        self._check_requests(cfg, cfg.sampling)
+        if prior is not None:  # its stored settings and the requests checked before a word of resuming
+            # (new-user trial: "time budget extended from 60 to 90 s", then refused: no GPU here)
             ext = getattr(self.args, "extended", None) or {}
             console.print(f"resuming {prior.get('run_id')} in {src.parent}: {len(prior.get('sets') or [])} process "
                           f"sets and {len(prior.get('cases') or [])} case records kept"
                           + "".join(f"; {'time budget' if k == 'time_budget_s' else 'max sets'} extended from "
                                     f"{'–' if a is None else format(a, 'g')} to {b:g}{' s' if k.endswith('_s') else ''}"
                                     for k, (a, b) in ext.items()))
-        self._check_requests(cfg, cfg.sampling)
 
     def _check_numbers(self, cfg, samp) -> None:
         """The command line's overrides of the sampling, and every usage check of the numbers."""

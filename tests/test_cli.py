@@ -330,7 +330,7 @@ def test_the_gate_outcome_is_kept_in_results_and_shown_in_every_report(tmp_path,
     assert len(g["regressions"]) == len(slower) > 0 and not g["not_judged"] and not g["undecided"]
     assert g["text"].startswith(f"--fail-on-regression 50: failed: {len(slower)} regression(s) over 50%: 2.7.0.post2 vs 2.6.3 ")
     html = (r.out_dir / "index.html").read_text()
-    assert 'id="gate"' in html and "--fail-on-regression 50: failed" in html and "exit code 1" in html
+    assert 'id="gate"' in html and "--fail-on-regression 50: failed" in html and "the gate's own exit code: 1" in html
     assert "**--fail-on-regression 50: failed" in (tmp_path / "s.md").read_text()
     capsys.readouterr()
     cp = run_cli("report", str(r.out_dir), "-o", str(tmp_path / "re"))
