@@ -152,9 +152,14 @@ def _worst_correctness(checks: list[dict], dtype: str) -> dict | None:
                 skipped = v
                 continue
             w = worst.setdefault(name, {"max_abs_err": 0.0, "rel_err": 0.0, "finite": True})
-            w["max_abs_err"] = max(w["max_abs_err"], v["max_abs_err"])
-            w["rel_err"] = max(w["rel_err"], v["rel_err"])
-            w["finite"] = w["finite"] and v["finite"]
+            for k in ("max_abs_err", "rel_err"):
+                x = v.get(k)
+                if not isinstance(x, (int, float)) or not math.isfinite(x):
+                    # an error that is NaN/inf is no pass (max(0.0, nan) had kept 0.0: new-user trial)
+                    w[k], w["finite"] = math.inf, False
+                else:
+                    w[k] = max(w[k], x)
+            w["finite"] = w["finite"] and bool(v.get("finite"))
     if skipped and not worst:
         return {"skipped": skipped}
     tol = CORRECTNESS_TOL.get(dtype, 1e-2)

@@ -381,8 +381,6 @@ OPS = {o.name: o for o in (
 def _ref_attn(q, k, v, scale: float, causal: bool):
     """fp32 attention of one sequence: q (sq, h, d), k and v (sk, hk, d) -> (sq, h, d); GQA by
     repeating k/v heads; the causal mask aligned to the bottom-right corner (flash-attn >= 2.1)."""
-    import torch
-
     h, hk = q.shape[1], k.shape[1]
     qf, kf, vf = q.float().transpose(0, 1), k.float().transpose(0, 1), v.float().transpose(0, 1)
     if hk != h:
@@ -390,10 +388,24 @@ def _ref_attn(q, k, v, scale: float, causal: bool):
     scores = (qf @ kf.transpose(-1, -2)) * scale
     if causal:
         sq, sk = q.shape[0], k.shape[0]
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        scores = scores.masked_fill(j > i + (sk - sq), float("-inf"))
+        return (_causal_softmax(scores, sq, sk) @ vf).transpose(0, 1)
     return (scores.softmax(-1) @ vf).transpose(0, 1)
+
+
+def _causal_softmax(scores, sq: int, sk: int):
+    """softmax over the last dim of ``scores`` (..., sq, sk) under the causal mask aligned to the
+    bottom-right corner (flash-attn >= 2.1). A query row with no key left (seqlen_q > seqlen_k: the
+    first sq - sk rows) gets all-zero weights, so its output is 0 as flash-attn's is ("if the row of
+    the mask is all zero, the output will be zero", flash_attn_func's docstring), and no NaN reaches
+    the reference (a -inf row's softmax is NaN: the check had read its NaN error as 0.0, new-user trial)."""
+    import torch
+
+    i = torch.arange(sq, device=scores.device)[:, None]
+    j = torch.arange(sk, device=scores.device)[None, :]
+    masked = j > i + (sk - sq)
+    empty = masked.all(-1, keepdim=True)  # (sq, 1): rows with no key
+    p = scores.masked_fill(masked & ~empty, float("-inf")).masked_fill(empty, 0.0).softmax(-1)
+    return p.masked_fill(empty, 0.0)
 
 
 class Bench:
@@ -798,11 +810,9 @@ class Bench:
         kf = rk.view(bb, sk, hk, d).transpose(1, 2).repeat_interleave(h // hk, dim=1)
         vf = rv.view(bb, sk, hk, d).transpose(1, 2).repeat_interleave(h // hk, dim=1)
         scores = (qf @ kf.transpose(-1, -2)) * c["softmax_scale"]
-        if c["causal"]:  # flash-attn >= 2.1 aligns the causal mask to the bottom-right corner
-            i = torch.arange(sq, device=scores.device)[:, None]
-            j = torch.arange(sk, device=scores.device)[None, :]
-            scores = scores.masked_fill(j > i + (sk - sq), float("-inf"))
-        ref = (scores.softmax(-1) @ vf).transpose(1, 2)
+        # causal: the mask aligned to the bottom-right corner, a row with no key all 0 (_causal_softmax)
+        p = _causal_softmax(scores, sq, sk) if c["causal"] else scores.softmax(-1)
+        ref = (p @ vf).transpose(1, 2)
         if c["op"] == "fwd":
             pairs = [("out", out.float(), ref)]
         else:

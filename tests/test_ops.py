@@ -169,6 +169,30 @@ def test_results_record_gbps_for_kvcache_only():
             assert rec["gbps"] is None and rec["kv_read_bytes"] is None
 
 
+def test_the_causal_reference_gives_zero_for_rows_with_no_key_and_a_nan_error_never_passes():
+    """seqlen_q > seqlen_k, causal: the first sq - sk query rows see no key. The fp32 reference had
+    NaN there (softmax of a -inf row) and results kept max(0.0, nan) = 0.0: "error 0.0, ok" for any
+    output (new-user trial). flash-attn gives 0 for such rows, and so does torch's SDPA."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(64, 2, 32, requires_grad=True), torch.randn(16, 2, 32), torch.randn(16, 2, 32)
+    ref = worker._ref_attn(q, k, v, 32 ** -0.5, True)
+    assert torch.isfinite(ref).all() and (ref[:48] == 0).all() and (ref[48:] != 0).any()
+    i, j = torch.arange(64)[:, None], torch.arange(16)[None, :]
+    sdpa = F.scaled_dot_product_attention(*(t.transpose(0, 1) for t in (q, k, v)), attn_mask=j <= i - 48).transpose(0, 1)
+    assert (ref - sdpa).abs().max() < 1e-5
+    ref.sum().backward()  # and its gradients are finite (the bwd check compares them)
+    assert torch.isfinite(q.grad).all() and (q.grad[:48] == 0).all()
+    # an error that is NaN or inf fails the check, whatever the other checks of the case said
+    good = {"out": {"max_abs_err": 1e-3, "rel_err": 1e-3, "finite": True}}
+    bad = {"out": {"max_abs_err": float("nan"), "rel_err": float("nan"), "finite": True}}
+    assert results._worst_correctness([good], "fp16")["ok"] is True
+    w = results._worst_correctness([good, bad], "fp16")
+    assert w["ok"] is False and w["tensors"]["out"]["finite"] is False and w["tensors"]["out"]["rel_err"] == float("inf")
+
+
 def test_graph_capture_broken_by_a_sync_is_a_finding_note():
     class B:
         op = worker.OPS["varlen"]
