@@ -248,36 +248,62 @@ def gate_outcome(doc: dict, pct: float, budget_s: float | None = None) -> dict:
     """What ``--fail-on-regression PCT`` decides on the run ``doc``, as stored in results.json
     ``gate`` and shown in the report (new-user trial: it was only an exit code and a line on stderr):
     ``{threshold_pct, outcome, exit, regressions, not_judged, undecided, text}``. ``outcome``:
-    "failed" (a wall-time "slower" by more than PCT: :func:`regressions`; exit 1), "not judged" (no
-    regression, but a comparison over PCT has no interval yet: :func:`unjudged`; exit 3), "passed"
-    (exit 0; ``undecided`` names undecided comparisons whose interval still reaches above PCT).
-    The three lists name comparisons as "CANDIDATE vs BASELINE LABEL OP RATIOx"."""
+
+    - "failed" (exit 1): a wall-time "slower" by more than PCT (:func:`regressions`);
+    - "not judged" (exit 3; 130 for an interrupted run): no regression, but something the gate should
+      judge has no verdict: a comparison over PCT without an interval yet (:func:`unjudged`), a case
+      of the run not compared at all (failed or not run in an env: a run that compared nothing had
+      "passed"), an env that failed, or the run was interrupted (``--resume`` finishes it);
+    - "passed" (exit 0); ``undecided`` names the comparisons whose interval still reaches above PCT
+      (undecided ones, and "slower" ones whose ratio is under PCT but whose interval is not).
+
+    The lists name comparisons as "CANDIDATE vs BASELINE LABEL OP RATIOx" (cases not compared: "...
+    LABEL OP: not compared")."""
     def name(c):
         return f"{c['candidate']} vs {c['baseline']} {c['label']} {c['op']} {c['ratio']:.2f}x"
 
+    lim = 1 + pct / 100
+    head = f"--fail-on-regression {pct:g}"
     bad = regressions(doc, pct)
     open_ = unjudged(doc, pct)
-    none = [c for c in open_ if c["verdict"] == "provisional" or c.get("unbounded")]
-    later = [c for c in open_ if c not in none]
-    head = f"--fail-on-regression {pct:g}"
+    none = [name(c) for c in open_ if c["verdict"] == "provisional" or c.get("unbounded")]
+    no_interval = bool(none)
+    impl = {(c["env"], c["id"]): c.get("impl", "flash_attn") for c in doc.get("cases") or []}
+    wall = [c for c in doc.get("comparisons") or [] if c["metric"] == "wall_us"
+            and impl.get((c["candidate"], c["case"]), "flash_attn") != "sdpa"]
+    later = [c for c in open_ if name(c) not in none] + [
+        c for c in wall if c["verdict"] == "slower" and c not in bad and (c.get("ci_high") or 0) > lim]
+    # what was never compared: envs that failed, and the cases of each pair with no wall comparison
+    done = {(c["baseline"], c["candidate"], c["case"]) for c in wall}
+    label = {c["id"]: f"{c.get('label', c['id'])} {c.get('op', '')}".strip() for c in doc.get("cases") or []}
+    ids = list(dict.fromkeys(c["id"] for c in doc.get("cases") or [] if c.get("impl", "flash_attn") != "sdpa"))
+    pairs = results.env_pairs(doc.get("envs") or [])
+    none += [f"env {e['label']}: {e.get('status') or 'failed'}, not compared" for e in doc.get("envs") or []
+             if e.get("status") != "ok"]
+    none += [f"{k} vs {b} {label[cid]}: not compared" for b, k in pairs for cid in ids if (b, k, cid) not in done]
+    stopped = (doc.get("timing") or {}).get("stop_reason") == "interrupted"
     if bad:
         outcome, code = "failed", EXIT_REGRESSION
         text = f"{head}: failed: {len(bad)} regression(s) over {pct:g}%: " + ", ".join(name(c) for c in bad)
-    elif none:
+    elif stopped:
+        outcome, code = "not judged", EXIT_INTERRUPTED
+        text = (f"{head}: not judged: the run was interrupted before its verdicts (matrix-run --resume finishes "
+                "it, and the gate is decided then)")
+    elif none or not pairs:
         outcome, code = "not judged", EXIT_FAILED
-        text = (f"{head}: not judged: {len(none)} comparison(s) over {pct:g}% have no interval yet (too few process "
-                f"sets" + (f" in --time-budget {budget_s:g} s" if budget_s else "") + "): "
-                + ", ".join(name(c) for c in none) + "; raise --time-budget")
+        text = (f"{head}: not judged: " + ("nothing was compared" if not wall else f"{len(none)} without a verdict")
+                + (f" ({'; '.join(none)})" if none else "")
+                + ("; a comparison over the threshold without an interval needs more process sets: raise "
+                   "--time-budget" + (f" ({budget_s:g} s)" if budget_s else "") if no_interval else ""))
     elif later:
         outcome, code = "passed", EXIT_OK
-        text = (f"{head}: passed, but {len(later)} undecided comparison(s) could still be over {pct:g}% (their "
-                "intervals reach above it): " + ", ".join(f"{name(c)} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" for c in later))
+        text = (f"{head}: passed, but {len(later)} comparison(s) could still be over {pct:g}% (their intervals "
+                "reach above it): " + ", ".join(f"{name(c)} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]" for c in later))
     else:
         outcome, code = "passed", EXIT_OK
         text = f"{head}: passed (no wall time over {pct:g}% slower)"
     return {"threshold_pct": pct, "outcome": outcome, "exit": code, "regressions": [name(c) for c in bad],
-            "not_judged": [name(c) for c in none], "undecided": [name(c) for c in later], "text": text}
-
+            "not_judged": none, "undecided": [name(c) for c in later], "text": text}
 
 
 def run(args, argv: list[str], parse: Callable[[list[str]], object]) -> int:
@@ -1227,7 +1253,7 @@ class Run:
         doc, out_dir = self.doc, self.out_dir
         pct = getattr(self.args, "fail_on_regression", None)
         doc.pop("gate", None)  # a resumed run's earlier one: decided again on all its sets
-        if pct is not None and not self.stop.is_set() and (doc.get("timing") or {}).get("stop_reason") != "interrupted":
+        if pct is not None:  # an interrupted run's too: "not judged" (the README: whichever it is)
             doc["gate"] = gate_outcome(doc, pct, self.samp.time_budget_s)
         try:
             results.write_json(out_dir / "results.json", doc)
