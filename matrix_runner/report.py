@@ -124,8 +124,10 @@ def headline(c: dict, min_effect: float = 0.05) -> str:
 
 # --------------------------------------------------------------------------------------------
 def _label_tokens(label: str) -> list[str]:
-    """A case label's words, a parenthesized group counting as one (``L64-4096 (sum 9128)``)."""
-    return re.findall(r"\([^)]*\)|\S+", label)
+    """A case label's words, a parenthesized group counting as one (``L64-4096 (sum 9128)``), and a
+    kvcache word with its number (``cache 8191``, ``paged 256``: config._func_label_suffix), which had
+    been split between the title and the rows ("... causal cache" above "S1/8191 8191": new-user trial)."""
+    return re.findall(r"\([^)]*\)|(?:cache|paged) \S+|\S+", label)
 
 
 def short_labels(cases: list[dict]) -> tuple[dict, str]:
@@ -645,6 +647,7 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
     min_effect = settings.get("min_effect") or 0.05
     by = {(c["env"], c["id"]): c for c in cases}
     ids = list(dict.fromkeys(c["id"] for c in cases))
+    dtypes = {c.get("dtype") for c in cases}
     short, common = short_labels(cases)
     # the run's comparisons as (baseline, candidate) pairs (stats.comparison_pairs: each env against
     # the first, or within each torch and each version of a version x torch matrix)
@@ -670,6 +673,9 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
                           **{k: cmps.get((b, lab, cid, f"{k}_us")) for k in ("wall", "host", "device", "graph")}})
         host_bound = [e["label"] for e in per_env if e["case"].get("host_bound")]
         rows.append({"id": cid, "label": any_case.get("label", cid), "short": short.get(cid, cid),
+                     # the whole label, with the dtype where the run has several (the Markdown table's: two
+                     # rows of one shape in fp16 and bf16 had read alike, second new-user trial)
+                     "full_label": str(any_case.get("label", cid)) + (f" {any_case.get('dtype')}" if len(dtypes) > 1 else ""),
                      "op": any_case.get("op"), "case": any_case, "envs": per_env, "comps": comps,
                      "by_env": {e["label"]: e for e in per_env}, "host_bound": host_bound})
     name = {r["id"]: f"{r['short']} {r['op']}" for r in rows}
@@ -947,7 +953,7 @@ def markdown(res: dict) -> str:
                      + " | Δ wall µs per call" for c in vm["candidates"]) + " |"
     lines += [hdr, "|" + "---|" * (2 + len(vm["labels"]) + 2 * len(vm["candidates"]))]
     for r in vm["rows"]:
-        cells = [r["label"], r["op"]]
+        cells = [r["full_label"], r["op"]]
         by = {e["label"]: e for e in r["envs"]}
         for lab in vm["labels"]:
             e = by.get(lab)

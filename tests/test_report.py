@@ -513,6 +513,26 @@ def test_publish_cli_on_the_committed_reports(tmp_path):
     assert cp.returncode == 2 and "not a directory" in cp.stderr
 
 
+def test_markdown_rows_name_the_dtype_where_a_run_has_several_and_kvcache_words_keep_their_number(h200):
+    """Second new-user trial: a shape in fp16 and bf16 gave two Markdown rows that read alike; the
+    kvcache title took "cache" and left its number in the rows."""
+    two = copy.deepcopy(h200)
+    cid = two["cases"][0]["id"]
+    for c in two["cases"]:
+        if c["id"] == cid:
+            c["dtype"] = "bf16"
+    md = report.markdown(two)
+    lab = two["cases"][0]["label"]
+    assert f"| {lab} bf16 | fwd |" in md and f"| {lab} fp16 | bwd |" in md and md.count(" fp16 | ") == 11, md
+    assert " fp16 | " not in report.markdown(h200).split("|---", 1)[1]  # one dtype: in the title only
+    kv = [dict(c, label=f"kvcache B64 S1/8191 H16/2 D128 causal cache {n}") for c, n in
+          zip(h200["cases"][:2], (8191, 4096))]
+    kv[1]["id"] = "other"
+    short, common = report.short_labels(kv)
+    assert common.startswith("kvcache B64 S1/8191 H16/2 D128 causal") and "cache" not in common.split("causal")[1]
+    assert sorted(short.values()) == ["cache 4096", "cache 8191"]
+
+
 def test_a_faster_headline_gives_the_tables_ratio_too():
     """New-user trial: "faster in 2/4 cases; largest 1.08x" beside a table cell of 0.92x."""
     w = [{"case": "c1", "verdict": "faster", "ratio": 0.92, "attribution": "host"},
