@@ -465,6 +465,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
     max_sets = 1 if quick else sampling.max_sets
     t_call = time.monotonic()
     t0 = t_call - elapsed_s
+    resumed_call = bool(sets)  # a --resume: its sets get set up whatever the budget left (below)
     monitor = GpuMonitor(device == "cuda", gpu_index)
     closing = _Closer()  # this run's finished workers, being stopped
     before_aff = machine.allowed_cpus()
@@ -590,9 +591,13 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                                prefetch=prefetch, seed=seed, labels=labels, park=park, slopes=slopes, pairs=pairs,
                                learned=learned, unguarded=stats.unpinned_sets(sets), hopper=hopper,
                                share_cache=share_cache,
-                               # set-ups: within the budget from this call's start (a --resume of a
-                               # run near its budget still gets its set set up and timed)
-                               deadline=t_call + sampling.time_budget_s)
+                               # set-ups: within the budget, counted from the run's start as the budget
+                               # is, less what stopping the workers and writing the results take
+                               # (second new-user trial: a 20 s budget ended at 21.5 s in a set-up);
+                               # a --resume of a run near its budget: from this call's start, so its
+                               # set still gets set up and timed
+                               deadline=(t_call + sampling.time_budget_s) if resumed_call else
+                               (t0 + sampling.time_budget_s - closing.reserve() - sampling.finish_s))
             rec["gpu"] = monitor.summary()
             sets.append(rec)
             durations.append(rec["seconds"])
@@ -645,7 +650,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
              learned: dict | None = None, unguarded: frozenset = frozenset(),
              hopper: lockstep.Hopper | None = None, share_cache: dict | None = None) -> dict:
     """Run one process set to its end; returns its record. Faults are handled as the module doc says.
-    ``deadline`` (monotonic s: this run_all call's start + the time budget) bounds the set-up of the set's
+    ``deadline`` (monotonic s: the run's start + the time budget, less the stop's and the results'
+    reserves; a resumed call's start + the budget) bounds the set-up of the set's
     cases too: a set-up still running then ends the set and the run (status ``budget``; a GPU-sized
     config on a CPU spent 200 s setting up one case under a 20 s budget before), without blaming the
     case. ``unguarded``: the earlier sets that ran unpinned (comparisons_now). ``hopper``
