@@ -71,7 +71,10 @@ def run_entry(name: str, res: dict) -> dict:
         "envs": [{"label": e.get("label"), "version": e.get("flash_attn_version") or e.get("requested_version"),
                   "status": e.get("status"), "color": vm["env_color"].get(e.get("label"))} for e in res.get("envs", [])],
         "base": vm["base"], "summaries": vm["summaries"], "n_cases": len(vm["rows"]),
-        "n_failed": len(vm["failed_cases"]), "incomplete": not res.get("finished") or stop == "running",
+        # failed and not run apart (second new-user trial: a run stopped by its budget before three
+        # cases was listed "6 failed")
+        "n_failed": sum(1 for c in vm["failed_cases"] if c["status"] != "not run"),
+        "n_not_run": sum(1 for c in vm["failed_cases"] if c["status"] == "not run"), "incomplete": not res.get("finished") or stop == "running",
         "no_gpu": (res.get("settings") or {}).get("no_gpu_message"),
     }
 

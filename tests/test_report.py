@@ -501,6 +501,18 @@ def test_publish_site_of_runs(tmp_path):
     out2 = publish.build_site(reports, site, rerender=True)
     assert [r["name"] for r in out2["runs"]] == ["x&y run", H200_DIR.name]
     assert "<svg" in (site / H200_DIR.name / "index.html").read_text()
+    # cases not run (the budget ran out first) are not "failed" (second new-user trial: "6 failed"),
+    # and the report says "not run" once, not "not run: not-run"
+    cut = gpu_run(title="cut short", created="2027-05-07T07:08:09+00:00")
+    for c in cut["cases"][:2]:
+        c.update(status="not run", error_kind="not-run", error="not timed: the time budget ran out")
+    results.write_json(reports / "cut" / "results.json", cut)
+    out3 = publish.build_site(reports, site)
+    (row3,) = [r for r in out3["runs"] if r["name"] == "cut"]
+    assert (row3["n_failed"], row3["n_not_run"]) == (0, 2)
+    assert "2 not run" in (site / "index.html").read_text() and "failed</span>" not in (site / "index.html").read_text()
+    page3 = (site / "cut" / "index.html").read_text()
+    assert "not run: not-run" not in page3 and "not-run:" not in page3 and "not run: not timed" in page3
 
 
 def test_publish_cli_on_the_committed_reports(tmp_path):
