@@ -235,6 +235,15 @@ def cmd_report(args) -> int:
                              "compare nothing; report each run alone, or merge runs of one config")
     warns = _merge_notes(paths, runs, noted) if len(runs) > 1 else []
     res = results.merge(runs, args.min_effect)
+    g = runs[0].get("gate") if len(runs) == 1 else None
+    if isinstance(g, dict) and isinstance(g.get("threshold_pct"), (int, float)) and res is not runs[0]:
+        # one run re-rendered at another --min-effect: its gate judged again on these verdicts, and
+        # said so (second new-user trial: it vanished, while the report's command still showed it)
+        from .pipeline import gate_outcome
+
+        res["gate"] = gate_outcome(res, float(g["threshold_pct"]))
+        res["gate"]["text"] += (f" — judged again on the verdicts at --min-effect {args.min_effect:g}; the run's "
+                                f"own: {g.get('outcome')}")
     if warns:
         res["merge_warnings"] = warns
     out = Path(args.output)
