@@ -198,6 +198,12 @@ def cmd_report(args) -> int:
     paths: list[Path] = []
     for a in args.results:
         p = Path(a)
+        if not p.exists() and not Path(f"{a}.gz").exists():
+            # second new-user trial: `tox -e report` before any version env said "cannot read" alone
+            tox = p.name == "tox" and p.parent.name == "reports"
+            raise UsageError(f"{p}: no such file or directory; give a run's directory or its results.json"
+                             + ("; `tox -e report` merges what the version envs wrote there: run them first "
+                                "(`tox -e fa-2.6.3,fa-2.7.0.post2`, on a GPU machine)" if tox else ""))
         if p.is_dir():  # e.g. reports/tox: every results.json below it (one per tox env)
             # one results file per run directory, as results.find picks it (plain before archived)
             found = sorted({results.find(f.parent) for name in results.NAMES for f in p.rglob(name)})

@@ -1124,7 +1124,7 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
             gap = shown_gap(vm["rows"])
             console.print(f"[dim]µs: the bursts' plain medians; ratio{' within a run' if unpaired else ''}: paired "
                           f"cycle by cycle{at_speed}, so it can differ from the ratio of the µs shown"
-                          + (f" (in this run by up to {gap:.1f} %)" if gap is not None else "") + "[/]")
+                          + (f" ({'in these runs' if results.is_merge(res) else 'in this run'} by up to {gap:.1f} %)" if gap is not None else "") + "[/]")
         state = cpu_state_note(cmps)
         if state:
             console.print(f"[dim]{escape(state[0].upper() + state[1:])}[/]")

@@ -521,6 +521,10 @@ def test_publish_cli_on_the_committed_reports(tmp_path):
     html = (tmp_path / "site" / "index.html").read_text()
     assert f'href="{H200_DIR.name}/index.html"' in html and "NVIDIA H200" in html
     assert (tmp_path / "site" / H200_DIR.name / "results.json").is_file()
+    # report of a path that is not there: a usage error, with tox's order where it is reports/tox
+    cp = run_cli("report", str(tmp_path / "reports" / "tox"), "-o", str(tmp_path / "h"))
+    assert cp.returncode == 2 and "reports/tox: no such file or directory" in " ".join(cp.stderr.split())
+    assert "run them first (`tox -e fa-2.6.3,fa-2.7.0.post2`" in " ".join(cp.stderr.split()), cp.stderr
     cp = run_cli("publish", str(tmp_path / "nope"), "-o", str(tmp_path / "s2"))
     assert cp.returncode == 2 and "not a directory" in cp.stderr
 
