@@ -1057,7 +1057,10 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
         """``js``: the comparisons (indices into vm["pairs"]) shown; ``delta``: "ci" gives each a
         column of its wall difference in µs per call with the interval, "point" without, "" none."""
         t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-        t.add_column("case", no_wrap=True)
+        # the case wraps at its words where the console is too narrow for it (a long varlen or paged
+        # kvcache label had kept its full width while every number folded a character a line: second
+        # new-user trial)
+        t.add_column("case", overflow="fold")
         t.add_column("op", no_wrap=True)
         unit = "wall / host / dev µs" if len(clocks) > 1 else "wall µs"
         def head(lab: str) -> str:

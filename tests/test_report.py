@@ -814,6 +814,25 @@ def test_report_cli_output_fits_80_columns_when_not_a_tty(tmp_path):
     assert _row(lines, "B2 S50 fwd") == "B2 S50 fwd 73.0 86.4 slower 1.18x [1.01, 3.11] · host +13.4"
 
 
+def test_a_long_case_label_wraps_at_80_columns_and_the_numbers_stay_whole(h200):
+    """Second new-user trial: with varlen / paged kvcache labels of ~60 characters, the case column
+    kept its width at 80 columns and every number and verdict folded a character a line."""
+    from rich.console import Console
+
+    long = copy.deepcopy(h200)
+    for i, c in enumerate(long["cases"]):
+        n = i // 2  # (both envs' records of a case: one label)
+        c["label"] = f"kvcache {c['label']} causal cache {8000 + n} +append paged {256 * (n + 1)} L{n}-48 (sum {64 + n})"
+    con = Console(record=True, width=80, color_system=None)
+    report.terminal_table(long, con)
+    lines = con.export_text().splitlines()
+    assert max(map(len, lines)) <= 80
+    # each case's row holds its op, both µs and its verdict with the ratio, unbroken (the label wraps)
+    rows = [ln for ln in lines if re.search(r" (fwd|bwd) ", ln)]
+    assert len(rows) == 12, lines
+    assert all(re.search(r" (fwd|bwd)\s+[\d,.]+\s+[\d,.]+\s+(slower|ambiguous|same|faster) \d\.\d\dx \[", ln) for ln in rows), lines
+
+
 def test_compare_table_fits_80_columns_one_block_per_env(h200):
     from rich.console import Console
 
