@@ -282,6 +282,23 @@ def test_layer_deltas_and_first_calls_are_reported(explained_run):
     assert all(set(cs["metrics"]) == {"wall_us", "host_us"} for cs in res["cases"])
 
 
+def test_the_first_call_of_each_op_is_marked_with_its_one_time_set_up():
+    """Second new-user trial: the first bwd call (297 ms: autograd's lazy set-up) was unmarked beside
+    a fwd marked "first case of the process" at 0.9 ms."""
+    cases = [{"id": i, "label": lab, "op": op, "env": "a"} for i, lab, op in
+             (("f1", "B1 S16", "fwd"), ("b1", "B1 S16", "bwd"), ("f2", "B2 S16", "fwd"), ("b2", "B2 S16", "bwd"))]
+    doc = {"cases": cases, "explain": {"envs": ["a"], "setup_order": ["f1", "b1", "f2", "b2"],
+                                       "first_call": {k: {"a": ms} for k, ms in
+                                                      (("f1", 0.9), ("b1", 297.0), ("f2", 0.5), ("b2", 3.0))}}}
+    view = explain.analyze(doc)
+    marks = [(f["case"], f["process_first"], f["op_first"]) for f in view["first_call"]]
+    assert marks == [("f1", True, True), ("b1", False, True), ("f2", False, False), ("b2", False, False)]
+    lines = "\n".join(explain.summary_lines({**view, "layers": [], "notes": [], "profile": None}))
+    assert "first call B1 S16 bwd: a 297.0 ms (first bwd of the process: includes its one-time lazy set-up)" in lines
+    assert "first call B1 S16 fwd: a 0.9 ms (first case of the process: includes its lazy imports)" in lines
+    assert "first call B2 S16 bwd: a 3.0 ms\n" in lines + "\n"
+
+
 def test_matrix_run_explain_rerenders_from_saved_data(explained_run, tmp_path):
     out = explained_run["out"]
     cp = run_cli("explain", str(out), "-o", str(tmp_path / "html"))
