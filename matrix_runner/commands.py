@@ -70,7 +70,11 @@ PLAN_CASES_SHOWN = 50
 def cmd_wheelhouse(args) -> int:
     from . import wheelhouse
 
-    versions = [r if r.package != envmod.subjects.DEFAULT else r.version for r in envmod.parse_versions(args.versions)]
+    reqs = envmod.parse_versions(args.versions)
+    # a local sdist or wheel (run takes one; parse_versions checked it): copied in as it is (second
+    # new-user trial: it was looked up on the index as a version)
+    local = [r for r in reqs if r.package == envmod.subjects.DEFAULT and r.is_path and Path(r.version).expanduser().is_file()]
+    versions = [r if r.package != envmod.subjects.DEFAULT else r.version for r in reqs if r not in local]
     if Path(args.output).exists() and not Path(args.output).is_dir():
         raise UsageError(f"-o {args.output} is a file: give a directory for the wheelhouse (made if missing)")
     cache = Path(args.wheel_cache).expanduser().resolve() if args.wheel_cache else wheels.default_cache_dir()
@@ -79,6 +83,11 @@ def cmd_wheelhouse(args) -> int:
                               requirements=tuple(r.strip() for r in args.requirements.split(",") if r.strip()),
                               find_links=tuple(Path(d).expanduser().resolve() for d in args.find_links),
                               no_index=args.no_index)
+    for r in local:
+        p = Path(r.version).expanduser()
+        wheelhouse._copy(p, Path(args.output) / p.name)
+        rows.insert(0, {"item": f"{r.label}: local file", "file": p.name, "status": "ok",
+                        "detail": f"sha256 {wheels.sha256_file(p)[:16]}…; on the node: --versions {r.label}=DIR/{p.name}"})
     table_or_blocks(f"wheelhouse {escape(str(args.output))}", ["item", "file", "status", "detail"],
                      [[escape(r["item"]), escape(r["file"] or "–"),
                        r["status"] if r["status"] == "ok" else f"[red]{escape(r['status'])}[/]", escape(r["detail"] or "")]

@@ -71,3 +71,15 @@ def test_wheelhouse_into_a_file_is_a_usage_error(tmp_path):
     f.write_text("x")
     cp = run_cli("wheelhouse", "--versions", "2.6.3", "-o", str(f), "--requirements", "")
     assert cp.returncode == 2 and f"-o {f} is a file: give a directory" in cp.stderr, cp.stderr
+
+
+def test_wheelhouse_copies_a_local_wheel_as_run_takes_it(standins, tmp_path):
+    """Second new-user trial: --versions PATH (which run takes) was looked up on the index."""
+    whl = sorted(standins["wheels"].glob("flash_attn-2.6.3-*.whl"))[0]
+    out = tmp_path / "h"
+    cp = run_cli("wheelhouse", "--versions", f"a={whl}", "-o", str(out), "--requirements", "", "--no-cache-wheels")
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert (out / whl.name).read_bytes() == whl.read_bytes()
+    assert "a: local file" in cp.stdout and "pypi" not in (cp.stdout + cp.stderr).lower()
+    cp = run_cli("wheelhouse", "--versions", str(tmp_path), "-o", str(out), "--requirements", "")
+    assert cp.returncode == 2 and "is not a flash-attn sdist (.tar.gz) or wheel (.whl) file" in " ".join(cp.stderr.split())
