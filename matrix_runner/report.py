@@ -1007,7 +1007,7 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
     table (each env's wall / host / device µs, each candidate's ratio) is printed when rich
     measures that it fits the console's width (a pipe or log: $COLUMNS, else 80); else one table per
     candidate with the two envs' wall µs and the verdict, which fits 80 columns. No cell is cut:
-    only a cell too long for any layout (an error message) wraps, at spaces. ``run_dir``: the folder
+    a cell too long for any layout (an error message, a long case label) wraps, at spaces. ``run_dir``: the folder
     of the run's results.json, named in an interrupted run's ``--resume`` advice."""
     from rich import box
     from rich.console import Console
