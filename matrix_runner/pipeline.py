@@ -221,27 +221,31 @@ def check_writable_file(f: Path, opt: str, creates: Path | None = None, inputs: 
                          "give a path you can write") from None
 
 
+def gated_walls(doc: dict) -> list[dict]:
+    """The wall-time comparisons of ``doc`` that ``--fail-on-regression`` judges: the SDPA control (a
+    case record's ``impl``, not its id; records before impl: flash_attn) left out, as it times torch,
+    not flash-attn."""
+    impl = {(c["env"], c["id"]): c.get("impl", "flash_attn") for c in doc.get("cases") or []}
+    return [c for c in doc.get("comparisons") or [] if c["metric"] == "wall_us"
+            and impl.get((c["candidate"], c["case"]), "flash_attn") != "sdpa"]
+
+
 def unjudged(doc: dict, pct: float) -> list[dict]:
-    """The wall-time comparisons (the SDPA control left out) that ``--fail-on-regression PCT`` cannot
+    """The wall-time comparisons (:func:`gated_walls`) that ``--fail-on-regression PCT`` cannot
     judge: no interval yet (``provisional``: one process set; or ``unbounded``: too few sets) while
     the ratio itself is above 1 + PCT/100, or undecided (``ambiguous``) with an interval that reaches
     above it. Without them a gate passed silently where the run decided nothing (new-user trial: a
     budget that fit one set, 1.57x "provisional", exit 0)."""
-    impl = {(c["env"], c["id"]): c.get("impl", "flash_attn") for c in doc["cases"]}
     lim = 1 + pct / 100
-    return [c for c in doc["comparisons"] if c["metric"] == "wall_us"
-            and impl.get((c["candidate"], c["case"]), "flash_attn") != "sdpa"
-            and ((c["verdict"] == "provisional" or c.get("unbounded")) and c["ratio"] > lim
-                 or c["verdict"] == "ambiguous" and not c.get("unbounded") and (c.get("ci_high") or 0) > lim)]
+    return [c for c in gated_walls(doc)
+            if (c["verdict"] == "provisional" or c.get("unbounded")) and c["ratio"] > lim
+            or c["verdict"] == "ambiguous" and not c.get("unbounded") and (c.get("ci_high") or 0) > lim]
 
 
 def regressions(doc: dict, pct: float) -> list[dict]:
-    """The wall-time comparisons of ``doc`` that ``--fail-on-regression PCT`` fails on: slower by more than
-    ``pct`` percent, the SDPA control (a case record's ``impl``, not its id) left out."""
-    impl = {(c["env"], c["id"]): c.get("impl", "flash_attn") for c in doc["cases"]}  # records before impl: flash_attn
-    return [c for c in doc["comparisons"] if c["metric"] == "wall_us" and c["verdict"] == "slower"
-            and impl.get((c["candidate"], c["case"]), "flash_attn") != "sdpa"  # it times torch, not flash-attn
-            and (c["ratio"] - 1) * 100 > pct]
+    """The wall-time comparisons (:func:`gated_walls`) that ``--fail-on-regression PCT`` fails on:
+    slower by more than ``pct`` percent."""
+    return [c for c in gated_walls(doc) if c["verdict"] == "slower" and (c["ratio"] - 1) * 100 > pct]
 
 
 def gate_outcome(doc: dict, pct: float, budget_s: float | None = None) -> dict:
@@ -264,23 +268,21 @@ def gate_outcome(doc: dict, pct: float, budget_s: float | None = None) -> dict:
 
     lim = 1 + pct / 100
     head = f"--fail-on-regression {pct:g}"
+    wall = gated_walls(doc)
     bad = regressions(doc, pct)
     open_ = unjudged(doc, pct)
-    none = [name(c) for c in open_ if c["verdict"] == "provisional" or c.get("unbounded")]
-    no_interval = bool(none)
-    impl = {(c["env"], c["id"]): c.get("impl", "flash_attn") for c in doc.get("cases") or []}
-    wall = [c for c in doc.get("comparisons") or [] if c["metric"] == "wall_us"
-            and impl.get((c["candidate"], c["case"]), "flash_attn") != "sdpa"]
-    later = [c for c in open_ if name(c) not in none] + [
+    no_interval = [c for c in open_ if c["verdict"] == "provisional" or c.get("unbounded")]
+    later = [c for c in open_ if c not in no_interval] + [
         c for c in wall if c["verdict"] == "slower" and c not in bad and (c.get("ci_high") or 0) > lim]
     # what was never compared: envs that failed, and the cases of each pair with no wall comparison
     done = {(c["baseline"], c["candidate"], c["case"]) for c in wall}
     label = {c["id"]: f"{c.get('label', c['id'])} {c.get('op', '')}".strip() for c in doc.get("cases") or []}
     ids = list(dict.fromkeys(c["id"] for c in doc.get("cases") or [] if c.get("impl", "flash_attn") != "sdpa"))
     pairs = results.env_pairs(doc.get("envs") or [])
-    none += [f"env {e['label']}: {e.get('status') or 'failed'}, not compared" for e in doc.get("envs") or []
-             if e.get("status") != "ok"]
-    none += [f"{k} vs {b} {label[cid]}: not compared" for b, k in pairs for cid in ids if (b, k, cid) not in done]
+    none = ([name(c) for c in no_interval]
+            + [f"env {e['label']}: {e.get('status') or 'failed'}, not compared" for e in doc.get("envs") or []
+               if e.get("status") != "ok"]
+            + [f"{k} vs {b} {label[cid]}: not compared" for b, k in pairs for cid in ids if (b, k, cid) not in done])
     stopped = (doc.get("timing") or {}).get("stop_reason") == "interrupted"
     if bad:
         outcome, code = "failed", EXIT_REGRESSION

@@ -318,11 +318,17 @@ def level_groups(wall: list[dict]) -> str:
     return ", ".join(f"{who} at {lev}" for who, lev in merged)
 
 
+def between_run(c: dict) -> bool:
+    """Whether comparison ``c`` is between two runs (a merged report's env from another run than its
+    baseline's): unpaired, with no e-BY level of its own (``alpha``)."""
+    return c.get("alpha") is None and c.get("paired") is False
+
+
 def between_runs(comparisons: list[dict]) -> bool:
-    """Whether a merged report holds decided wall comparisons between runs: unpaired, at
-    stats.CI_LEVEL, with no e-BY level of their own (``alpha``) beside the runs' paired ones."""
-    return any(c.get("metric") == "wall_us" and c.get("alpha") is None and c.get("paired") is False
-               and c.get("verdict") != "provisional" for c in comparisons)
+    """Whether a merged report holds decided wall comparisons between runs (:func:`between_run`), at
+    stats.CI_LEVEL, beside the runs' paired ones."""
+    return any(c.get("metric") == "wall_us" and between_run(c) and c.get("verdict") != "provisional"
+               for c in comparisons)
 
 
 def ci_head(comparisons: list[dict], quick: bool = False) -> str:
@@ -684,12 +690,12 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
         # a comparison's impl is its case's (comparisons written before impl was stored lack it)
         pick = lambda k: [dict(c[k], impl=r["case"].get("impl", "flash_attn"))  # noqa: E731
                           for r in rows for c in r["comps"][j:j + 1] if c[k]]
-        s = summarize(pick("wall"), len(rows), name, cand, b_lab, pick("device"), pick("host"), min_effect,
+        walls = pick("wall")
+        s = summarize(walls, len(rows), name, cand, b_lab, pick("device"), pick("host"), min_effect,
                       quick=bool((res.get("settings") or {}).get("quick")),
                       interrupted=(res.get("timing") or {}).get("stop_reason") == "interrupted",
                       n_control=sum(1 for r in rows if r["case"].get("impl") == "sdpa"), run_dir=run_dir)
-        walls = pick("wall")
-        if walls and all(c.get("paired") is False and c.get("alpha") is None for c in walls):  # merged: between runs
+        if walls and all(map(between_run, walls)):  # a merged report's env from another run
             s["text"] = s["text"].replace(f"{cand} vs {b_lab}:", f"{cand} vs {b_lab}, between runs (unpaired):", 1)
             env_of = {e["label"]: e for e in envs}
             s["detail"] = " ".join(x for x in (BETWEEN_NOTE, same_build(env_of.get(b_lab), env_of.get(cand)), s["detail"]) if x)

@@ -119,9 +119,13 @@ def list_envs(envs_dir: Path) -> list[dict]:
             size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
             # no record: a venv whose build failed or was cut short (is_matrix_run_env); its record is
             # written last, so the next run builds it again (new-user trial: listed as "no record")
-            state = reuse_state(d, rec) if rec.get("status") == "ok" else None
-            status = (f"ok, {state}" if state and not state.startswith("broken") else state) or rec.get("status") or (f"unfinished: its build failed or was cut short (log: "
-                                           f"{d.parent / '.logs' / (d.name + '.log')}); the next run builds it again")
+            status = rec.get("status")
+            state = reuse_state(d, rec) if status == "ok" else None
+            if state:  # a missing python makes it broken; changed files leave it ok, to be checked again
+                status = state if state.startswith("broken") else f"ok, {state}"
+            elif not status:
+                status = (f"unfinished: its build failed or was cut short (log: {d.parent / '.logs' / (d.name + '.log')}); "
+                          "the next run builds it again")
             out.append({"label": d.name, "requested": rec.get("requested"), "status": status,
                         "torch": (rec.get("torch") or {}).get("version"), "python": rec.get("python"),
                         "wheel": Path((rec.get("wheel") or {}).get("file") or "-").name,
