@@ -1552,3 +1552,28 @@ def test_a_merged_reports_column_head_and_levels_cover_its_between_run_intervals
     assert report.ci_head(aa["comparisons"]) != "[CI, levels below]" or len(
         {round(c["alpha"], 9) for c in aa["comparisons"] if c["metric"] == "wall_us"}) > 1
     assert "between runs" not in report.level_note(aa["comparisons"])
+
+
+def test_the_set_chart_shows_each_sets_ratio_so_a_machine_mode_is_visible():
+    """The H200 run of 2026-12-05 18:25 UTC met a mode in which its batch-2 forward set ratios ran
+    ~2.0x in some sets and ~2.9x in others (benchmarks/heavy_mode.py): the report draws every set's
+    ratio per wall comparison, titled with the sets' range, so the reader sees what a ±12 % interval
+    is made of."""
+    from matrix_runner import charts
+    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-12")
+    wall = [c for c in res["comparisons"] if c["metric"] == "wall_us"]
+    svg = charts.set_ratio_chart(res["comparisons"])
+    for c in wall:
+        ys = [math.exp(v) for v in c["set_log_ratios"]]
+        assert f"sets {min(ys):.2f}-{max(ys):.2f}x" in svg, c["label"]
+    fwd = next(c for c in wall if c["label"] == "B2 S150 H16 D16" and c["op"] == "fwd")
+    ys = sorted(math.exp(v) for v in fwd["set_log_ratios"])
+    assert (round(ys[0], 2), round(ys[-1], 2)) == (1.89, 3.05)  # the two levels, 2.0x and 2.9x
+    assert svg.count("process set") == 4  # the x label under the bottom row of the 3 x 4 panels
+    html = report.render_html(res)
+    assert 'id="chart-sets"' in html and "Sets that jump between levels" in html
+    # nothing to draw: a results/1 run (no set ratios), fewer than 3 sets, a merge's unpaired rows
+    assert charts.set_ratio_chart([{**fwd, "set_log_ratios": fwd["set_log_ratios"][:2], "sets": fwd["sets"][:2]}]) is None
+    assert charts.set_ratio_chart([{**fwd, "paired": False}]) is None
+    assert charts.set_ratio_chart([{k: v for k, v in fwd.items() if k != "set_log_ratios"}]) is None
+    assert 'id="chart-sets"' not in report.render_html(results.load(H200_DIR))
