@@ -199,7 +199,7 @@ def set_ratio_chart(comparisons: list[dict], prefix: str = "sets") -> str | None
              and isinstance(c.get("ratio"), (int, float)) and c["ratio"] > 0]
     if not items:
         return None
-    items = items[:24]
+    n_all, items = len(items), items[:24]
     from matplotlib.ticker import MaxNLocator
 
     many = len({(c.get("baseline"), c.get("candidate")) for c in items}) > 1
@@ -228,6 +228,9 @@ def set_ratio_chart(comparisons: list[dict], prefix: str = "sets") -> str | None
         ax.grid(axis="x", visible=False)
         if k // ncol == nrow - 1 or k + ncol >= len(items):
             ax.set_xlabel("process set", fontsize=7)
+    if n_all > len(items):  # a wide run (several candidates): say what is left out, not silently
+        fig.suptitle(f"the first {len(items)} of {n_all} wall comparisons (run order); every one is in results.json",
+                     fontsize=7, color="#6b7280", y=0.999, va="top")
     fig.subplots_adjust(left=0.06, right=0.99, top=1 - 0.4 / (0.35 + 1.5 * nrow), bottom=0.5 / (0.35 + 1.5 * nrow),
                         hspace=0.9, wspace=0.28)
     return to_svg(fig, prefix)

@@ -1577,3 +1577,13 @@ def test_the_set_chart_shows_each_sets_ratio_so_a_machine_mode_is_visible():
     assert charts.set_ratio_chart([{**fwd, "paired": False}]) is None
     assert charts.set_ratio_chart([{k: v for k, v in fwd.items() if k != "set_log_ratios"}]) is None
     assert 'id="chart-sets"' not in report.render_html(results.load(H200_DIR))
+
+
+def test_the_set_chart_says_when_it_leaves_comparisons_out():
+    from matrix_runner import charts
+    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-12")
+    wall = [c for c in res["comparisons"] if c["metric"] == "wall_us"]
+    many = [{**c, "label": f"{c['label']} #{i}"} for i in range(3) for c in wall]  # 36 comparisons
+    svg = charts.set_ratio_chart(many)
+    assert "the first 24 of 36 wall comparisons" in svg and "#1" in svg and "#2" not in svg
+    assert "the first" not in charts.set_ratio_chart(wall)
