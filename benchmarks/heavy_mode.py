@@ -8,10 +8,12 @@ loop) read the same. In that mode 2.7.0.post2's batch-2 forward call doubled too
 only ~1.3x, so the seed's batch-2 forward set ratio was ~2.0 in one mode and ~2.9 in the other.
 
 Per run: per process set, the baseline env's median wall µs of the batch-2 backward cases (median
-over the set's cycles, then over the cases), the set's median probe reading (µs) and the batch-2
-forward set ratios. The sets are split into two groups by the largest gap in the sorted log
+over the set's cycles, then over the cases), the set's median probe reading (µs), each env's batch-2
+forward µs (likewise) and the batch-2 forward and backward set ratios (the median over the cases of
+each case's ratio of the two envs' set medians). The sets are split into two groups by the largest gap in the sorted log
 backward µs; the split is called a mode when the groups' medians differ by 1.5x or more and the
-smaller group holds at least 2 sets, and a heavy mode when, besides, the two groups' probe readings
+smaller group holds at least 2 sets (sets in which the mode came or went mid-set fall in either
+group and blur its medians), and a heavy mode when, besides, the two groups' probe readings
 lie within 1.3x of each other (else the split is the CPU's speed state, which the probe reads and
 the speed adjustment follows). Then, per group: sets, backward µs, probe µs, and the median
 batch-2 forward and backward set ratios (candidate / baseline; in an A/A run both ~1).
@@ -57,15 +59,20 @@ def analyse(doc: dict) -> dict:
         b, k = _set_medians(envs[base]), _set_medians(envs[cand])
         pr = _probe(envs[base])
         for s in b.keys() & k.keys():
-            row = per.setdefault(s, {"bwd_us": [], "fwd_r": [], "bwd_r": [], "probe": []})
+            row = per.setdefault(s, {"bwd_us": [], "fwd_r": [], "bwd_r": [], "probe": [], "fwd_base": [], "fwd_cand": []})
             if op == "bwd":
                 row["bwd_us"].append(b[s])
+            else:
+                row["fwd_base"].append(b[s])
+                row["fwd_cand"].append(k[s])
             row[op + "_r"].append(k[s] / b[s])
             if s in pr:
                 row["probe"].append(pr[s])
     sets = {s: {"bwd_us": statistics.median(r["bwd_us"]), "fwd_r": statistics.median(r["fwd_r"]),
                 "bwd_r": statistics.median(r["bwd_r"]),
-                "probe": statistics.median(r["probe"]) if r["probe"] else float("nan")}
+                "probe": statistics.median(r["probe"]) if r["probe"] else float("nan"),
+                "fwd_base": statistics.median(r["fwd_base"]) if r["fwd_base"] else float("nan"),
+                "fwd_cand": statistics.median(r["fwd_cand"]) if r["fwd_cand"] else float("nan")}
             for s, r in per.items() if r["bwd_us"] and r["fwd_r"] and r["bwd_r"]}
     return {"sets": sets, "modes": split(sets)}
 
@@ -85,6 +92,7 @@ def split(sets: dict):
     if med(hi, "bwd_us") / med(lo, "bwd_us") < MODE_GAP:
         return None
     return {name: {"n": len(g), "bwd_us": med(g, "bwd_us"), "probe": med(g, "probe"),
+                   "fwd_base": med(g, "fwd_base"), "fwd_cand": med(g, "fwd_cand"),
                    "fwd_r": med(g, "fwd_r"), "bwd_r": med(g, "bwd_r"), "sets": sorted(g, key=int)}
             for name, g in (("usual", lo), ("heavy", hi))}
 
@@ -96,7 +104,11 @@ def main(argv: list) -> int:
         print(__doc__)
         return 2
     for p in paths:
-        doc = results.load(p)
+        try:
+            doc = results.load(p)
+        except results.ResultsError as e:
+            print(f"heavy_mode.py: {e}", file=sys.stderr)
+            return 2
         a = analyse(doc)
         n = len(a["sets"])
         m = a["modes"]
@@ -109,7 +121,8 @@ def main(argv: list) -> int:
             u, h = m["usual"], m["heavy"]
             kind = "heavy mode" if h["probe"] / u["probe"] < PROBE_SAME else "slow speed state (probe reads it)"
             print(f"{p}: {n} sets, {kind} in {h['n']}: baseline B2 bwd {u['bwd_us']:.0f} vs {h['bwd_us']:.0f} µs, "
-                  f"probe {u['probe']:.2f} vs {h['probe']:.2f} µs, B2 fwd set ratio {u['fwd_r']:.2f} vs {h['fwd_r']:.2f}, "
+                  f"probe {u['probe']:.2f} vs {h['probe']:.2f} µs, B2 fwd µs baseline {u['fwd_base']:.0f} vs {h['fwd_base']:.0f}, "
+                  f"candidate {u['fwd_cand']:.0f} vs {h['fwd_cand']:.0f}, set ratio {u['fwd_r']:.2f} vs {h['fwd_r']:.2f}, "
                   f"bwd {u['bwd_r']:.2f} vs {h['bwd_r']:.2f} (" + ("usual vs heavy" if kind == "heavy mode" else "fast vs slow") + ")")
         if show_sets:
             heavy = set(m["heavy"]["sets"]) if m else set()

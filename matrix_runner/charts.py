@@ -185,15 +185,18 @@ def ratio_chart(rows: list[dict], candidates: list[str], base: str, min_effect: 
     return to_svg(fig, prefix)
 
 
-def set_ratio_chart(comparisons: list[dict], prefix: str = "sets") -> str | None:
+def set_ratio_chart(comparisons: list[dict], prefix: str = "sets", titles: dict | None = None) -> str | None:
     """Small multiples, one panel per wall comparison of a lockstep run: each process set's ratio
     (candidate / baseline wall time, exp of ``set_log_ratios``) against its set id, the run's ratio
-    as a line and its interval as a band, coloured by verdict. It shows what an interval's width is
-    made of: sets scattered about one level (noise, which more sets narrow) or sets jumping between
-    levels (the machine changed state during the run: on the H200 on 2026-12-05 a batch-2 forward
-    ratio ran ~2.0x in some sets and ~2.9x in others, benchmarks/heavy_mode.py). ``comparisons``:
-    results.json ``comparisons``; only paired wall comparisons with 3 or more sets are drawn (at
-    most 24, in run order). None when there are none."""
+    as a line and its interval as a band (both tinted by verdict; the y range always holds the
+    whole interval). It shows what an interval's width is made of: sets scattered about one level
+    (noise, which more sets narrow) or sets jumping between levels (the machine changed state
+    during the run: on the H200 on 2026-12-05 a batch-2 forward ratio ran ~2.0x in some sets and
+    ~2.9x in others, benchmarks/heavy_mode.py). ``comparisons``: results.json ``comparisons``; only
+    paired wall comparisons with 3 or more sets are drawn (at most 24, in run order; the figure
+    says so when it leaves some out). ``titles``: {case id: panel title} (the report's short
+    labels, with the dtype where a run has several; else the comparison's label and op). None when
+    there is nothing to draw."""
     items = [c for c in comparisons if c.get("metric") == "wall_us" and c.get("paired") is not False
              and len(c.get("set_log_ratios") or []) >= 3 and len(c.get("sets") or []) == len(c["set_log_ratios"])
              and isinstance(c.get("ratio"), (int, float)) and c["ratio"] > 0]
@@ -205,23 +208,27 @@ def set_ratio_chart(comparisons: list[dict], prefix: str = "sets") -> str | None
     many = len({(c.get("baseline"), c.get("candidate")) for c in items}) > 1
     ncol = min(4, len(items))
     nrow = math.ceil(len(items) / ncol)
-    fig = _figure(7.6, 0.35 + 1.5 * nrow)
+    row_h = 1.5 + (0.15 if many else 0.0)  # a third title line: which pair
+    height = 0.35 + row_h * nrow
+    fig = _figure(7.6, height)
     for k, c in enumerate(items):
         ax = fig.add_subplot(nrow, ncol, k + 1)
         col = VERDICT_COLORS.get(c.get("verdict"), "#333")
         xs = [int(s) if str(s).lstrip("-").isdigit() else i for i, s in enumerate(c["sets"])]
         ys = [math.exp(v) for v in c["set_log_ratios"]]
         lo, hi = c.get("ci_low"), c.get("ci_high")
+        shown = ys + [c["ratio"]]
         if lo and hi and math.isfinite(hi):
             ax.axhspan(lo, hi, color=col, alpha=0.15, lw=0, zorder=1)
+            shown += [lo, hi]  # the whole interval in view (new-user trial: a short run's band filled the panel)
         ax.axhline(c["ratio"], color=col, lw=1.0, zorder=2)
         ax.plot(xs, ys, ls="none", marker="o", ms=2.6, color="#374151", zorder=3)
-        top, bot = max(ys + [c["ratio"]]), min(ys + [c["ratio"]])
-        pad = max((top - bot) * 0.12, c["ratio"] * 0.01)
+        top, bot = max(shown), min(shown)
+        pad = max((top - bot) * 0.08, c["ratio"] * 0.01)
         ax.set_ylim(bot - pad, top + pad)
-        title = f"{c.get('label', '')} {c.get('op', '')}".strip()
-        if many:
-            title += f"  {c.get('candidate')} / {c.get('baseline')}"
+        title = (titles or {}).get(c.get("case")) or f"{c.get('label', '')} {c.get('op', '')}".strip()
+        if many:  # on a line of its own (new-user trial: one line ran into the next panel's title)
+            title += f"\n{c.get('candidate')} / {c.get('baseline')}"
         ax.set_title(plain(title) + f"\nsets {min(ys):.2f}-{max(ys):.2f}x", fontsize=7, pad=2, linespacing=1.1)
         ax.tick_params(labelsize=6.5, length=2, pad=1)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))
@@ -231,8 +238,8 @@ def set_ratio_chart(comparisons: list[dict], prefix: str = "sets") -> str | None
     if n_all > len(items):  # a wide run (several candidates): say what is left out, not silently
         fig.suptitle(f"the first {len(items)} of {n_all} wall comparisons (run order); every one is in results.json",
                      fontsize=7, color="#6b7280", y=0.999, va="top")
-    fig.subplots_adjust(left=0.06, right=0.99, top=1 - 0.4 / (0.35 + 1.5 * nrow), bottom=0.5 / (0.35 + 1.5 * nrow),
-                        hspace=0.9, wspace=0.28)
+    fig.subplots_adjust(left=0.06, right=0.99, top=1 - (0.4 + (0.12 if many else 0.0)) / height, bottom=0.5 / height,
+                        hspace=1.0 if many else 0.9, wspace=0.28)
     return to_svg(fig, prefix)
 
 

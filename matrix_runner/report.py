@@ -814,7 +814,8 @@ def build_charts(vm: dict) -> dict:
         out["ratio"] = charts.safe(charts.ratio_chart, rows, vm["candidates"], vm["base"], vm["min_effect"],
                                    what=None if vm["one_base"] else "candidate / its baseline (legend: candidate vs baseline)")
     if vm["candidates"]:
-        out["sets"] = charts.safe(charts.set_ratio_chart, vm["res"].get("comparisons") or [])
+        titles = {r["id"]: f"{r['short']} {r['op']}" for r in rows}
+        out["sets"] = charts.safe(charts.set_ratio_chart, vm["res"].get("comparisons") or [], titles=titles)
     out["breakdown"] = charts.safe(charts.breakdown_chart, rows, ok_rows_labels or labels)
     try:
         bands = ci_bands(vm["res"].get("cases", []))

@@ -1587,3 +1587,23 @@ def test_the_set_chart_says_when_it_leaves_comparisons_out():
     svg = charts.set_ratio_chart(many)
     assert "the first 24 of 36 wall comparisons" in svg and "#1" in svg and "#2" not in svg
     assert "the first" not in charts.set_ratio_chart(wall)
+
+
+def test_the_set_chart_titles_carry_the_dtype_and_the_pair_where_they_differ():
+    """New-user trial: a run of fp16 and bf16 had two panels titled alike; a run of several
+    candidates ran its titles into each other (the pair now has a line of its own)."""
+    from matrix_runner import charts
+    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-12")
+    two = copy.deepcopy(res)
+    for c in res["cases"]:
+        two["cases"].append({**copy.deepcopy(c), "id": c["id"] + "-bf16", "dtype": "bf16"})
+    for c in res["comparisons"]:
+        two["comparisons"].append({**copy.deepcopy(c), "case": c["case"] + "-bf16"})
+    svg = report.build_charts(report.view_model(two))["sets"]["svg"]
+    assert svg.count("B2 S150 fp16 fwd") == 1 and svg.count("B2 S150 bf16 fwd") == 1
+    wall = [c for c in res["comparisons"] if c["metric"] == "wall_us"]
+    other = [{**c, "candidate": "2.8.3"} for c in wall]
+    svg2 = charts.set_ratio_chart(wall[:2] + other[:2], titles={wall[0]["case"]: "B512 S50 fwd"})
+    assert svg2.count("2.7.0.post2 / 2.6.3") == 2 and svg2.count("2.8.3 / 2.6.3") == 2
+    assert "B512 S50 fwd" in svg2  # the report's short title where given, else the comparison's label
+    assert "B512 S50 H16 D16 bwd" in svg2
