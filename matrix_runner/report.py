@@ -591,6 +591,41 @@ def config_overrides(res: dict) -> list[str]:
     return out
 
 
+def half_width_pct(c: dict) -> float | None:
+    """A comparison's interval half-width as the README and benchmarks/widths.py give it: the larger
+    side of [ci_low, ci_high] around the ratio, in % of the ratio; None when unbounded or missing."""
+    r, lo, hi = c.get("ratio"), c.get("ci_low"), c.get("ci_high")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (r, lo, hi)):
+        return None
+    return 100 * max(r / lo - 1, hi / r - 1)
+
+
+def wide_note(comparisons: list[dict], rows: list[dict], min_effect: float) -> str:
+    """One line for the terminal naming the run's widest wall intervals -- those wider than twice
+    ``min_effect`` (so wide that neither "same" nor a small difference can be told), at most three,
+    widest first -- with the range of their sets' ratios, and where to look: the HTML report's set
+    chart shows whether the sets scatter about one level or jump between levels (the H200's
+    batch-2 forward on 2026-12-05: ±12 %, sets 1.89-3.05x, in a mode of the machine;
+    benchmarks/heavy_mode.py). "" when none is that wide."""
+    name = {r["id"]: f"{r['short']} {r['op']}" for r in rows}
+    wide = []
+    for c in comparisons:
+        hw = half_width_pct(c)
+        logs = c.get("set_log_ratios") or []
+        if c.get("metric") != "wall_us" or c.get("paired") is False or hw is None or hw <= 200 * min_effect or len(logs) < 3:
+            continue
+        who = name.get(c.get("case"), f"{c.get('label', '')} {c.get('op', '')}".strip())
+        pair = "" if len({(x.get("baseline"), x.get("candidate")) for x in comparisons}) < 2 else f" ({c.get('candidate')})"
+        wide.append((hw, f"{who}{pair} ±{hw:.1f} % (its {len(logs)} sets {math.exp(min(logs)):.2f}-{math.exp(max(logs)):.2f}x)"))
+    if not wide:
+        return ""
+    wide.sort(key=lambda t: -t[0])
+    more = f" and {len(wide) - 3} more" if len(wide) > 3 else ""
+    return ("widest intervals: " + ", ".join(t for _, t in wide[:3]) + more + ": the HTML report's set chart shows "
+            "whether a case's sets scatter about one level (noise: more sets narrow it) or jump between levels "
+            "(the machine changed state during the run: the ratio itself moved)")
+
+
 def shown_gap(rows: list[dict]) -> float | None:
     """How far, at most, a wall comparison's ratio lies from the ratio of the two wall medians the table
     shows beside it: max over comparisons of |ratio / (candidate median / baseline median) - 1|, in %.
@@ -1140,6 +1175,9 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
         state = cpu_state_note(cmps)
         if state:
             console.print(f"[dim]{escape(state[0].upper() + state[1:])}[/]")
+        wide = wide_note(cmps, vm["rows"], vm["min_effect"])
+        if wide:
+            console.print(f"[dim]{escape(wide)}[/]")
         if unpaired:  # a merged report (new-user trial: its legend called every ratio paired)
             marked = any(str(e.get("label", "")).endswith("'") for e in res.get("envs") or [])
             console.print(f"[dim]merged runs: ratio {escape(MERGED_DEF)}"

@@ -1607,3 +1607,18 @@ def test_the_set_chart_titles_carry_the_dtype_and_the_pair_where_they_differ():
     assert svg2.count("2.7.0.post2 / 2.6.3") == 2 and svg2.count("2.8.3 / 2.6.3") == 2
     assert "B512 S50 fwd" in svg2  # the report's short title where given, else the comparison's label
     assert "B512 S50 H16 D16 bwd" in svg2
+
+
+def test_the_terminal_names_the_widest_intervals_and_their_sets_range():
+    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-12")
+    vm = report.view_model(res)
+    note = report.wide_note(res["comparisons"], vm["rows"], 0.05)
+    assert note.startswith("widest intervals: B2 S50 fwd ±12.0 % (its 26 sets 1.87-3.13x), B2 S150 fwd ±11.9 % "
+                           "(its 26 sets 1.89-3.05x), B2 S300 fwd ±11.3 % (its 26 sets 1.94-3.01x): the HTML")
+    # only intervals wider than twice min_effect: at 0.01 those over ±2 % (batch-2 backward, ...) join in
+    n = sum(1 for c in res["comparisons"] if c["metric"] == "wall_us" and report.half_width_pct(c) > 2.0)
+    assert n > 4 and f"and {n - 3} more" in report.wide_note(res["comparisons"], vm["rows"], 0.01)
+    aa = results.load(ROOT / "reports" / "h200-aa-118")  # A/A, every wall interval within ±3.9 %
+    assert report.wide_note(aa["comparisons"], report.view_model(aa)["rows"], 0.05) == ""
+    assert report.half_width_pct({"ratio": 2.0, "ci_low": 1.8, "ci_high": 2.1}) == pytest.approx(100 * (2 / 1.8 - 1))
+    assert report.half_width_pct({"ratio": 2.0, "ci_low": 0.0, "ci_high": float("inf")}) is None
