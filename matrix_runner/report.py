@@ -591,6 +591,19 @@ def config_overrides(res: dict) -> list[str]:
     return out
 
 
+def rejudged_note(res: dict) -> str:
+    """One sentence when `report --min-effect X` recomputed the verdicts (results.merge records
+    ``rejudged``): the verdicts and "same" zone here are at X, not at the run's own min_effect,
+    which its config and command still show. "" otherwise."""
+    r = res.get("rejudged")
+    if not isinstance(r, dict) or not isinstance(r.get("min_effect"), (int, float)):
+        return ""
+    own = r.get("run_min_effect")
+    return (f"Verdicts recomputed by `matrix-run report --min-effect {r['min_effect']:g}`: \"same\" means within "
+            f"±{r['min_effect']:.0%} here" + (f", where the run itself used ±{own:.0%} (its config and command show "
+                                                 "that)" if isinstance(own, (int, float)) else "") + ".")
+
+
 def half_width_pct(c: dict) -> float | None:
     """A comparison's interval half-width as the README and benchmarks/widths.py give it: the larger
     side of [ci_low, ci_high] around the ratio, in % of the ratio; None when unbounded or missing."""
@@ -600,30 +613,48 @@ def half_width_pct(c: dict) -> float | None:
     return 100 * max(r / lo - 1, hi / r - 1)
 
 
-def wide_note(comparisons: list[dict], rows: list[dict], min_effect: float) -> str:
-    """One line for the terminal naming the run's widest wall intervals -- those wider than twice
-    ``min_effect`` (so wide that neither "same" nor a small difference can be told), at most three,
-    widest first -- with the range of their sets' ratios, and where to look: the HTML report's set
-    chart shows whether the sets scatter about one level or jump between levels (the H200's
-    batch-2 forward on 2026-12-05: ±12 %, sets 1.89-3.05x, in a mode of the machine;
-    benchmarks/heavy_mode.py). "" when none is that wide."""
+def wide_note(comparisons: list[dict], rows: list[dict], min_effect: float, n_sets: int | None = None) -> str:
+    """One line for the terminal naming the run's wide wall intervals and what they are made of: an
+    "ambiguous" one wider than ±``min_effect`` (too wide to say "same") or any one wider than twice
+    it, at most three, widest first, each with its sets' ratio range (and, where it had fewer than
+    the run's ``n_sets``, how many: a case decided early or, with ``sampling.cpu_state: usual``,
+    one whose turns at another speed were left out). Where the sets' range is narrower than the
+    interval, the width comes from too few sets (a longer --time-budget narrows it: FA4's batch-2
+    forward at ±53 % with 5 sets of 1.35-1.48x, second new-user trial); else from the sets' own
+    spread, which the HTML report's set chart shows as noise about one level or a jump between
+    levels (the H200's batch-2 forward on 2026-12-05: ±12 %, sets 1.89-3.05x, in a mode of the
+    machine; benchmarks/heavy_mode.py). "" when no interval is that wide."""
     name = {r["id"]: f"{r['short']} {r['op']}" for r in rows}
+    pairs = len({(x.get("baseline"), x.get("candidate")) for x in comparisons if x.get("metric") == "wall_us"})
     wide = []
     for c in comparisons:
         hw = half_width_pct(c)
         logs = c.get("set_log_ratios") or []
-        if c.get("metric") != "wall_us" or c.get("paired") is False or hw is None or hw <= 200 * min_effect or len(logs) < 3:
+        if c.get("metric") != "wall_us" or c.get("paired") is False or hw is None or len(logs) < 3:
+            continue
+        if not (hw > 200 * min_effect or (c.get("verdict") == "ambiguous" and hw > 100 * min_effect)):
             continue
         who = name.get(c.get("case"), f"{c.get('label', '')} {c.get('op', '')}".strip())
-        pair = "" if len({(x.get("baseline"), x.get("candidate")) for x in comparisons}) < 2 else f" ({c.get('candidate')})"
-        wide.append((hw, f"{who}{pair} ±{hw:.1f} % (its {len(logs)} sets {math.exp(min(logs)):.2f}-{math.exp(max(logs)):.2f}x)"))
+        pair = f" ({c.get('candidate')})" if pairs > 1 else ""
+        of = f" of {n_sets}" if n_sets and len(logs) < n_sets else ""
+        few = (max(logs) - min(logs)) < math.log(c["ci_high"] / c["ci_low"])
+        wide.append((hw, few, f"{who}{pair} ±{hw:.1f}% (its {len(logs)}{of} sets {math.exp(min(logs)):.2f}-"
+                              f"{math.exp(max(logs)):.2f}x{', few sets' if few else ''})"))
     if not wide:
         return ""
     wide.sort(key=lambda t: -t[0])
+    shown = wide[:3]
     more = f" and {len(wide) - 3} more" if len(wide) > 3 else ""
-    return ("widest intervals: " + ", ".join(t for _, t in wide[:3]) + more + ": the HTML report's set chart shows "
-            "whether a case's sets scatter about one level (noise: more sets narrow it) or jump between levels "
-            "(the machine changed state during the run: the ratio itself moved)")
+    head = "widest intervals: " + ", ".join(t for _, _, t in shown) + more + ": "
+    fews = [f for _, f, _ in shown]
+    spread = ("the HTML report's set chart shows whether a case's sets scatter about one level (noise: more sets "
+              "narrow it) or jump between levels (the machine changed state during the run: the ratio itself moved)")
+    few_txt = "the sets agree but are few, so a longer --time-budget narrows the interval"
+    if all(fews):
+        return head + few_txt
+    if any(fews):
+        return head + "where marked few sets, " + few_txt + "; for the others " + spread
+    return head + spread
 
 
 def shown_gap(rows: list[dict]) -> float | None:
@@ -762,6 +793,7 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
     vm["gate_outcome"] = (res.get("gate") or {}).get("outcome") if vm["gate"] else None
     vm["config_overrides"] = config_overrides(res)
     vm["resumed_note"] = resumed_note(res)
+    vm["rejudged_note"] = rejudged_note(res)
     vm["merged"] = results.is_merge(res)
     vm["heatmap"] = heatmap(vm)
     if with_charts:
@@ -1024,6 +1056,8 @@ def markdown(res: dict) -> str:
     resumed = resumed_note(res)
     if resumed:
         lines.append(esc(resumed))
+    if vm["rejudged_note"]:
+        lines.append(esc(vm["rejudged_note"]))
     if vm["probe_note"]:
         lines.append(esc(vm["probe_note"]) + ".")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
@@ -1134,6 +1168,15 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
         # the width the table takes unwrapped (measured unclamped: rich clamps to the console's width)
         return Measurement.get(console, console.options.update_width(1 << 16), t).maximum <= console.width
 
+    if not vm["rows"]:  # no case at all (every env failed before timing): no empty table wrapped to a
+        # column of the title's words (second new-user trial)
+        console.print(title)
+        why = "; ".join(f"{e['label']}: {e.get('error') or e.get('status')}" for e in res.get("envs") or []
+                        if e.get("status") != "ok")
+        stop = (res.get("timing") or {}).get("stop_reason")
+        console.print("[red]nothing was timed in this run[/]" + (f": {escape(why)}" if why else "")
+                      + (f" ({escape(str(stop))})" if stop else ""))
+        return
     all_js = list(range(len(vm["pairs"])))
 
     def narrow(delta: str) -> list:
@@ -1175,7 +1218,7 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
         state = cpu_state_note(cmps)
         if state:
             console.print(f"[dim]{escape(state[0].upper() + state[1:])}[/]")
-        wide = wide_note(cmps, vm["rows"], vm["min_effect"])
+        wide = wide_note(cmps, vm["rows"], vm["min_effect"], len(res.get("sets") or []) or None)
         if wide:
             console.print(f"[dim]{escape(wide)}[/]")
         if unpaired:  # a merged report (new-user trial: its legend called every ratio paired)
@@ -1192,6 +1235,8 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
     resumed = resumed_note(res)
     if resumed:
         console.print(f"[dim]{escape(resumed)}[/]")
+    if vm["rejudged_note"]:
+        console.print(escape(vm["rejudged_note"]))
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         console.print("[dim]GB/s: KV cache read per second at the kernel (device) time (kvcache cases)[/]")
     for w in vm["wrong"]:

@@ -733,8 +733,11 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
             if r.get(key):
                 out.setdefault(key, []).extend({**rec, "run_id": origin(rec, r, i)} if isinstance(rec, dict) else rec
                                                for rec in r[key])
-    eff = min_effect if min_effect is not None else (out.get("settings") or {}).get("min_effect", 0.05)
+    own = (out.get("settings") or {}).get("min_effect", 0.05)
+    eff = min_effect if min_effect is not None else own
     out.setdefault("settings", {})["min_effect"] = eff  # the report's text follows the verdicts
+    if min_effect is not None:  # said by the report (report.rejudged_note; second new-user trial: it said nothing)
+        out["rejudged"] = {"min_effect": eff, "run_min_effect": own}
     labels = [e["label"] for e in out["envs"] if e["status"] == "ok"]
     out["comparisons"] = [c for cand in labels[1:]
                           for c in comparisons(out["cases"], [labels[0], cand], eff, settings=out["settings"],
