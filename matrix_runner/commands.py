@@ -511,4 +511,7 @@ def cmd_publish(args) -> int:
     for r in out["runs"]:
         console.print(f"  {r['name']}: {r['date']} · {r['gpu']} · {', '.join(e['label'] for e in r['envs'])}")
     console.print(f"site: {out['index']} ({len(out['runs'])} run(s))")
+    if not out["runs"]:  # second new-user trial: exit 3 with no word of why
+        warn(f"no run found under {args.reports_dir}: a run is a folder holding results.json or results.json.gz "
+             "(what `matrix-run run --output DIR` writes); the site lists none")
     return EXIT_OK if out["runs"] else EXIT_FAILED

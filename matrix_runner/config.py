@@ -728,9 +728,16 @@ def _scale(where: str, v: Any) -> float | None:
 
 
 def _unknown(where: str, d: dict, allowed: set) -> None:
-    extra = sorted(set(d) - allowed)
+    extra = sorted(set(d) - allowed, key=str)
     if extra:
-        raise ConfigError(f"{where}: unknown key {extra[0]!r}; allowed keys: {', '.join(sorted(allowed))}")
+        import difflib
+
+        def named(k) -> str:  # each unknown key, with the allowed one it most likely means
+            near = difflib.get_close_matches(str(k), sorted(allowed), n=1, cutoff=0.6)
+            return repr(k) + (f" (did you mean {near[0]!r}?)" if near else "")
+        # every unknown key at once (second new-user trial: two typos took two runs to find)
+        raise ConfigError(f"{where}: unknown key{'s' if len(extra) > 1 else ''} {', '.join(named(k) for k in extra)}; "
+                          f"allowed keys: {', '.join(sorted(allowed))}")
 
 
 def _lens_tag(lens: tuple[int, ...]) -> str:

@@ -301,7 +301,7 @@ def test_explain_settings_from_the_config():
                      ({"explain": {"rate": 100000}}, "explain.rate = 100000: must be at most 10000"),
                      ({"explain": False}, "the pass itself is turned on by --explain"),
                      ({"explain": {"profile_s": True}}, "explain.profile_s"),
-                     ({"explain": {"cycles": 3}}, "explain: unknown key 'cycles'; allowed keys: burst_ms"),
+                     ({"explain": {"cycles": 3}}, "explain: unknown key 'cycles' \\(did you mean 'sampler_cycles'\\?\\); allowed keys: burst_ms"),
                      ({"explain": [1]}, "explain = \\[1\\]: must be a mapping"),
                      ({"explain": 0}, "explain = 0: must be a mapping")):
         with pytest.raises(ConfigError, match=why):
@@ -351,3 +351,14 @@ def test_min_burst_samples_setting():
     for bad in (0, -1, 2.5, "five", True, 33):
         with pytest.raises(ConfigError, match="sampling.min_burst_samples"):
             parse_config({"sampling": {"min_burst_samples": bad}})
+
+
+def test_every_unknown_key_is_named_at_once_with_the_key_it_likely_means():
+    """Second new-user trial: `time_budget` and `min_efect` took two runs to find, with no hint."""
+    with pytest.raises(ConfigError) as e:
+        parse_config({"sampling": {"time_budget": 30, "min_efect": 0.02}})
+    assert str(e.value).startswith("sampling: unknown keys 'min_efect' (did you mean 'min_effect'?), "
+                                   "'time_budget' (did you mean 'time_budget_s'?); allowed keys: alpha, ")
+    with pytest.raises(ConfigError) as e:
+        parse_config({"sampling": {"zzz": 1}})
+    assert str(e.value).startswith("sampling: unknown key 'zzz'; allowed keys:")
