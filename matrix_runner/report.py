@@ -605,15 +605,19 @@ def rejudged_note(res: dict) -> str:
 
 
 def half_width_pct(c: dict) -> float | None:
-    """A comparison's interval half-width as the README and benchmarks/widths.py give it: the larger
-    side of [ci_low, ci_high] around the ratio, in % of the ratio; None when unbounded or missing."""
+    """A comparison's interval half-width, as the README's ± column gives it: the larger side of
+    [ci_low, ci_high] around the ratio, in % of the ratio, each side measured by the factor it spans
+    (hi / ratio - 1, ratio / lo - 1); None when unbounded or missing. benchmarks/widths.py's ``hw``
+    measures the sides in ratio units instead (hi - ratio, ratio - lo): the same figure for the
+    confidence sequence's intervals (symmetric in log), not for the bootstrap intervals of results/1
+    runs (6 of the 4,390 committed wall comparisons differ at 2 decimals)."""
     r, lo, hi = c.get("ratio"), c.get("ci_low"), c.get("ci_high")
     if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (r, lo, hi)):
         return None
     return 100 * max(r / lo - 1, hi / r - 1)
 
 
-def wide_note(comparisons: list[dict], rows: list[dict], min_effect: float, n_sets: int | None = None) -> str:
+def wide_note(comparisons: list[dict], names: dict, min_effect: float, n_sets: int | None = None) -> str:
     """One line for the terminal naming the run's wide wall intervals and what they are made of: an
     "ambiguous" one wider than ±``min_effect`` (too wide to say "same") or any one wider than twice
     it, at most three, widest first, each with its sets' ratio range (and, where it had fewer than
@@ -623,8 +627,8 @@ def wide_note(comparisons: list[dict], rows: list[dict], min_effect: float, n_se
     forward at ±53 % with 5 sets of 1.35-1.48x, second new-user trial); else from the sets' own
     spread, which the HTML report's set chart shows as noise about one level or a jump between
     levels (the H200's batch-2 forward on 2026-12-05: ±12 %, sets 1.89-3.05x, in a mode of the
-    machine; benchmarks/heavy_mode.py). "" when no interval is that wide."""
-    name = {r["id"]: f"{r['short']} {r['op']}" for r in rows}
+    machine; benchmarks/heavy_mode.py). ``names``: {case id: short name} (view_model's
+    ``case_names``). "" when no interval is that wide."""
     pairs = len({(x.get("baseline"), x.get("candidate")) for x in comparisons if x.get("metric") == "wall_us"})
     wide = []
     for c in comparisons:
@@ -634,7 +638,7 @@ def wide_note(comparisons: list[dict], rows: list[dict], min_effect: float, n_se
             continue
         if not (hw > 200 * min_effect or (c.get("verdict") == "ambiguous" and hw > 100 * min_effect)):
             continue
-        who = name.get(c.get("case"), f"{c.get('label', '')} {c.get('op', '')}".strip())
+        who = names.get(c.get("case"), f"{c.get('label', '')} {c.get('op', '')}".strip())
         pair = f" ({c.get('candidate')})" if pairs > 1 else ""
         of = f" of {n_sets}" if n_sets and len(logs) < n_sets else ""
         few = (max(logs) - min(logs)) < math.log(c["ci_high"] / c["ci_low"])
@@ -786,7 +790,7 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
                                          (res.get("settings") or {}).get("speed_adjust"), merged=results.is_merge(res)),
           "candidates": names, "pairs": pairs, "one_base": one_base, "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
-          "summaries": summaries, "common": common, "min_effect": min_effect,
+          "summaries": summaries, "common": common, "min_effect": min_effect, "case_names": name,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},
           "has_device": any("device_us" in (c.get("metrics") or {}) for c in cases)}
     vm["gate"] = gate_line(res)
@@ -881,8 +885,7 @@ def build_charts(vm: dict) -> dict:
         out["ratio"] = charts.safe(charts.ratio_chart, rows, vm["candidates"], vm["base"], vm["min_effect"],
                                    what=None if vm["one_base"] else "candidate / its baseline (legend: candidate vs baseline)")
     if vm["candidates"]:
-        titles = {r["id"]: f"{r['short']} {r['op']}" for r in rows}
-        out["sets"] = charts.safe(charts.set_ratio_chart, vm["res"].get("comparisons") or [], titles=titles)
+        out["sets"] = charts.safe(charts.set_ratio_chart, vm["res"].get("comparisons") or [], titles=vm["case_names"])
     out["breakdown"] = charts.safe(charts.breakdown_chart, rows, ok_rows_labels or labels)
     try:
         bands = ci_bands(vm["res"].get("cases", []))
@@ -1218,7 +1221,7 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
         state = cpu_state_note(cmps)
         if state:
             console.print(f"[dim]{escape(state[0].upper() + state[1:])}[/]")
-        wide = wide_note(cmps, vm["rows"], vm["min_effect"], len(res.get("sets") or []) or None)
+        wide = wide_note(cmps, vm["case_names"], vm["min_effect"], len(res.get("sets") or []) or None)
         if wide:
             console.print(f"[dim]{escape(wide)}[/]")
         if unpaired:  # a merged report (new-user trial: its legend called every ratio paired)

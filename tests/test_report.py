@@ -1612,28 +1612,28 @@ def test_the_set_chart_titles_carry_the_dtype_and_the_pair_where_they_differ():
 def test_the_terminal_names_the_widest_intervals_and_their_sets_range():
     res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-12")
     vm = report.view_model(res)
-    note = report.wide_note(res["comparisons"], vm["rows"], 0.05)
+    note = report.wide_note(res["comparisons"], vm["case_names"], 0.05)
     assert note.startswith("widest intervals: B2 S50 fwd ±12.0% (its 26 sets 1.87-3.13x), B2 S150 fwd ±11.9% "
                            "(its 26 sets 1.89-3.05x), B2 S300 fwd ±11.3% (its 26 sets 1.94-3.01x): the HTML")
     assert "few sets" not in note  # the sets spread wider than the interval: their own scatter
     # only intervals wider than twice min_effect: at 0.01 those over ±2 % (batch-2 backward, ...) join in
     n = sum(1 for c in res["comparisons"] if c["metric"] == "wall_us" and (report.half_width_pct(c) > 2.0 or (
         c["verdict"] == "ambiguous" and report.half_width_pct(c) > 1.0)))
-    assert n > 4 and f"and {n - 3} more" in report.wide_note(res["comparisons"], vm["rows"], 0.01)
+    assert n > 4 and f"and {n - 3} more" in report.wide_note(res["comparisons"], vm["case_names"], 0.01)
     # FA4's seed run: 5 sets that agree, intervals to ±53 %: the width is their fewness (second new-user trial)
     fa4 = results.load(ROOT / "reports" / "h200-fa4-vs-2.8.3-seed")
-    note4 = report.wide_note(fa4["comparisons"], report.view_model(fa4)["rows"], 0.05, 5)
+    note4 = report.wide_note(fa4["comparisons"], report.view_model(fa4)["case_names"], 0.05, 5)
     assert note4.startswith("widest intervals: B2 S150 fwd ±53.3% (its 5 sets 1.35-1.48x, few sets)")
     assert note4.endswith("the sets agree but are few, so a longer --time-budget narrows the interval")
     # an ambiguous interval wider than ±min_effect is listed, though under twice it
     amb = [{**c, "verdict": "ambiguous", "ci_low": c["ratio"] / 1.07, "ci_high": c["ratio"] * 1.07}
            for c in res["comparisons"] if c["metric"] == "wall_us" and c["op"] == "bwd"][:1]
-    assert "±7.0% (its" in report.wide_note(amb, vm["rows"], 0.05, 26)
-    assert report.wide_note([{**amb[0], "verdict": "slower"}], vm["rows"], 0.05) == ""
+    assert "±7.0% (its" in report.wide_note(amb, vm["case_names"], 0.05, 26)
+    assert report.wide_note([{**amb[0], "verdict": "slower"}], vm["case_names"], 0.05) == ""
     hop = results.load(ROOT / "reports" / "h100-variant-hop-usual-2.6.3-vs-2.7.0.post2-1")  # cpu_state: usual
-    assert "(its 11 of 25 sets 1.98-2.66x)" in report.wide_note(hop["comparisons"], report.view_model(hop)["rows"], 0.05, 25)
+    assert "(its 11 of 25 sets 1.98-2.66x)" in report.wide_note(hop["comparisons"], report.view_model(hop)["case_names"], 0.05, 25)
     aa = results.load(ROOT / "reports" / "h200-aa-118")  # A/A, every wall interval within ±3.9 %
-    assert report.wide_note(aa["comparisons"], report.view_model(aa)["rows"], 0.05) == ""
+    assert report.wide_note(aa["comparisons"], report.view_model(aa)["case_names"], 0.05) == ""
     assert report.half_width_pct({"ratio": 2.0, "ci_low": 1.8, "ci_high": 2.1}) == pytest.approx(100 * (2 / 1.8 - 1))
     assert report.half_width_pct({"ratio": 2.0, "ci_low": 0.0, "ci_high": float("inf")}) is None
 
