@@ -1221,7 +1221,9 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
         state = cpu_state_note(cmps)
         if state:
             console.print(f"[dim]{escape(state[0].upper() + state[1:])}[/]")
-        wide = wide_note(cmps, vm["case_names"], vm["min_effect"], len(res.get("sets") or []) or None)
+        # a merge's sets are every run's: no one run's count to set a comparison's sets against
+        wide = wide_note(cmps, vm["case_names"], vm["min_effect"],
+                         None if results.is_merge(res) else len(res.get("sets") or []) or None)
         if wide:
             console.print(f"[dim]{escape(wide)}[/]")
         if unpaired:  # a merged report (new-user trial: its legend called every ratio paired)

@@ -1666,3 +1666,15 @@ def test_report_min_effect_says_the_verdicts_were_recomputed(tmp_path):
                     "where the run itself used ±5% (its config and command show that).")
     assert note in report.markdown(res) and "Verdicts recomputed by" in report.render_html(res)
     assert report.rejudged_note(results.load(ROOT / "reports" / "h200-aa-118")) == ""
+
+
+def test_widest_intervals_of_a_merged_report_do_not_count_every_runs_sets():
+    """A merge holds both runs' sets (21 + 26): "its 21 of 47 sets" had set one run's sets against both."""
+    import io
+
+    from rich.console import Console
+    runs = [results.load(ROOT / "reports" / f"h200-2.6.3-vs-2.7.0.post2-12-05-{i}") for i in (11, 12)]
+    buf = io.StringIO()
+    report.terminal_table(results.merge(runs), Console(file=buf, width=400))
+    line = next(x for x in buf.getvalue().splitlines() if x.startswith("widest intervals:"))
+    assert "(its 21 sets 1.94-3.16x)" in line and " of 47" not in line
