@@ -185,7 +185,12 @@ def ratio_chart(rows: list[dict], candidates: list[str], base: str, min_effect: 
     return to_svg(fig, prefix)
 
 
-def set_ratio_chart(comparisons: list[dict], prefix: str = "sets", titles: dict | None = None) -> str | None:
+#: The set chart's marker for a set run in the machine's slow mode (report.machine_modes)
+SLOW_MODE_COLOR = "#2563eb"
+
+
+def set_ratio_chart(comparisons: list[dict], prefix: str = "sets", titles: dict | None = None,
+                    slow_sets=None) -> str | None:
     """Small multiples, one panel per wall comparison of a lockstep run: each process set's ratio
     (candidate / baseline wall time, exp of ``set_log_ratios``) against its set id, the run's ratio
     as a line and its interval as a band (both tinted by verdict; the y range always holds the
@@ -195,8 +200,9 @@ def set_ratio_chart(comparisons: list[dict], prefix: str = "sets", titles: dict 
     ~2.9x in others, benchmarks/heavy_mode.py). ``comparisons``: results.json ``comparisons``; only
     paired wall comparisons with 3 or more sets are drawn (at most 24, in run order; the figure
     says so when it leaves some out). ``titles``: {case id: panel title} (the report's short
-    labels, with the dtype where a run has several; else the comparison's label and op). None when
-    there is nothing to draw."""
+    labels, with the dtype where a run has several; else the comparison's label and op).
+    ``slow_sets``: ids of the sets that ran in a slow mode of the machine (report.machine_modes),
+    drawn as hollow blue rings. None when there is nothing to draw."""
     items = [c for c in comparisons if c.get("metric") == "wall_us" and c.get("paired") is not False
              and len(c.get("set_log_ratios") or []) >= 3 and len(c.get("sets") or []) == len(c["set_log_ratios"])
              and isinstance(c.get("ratio"), (int, float)) and c["ratio"] > 0]
@@ -222,7 +228,14 @@ def set_ratio_chart(comparisons: list[dict], prefix: str = "sets", titles: dict 
             ax.axhspan(lo, hi, color=col, alpha=0.15, lw=0, zorder=1)
             shown += [lo, hi]  # the whole interval in view (new-user trial: a short run's band filled the panel)
         ax.axhline(c["ratio"], color=col, lw=1.0, zorder=2)
-        ax.plot(xs, ys, ls="none", marker="o", ms=2.6, color="#374151", zorder=3)
+        slow = {str(x) for x in slow_sets or ()}
+        is_slow = [str(sid) in slow for sid in c["sets"]]
+        pts = [(x, y) for x, y, f in zip(xs, ys, is_slow) if not f]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="none", marker="o", ms=2.6, color="#374151", zorder=3)
+        if any(is_slow):  # the machine's slow mode (report.machine_modes): hollow rings
+            pts = [(x, y) for x, y, f in zip(xs, ys, is_slow) if f]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ls="none", marker="o", ms=3.2, mfc="none",
+                    mec=SLOW_MODE_COLOR, mew=0.9, zorder=3)
         top, bot = max(shown), min(shown)
         pad = max((top - bot) * 0.08, c["ratio"] * 0.01)
         ax.set_ylim(bot - pad, top + pad)

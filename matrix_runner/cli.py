@@ -101,8 +101,21 @@ def _timing_option_names() -> set[str]:
     return {o for a in p._actions for o in a.option_strings}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors print the usage block only where it is short: run's is 20+ lines
+    of options that pushed the one line that matters (``--build tiny``: "invalid choice") off the
+    screen (new-user trial). A long one is replaced by where to see it."""
+
+    def error(self, message):
+        usage = self.format_usage()
+        if usage.count("\n") <= 4:
+            self.print_usage(sys.stderr)
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n(every option: {self.prog} -h)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="matrix-run", allow_abbrev=False,
         description="Time flash_attn_func across flash-attn versions, each in its own env; say per shape which "
                     "version is faster, by how much, how sure, and whether it is host overhead or kernel time.",

@@ -489,7 +489,9 @@ def cmd_explain(args) -> int:
         return EXIT_USAGE
     out = Path(args.output) if args.output else Path(path).parent
     _refuse_other_run(out, doc, [Path(path)], "explain")
-    p = report.write_html(doc, out, Path(path).name if out == Path(path).parent else None)
+    here = out == Path(path).parent
+    archived = here and (out / "index.html.gz").is_file() and not (out / "index.html").exists()
+    p = report.write_html(doc, out, Path(path).name if here else None, gz=archived)
     for line in explain.summary_lines(explain.analyze(doc)):
         print(line)
     print(f"report: {p}")

@@ -76,7 +76,21 @@ def run_entry(name: str, res: dict) -> dict:
         "n_failed": sum(1 for c in vm["failed_cases"] if c["status"] != "not run"),
         "n_not_run": sum(1 for c in vm["failed_cases"] if c["status"] == "not run"), "incomplete": not res.get("finished") or stop == "running",
         "no_gpu": (res.get("settings") or {}).get("no_gpu_message"),
+        # a run where nothing was timed says what it was to time (second new-user trial: "0 cases"
+        # for a run whose every env failed, with a config of 12)
+        "n_configured": _configured_cases(res) if not vm["rows"] else None,
+        "all_failed": bool(res.get("envs")) and all(e.get("status") != "ok" for e in res.get("envs") or []),
     }
+
+
+def _configured_cases(res: dict) -> int | None:
+    """How many cases the run's stored config expands to (None when it cannot be read)."""
+    from .config import ConfigError, parse_config
+
+    try:
+        return len(parse_config(res.get("config") or {}, "results.json config", max_cases=None).cases)
+    except (ConfigError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def build_site(reports_dir: Path, site_dir: Path, rerender: bool = False) -> dict:

@@ -661,6 +661,76 @@ def wide_note(comparisons: list[dict], names: dict, min_effect: float, n_sets: i
     return head + spread
 
 
+def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
+    """The run's process sets split by a common slowdown the speed probe did not read (a mode of the
+    machine: stats.set_slowdown_index over every (env, case) wall series, stats.mode_split), and the
+    wall comparisons whose ratio moved with it (stats.ratio_by_mode: the two groups' set ratios
+    differ by more than ``min_effect`` at p < 0.001). Seen on the H200 on 2026-12-05: batch-2 forward
+    2.00x in 10 sets, 2.72x in the 16 that ran ~1.19x slower (reports/h200-2.6.3-vs-2.7.0.post2-12-05-12/).
+    Returns {"slow": [set ids], "usual": [...], "factor", "n_sets", "moved": [{"name", "pair",
+    "usual", "slow", "n_usual", "n_slow", "p"}]}, or None: no such split, a merged report (set ids
+    repeat across runs) or a run without lockstep sets. ``names``: view_model's ``case_names``."""
+    if results.is_merge(res):
+        return None
+    series = []
+    for c in res.get("cases") or []:
+        by = (((c.get("metrics") or {}).get("wall_us") or {}).get("by_set") or {}) if c.get("status") == "ok" else {}
+        if not isinstance(by, dict):
+            continue
+        med = {}
+        for k, v in by.items():
+            vals = [x for x in (v.values() if isinstance(v, dict) else v or [])
+                    if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
+            if vals:
+                med[str(k)] = statistics.median(vals)
+        series.append(med)
+    split = stats.mode_split(stats.set_slowdown_index(series))
+    if not split:
+        return None
+    moved = []
+    for c in res.get("comparisons") or []:
+        logs, sets = c.get("set_log_ratios") or [], c.get("sets") or []
+        if c.get("metric") != "wall_us" or c.get("paired") is False or len(logs) != len(sets) or not logs:
+            continue
+        r = stats.ratio_by_mode(sets, logs, split, min_effect)
+        if r and r["differs"]:
+            who = names.get(c.get("case"), f"{c.get('label', '')} {c.get('op', '')}".strip())
+            moved.append(dict(r, name=who, pair=(c.get("baseline"), c.get("candidate"))))
+    return {"slow": split["slow"], "usual": split["usual"], "factor": split["factor"],
+            "n_sets": len(split["slow"]) + len(split["usual"]), "moved": moved}
+
+
+def mode_note(modes: dict | None, terse: bool = False) -> str:
+    """:func:`machine_modes` in a sentence: how many sets ran how much slower, and each comparison
+    whose ratio moved with it (at most four named with ``terse``, the terminal's). "" for None, and
+    with ``terse`` also when no ratio moved (the terminal stays quiet; the HTML says it)."""
+    if not modes or (terse and not modes["moved"]):
+        return ""
+    head = (f"machine mode: in {len(modes['slow'])} of the run's {modes['n_sets']} process sets every call ran "
+            f"~{modes['factor']:.2f}x slower than in the other {len(modes['usual'])}, with the CPU speed "
+            "already taken out (a state of the machine the speed probe does not read)")
+    moved = modes["moved"]
+    if not moved:
+        return head + ("; no ratio differed between the two groups of sets (Welch's t test on the sets' ratios, "
+                       "p < 0.001, by more than the minimum effect): both versions met it alike")
+    pairs = len({m["pair"] for m in moved}) > 1
+    shown = moved[:4] if terse else moved
+    items = [f"{m['name']}{' (' + str(m['pair'][1]) + ')' if pairs else ''} {m['usual']:.2f}x / {m['slow']:.2f}x"
+             for m in shown]
+    more = f" and {len(moved) - len(shown)} more" if len(moved) > len(shown) else ""
+    return (head + "; ratios that moved with it (median over the other sets / over the slow ones): " + ", ".join(items) + more +
+            ". Such an interval covers both levels")
+
+
+def safe_modes(res: dict, names: dict, min_effect: float) -> dict | None:
+    """:func:`machine_modes`, or None if it fails on an odd results file (an explanation must never cost
+    the report)."""
+    try:
+        return machine_modes(res, names, min_effect)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def shown_gap(rows: list[dict]) -> float | None:
     """How far, at most, a wall comparison's ratio lies from the ratio of the two wall medians the table
     shows beside it: max over comparisons of |ratio / (candidate median / baseline median) - 1|, in %.
@@ -798,6 +868,8 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
     vm["config_overrides"] = config_overrides(res)
     vm["resumed_note"] = resumed_note(res)
     vm["rejudged_note"] = rejudged_note(res)
+    vm["modes"] = safe_modes(res, name, min_effect)
+    vm["mode_note"] = mode_note(vm["modes"])
     vm["merged"] = results.is_merge(res)
     vm["heatmap"] = heatmap(vm)
     if with_charts:
@@ -885,7 +957,8 @@ def build_charts(vm: dict) -> dict:
         out["ratio"] = charts.safe(charts.ratio_chart, rows, vm["candidates"], vm["base"], vm["min_effect"],
                                    what=None if vm["one_base"] else "candidate / its baseline (legend: candidate vs baseline)")
     if vm["candidates"]:
-        out["sets"] = charts.safe(charts.set_ratio_chart, vm["res"].get("comparisons") or [], titles=vm["case_names"])
+        out["sets"] = charts.safe(charts.set_ratio_chart, vm["res"].get("comparisons") or [], titles=vm["case_names"],
+                                  slow_sets=(vm.get("modes") or {}).get("slow"))
     out["breakdown"] = charts.safe(charts.breakdown_chart, rows, ok_rows_labels or labels)
     try:
         bands = ci_bands(vm["res"].get("cases", []))
@@ -969,11 +1042,21 @@ def render_html(res: dict, json_name: str | None = "results.json", with_charts: 
     return _env().get_template("report.html.j2").render(**vm)
 
 
-def write_html(res: dict, out_dir: Path, json_name: str | None = "results.json") -> Path:
+def write_html(res: dict, out_dir: Path, json_name: str | None = "results.json", gz: bool = False) -> Path:
+    """Write ``out_dir``/index.html (renamed into place whole), or with ``gz`` index.html.gz (gzip level
+    9 without a timestamp, as the committed runs under reports/ are archived: ``explain`` of such a
+    run wrote an index.html beside the older index.html.gz, new-user trial). Returns its path."""
+    import gzip
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    p = out_dir / "index.html"
-    tmp = out_dir / ".index.html.tmp"
-    tmp.write_text(render_html(res, json_name), encoding="utf-8")
+    text = render_html(res, json_name)
+    p = out_dir / ("index.html.gz" if gz else "index.html")
+    tmp = out_dir / f".{p.name}.tmp"
+    if gz:
+        with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=0) as f:
+            f.write(text.encode("utf-8"))
+    else:
+        tmp.write_text(text, encoding="utf-8")
     tmp.replace(p)
     return p
 
@@ -1063,6 +1146,8 @@ def markdown(res: dict) -> str:
         lines.append(esc(vm["rejudged_note"]))
     if vm["probe_note"]:
         lines.append(esc(vm["probe_note"]) + ".")
+    if vm["modes"] and vm["modes"]["moved"]:
+        lines.append(esc(vm["mode_note"][0].upper() + vm["mode_note"][1:]) + ".")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         lines.append("GB/s: KV cache read per second at the kernel (device) time (kvcache cases: the bytes of "
                      "k_cache/v_cache a call must read given cache_seqlens).")
@@ -1226,6 +1311,9 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
                          None if results.is_merge(res) else len(res.get("sets") or []) or None)
         if wide:
             console.print(f"[dim]{escape(wide)}[/]")
+        modes = mode_note(vm["modes"], terse=True)
+        if modes:
+            console.print(f"[dim]{escape(modes[0].upper() + modes[1:])}; the HTML report's set chart marks the slow sets[/]")
         if unpaired:  # a merged report (new-user trial: its legend called every ratio paired)
             marked = any(str(e.get("label", "")).endswith("'") for e in res.get("envs") or [])
             console.print(f"[dim]merged runs: ratio {escape(MERGED_DEF)}"

@@ -961,3 +961,120 @@ class SpeedSlope:
         """The centre (log probe µs): the median of the bursts' median x, else the pooled mean x
         (``n_all`` > 0 samples summing to ``sx_all``)."""
         return _median(self.x_medians) if self.x_medians else sx_all / n_all
+
+
+# --------------------------------------------------------------------------------------------
+# Machine modes: process sets that ran at two speeds the speed probe did not read.
+#
+# Seen on the H200 on 2026-12-05 (reports/h200-2.6.3-vs-2.7.0.post2-12-05-11/, -12/,
+# benchmarks/heavy_mode.py): in 13-19 of a run's 21-28 sets every call ran ~1.2x slower (speed-
+# adjusted, so not the CPU's speed state the probe reads), and not by one factor: 2.7.0.post2's
+# batch-2 forward ~1.7x, 2.6.3's ~1.2x, so that comparison's set ratio was ~2.0x in one group of
+# sets and ~2.7x in the other and its interval ±12 % instead of ±2-5 %. The sampling cannot
+# average that away (the ratio itself moved); the report can say so. The split is found from all
+# of the run's timings at once (a set's common slowdown), not from the comparison being explained.
+
+MODE_MIN_SETS = 3  # sets in each group: one or two odd sets are outliers, not a mode
+MODE_MIN_SERIES = 6  # (env, case) wall series the index is the median over: 3 cases of 2 envs
+MODE_FACTOR = 1.10  # the groups' common slowdown at least this (smaller ones: noise of the index)
+MODE_LEVEL = 0.99  # the split's separation beyond this quantile of its value for normal noise
+MODE_P = 0.001  # a comparison's two groups differ: Welch's t test on the sets' log ratios
+
+
+def set_slowdown_index(series: list) -> dict:
+    """Each process set's common slowdown, as a log factor: for every (env, case) wall series
+    ({set id: µs per call}, the set's median burst, speed-adjusted), log(set µs / the series'
+    median over sets), then the median over the series a set appears in (a set in fewer than half
+    of the series is left out). 0 is a typical set; log(1.2) one where calls ran 1.2x slower.
+    {} with fewer than :data:`MODE_MIN_SERIES` usable series (3+ sets each)."""
+    usable = [s for s in series if sum(1 for v in s.values() if _finite_pos(v)) >= 3]
+    if len(usable) < MODE_MIN_SERIES:
+        return {}
+    logs: dict = {}
+    for s in usable:
+        vals = {k: math.log(v) for k, v in s.items() if _finite_pos(v)}
+        mid = float(np.median(list(vals.values())))
+        for k, v in vals.items():
+            logs.setdefault(k, []).append(v - mid)
+    return {k: float(np.median(v)) for k, v in logs.items() if 2 * len(v) >= len(usable)}
+
+
+def _finite_pos(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+
+
+def _two_means(v: np.ndarray, min_n: int) -> tuple[int, float]:
+    """Best split of sorted ``v`` (rows: samples) into a low and a high group of ``min_n`` or more
+    (least within-group sum of squares, 1-D two-means, exact): (index of the first high value,
+    separation = difference of the groups' means / pooled within-group SD). ``v``: 1-D or 2-D."""
+    v = np.atleast_2d(v)
+    n = v.shape[1]
+    cs, cs2 = np.cumsum(v, axis=1), np.cumsum(v * v, axis=1)
+    i = np.arange(min_n, n - min_n + 1)
+    na, nb = i, n - i
+    sa, sa2 = cs[:, i - 1], cs2[:, i - 1]
+    sb, sb2 = cs[:, -1:] - sa, cs2[:, -1:] - sa2
+    ss = (sa2 - sa * sa / na) + (sb2 - sb * sb / nb)
+    k = np.argmin(ss, axis=1)
+    rows = np.arange(v.shape[0])
+    diff = sb[rows, k] / nb[k] - sa[rows, k] / na[k]
+    sep = diff / np.sqrt(np.maximum(ss[rows, k], 1e-300) / (n - 2))
+    return int(i[k[0]]), sep
+
+
+@functools.lru_cache(maxsize=64)
+def mode_threshold(n: int, level: float = MODE_LEVEL, draws: int = 4000) -> float:
+    """The ``level`` quantile of :func:`_two_means`' separation for ``n`` sets of normal noise
+    (one group, no state): a split beyond it is not what one level's noise makes. Simulated with a
+    fixed seed (4,000 draws; at 99 %: n=12 5.2, n=20 4.5, n=26 4.1, n=46 3.6). Heavier-tailed
+    noise gives larger separations (Student t with 3 df, n=26: 4.6 at 99 %), hence also
+    :data:`MODE_MIN_SETS`, :data:`MODE_FACTOR` and the test of each comparison (:func:`ratio_by_mode`);
+    on the committed runs (benchmarks/machine_modes.py) no A/A comparison was found to differ."""
+    x = np.sort(np.random.default_rng(20261205).standard_normal((draws, n)), axis=1)
+    return float(np.quantile(_two_means(x, MODE_MIN_SETS)[1], level))
+
+
+def mode_split(index: dict) -> dict | None:
+    """Split process sets into a usual and a slow group when ``index`` (:func:`set_slowdown_index`)
+    shows two levels: the exact 1-D two-means split with at least :data:`MODE_MIN_SETS` sets a
+    side, kept when its separation exceeds :func:`mode_threshold` for this many sets and the slow
+    group's median is :data:`MODE_FACTOR` or more times the usual group's. Returns {"usual":
+    [set ids], "slow": [set ids], "factor": slow / usual median slowdown, "separation",
+    "threshold"}, or None (fewer than 2 x MODE_MIN_SETS + 2 sets, or no such split)."""
+    items = sorted(((v, k) for k, v in index.items() if math.isfinite(v)), key=lambda t: t[0])
+    n = len(items)
+    if n < 2 * MODE_MIN_SETS + 2:
+        return None
+    v = np.array([t[0] for t in items])
+    cut, sep = _two_means(v, MODE_MIN_SETS)
+    sep = float(sep[0])
+    factor = math.exp(float(np.median(v[cut:])) - float(np.median(v[:cut])))
+    thr = mode_threshold(n)
+    if not (sep > thr and factor >= MODE_FACTOR):
+        return None
+    return {"usual": [k for _, k in items[:cut]], "slow": [k for _, k in items[cut:]],
+            "factor": factor, "separation": sep, "threshold": thr}
+
+
+def ratio_by_mode(sets: list, set_log_ratios: list, split: dict, min_effect: float = 0.05) -> dict | None:
+    """A comparison's ratio in each group of :func:`mode_split`: the median over the group's sets
+    of the set ratios (``sets``/``set_log_ratios``: results.json comparison fields, same order).
+    Returns {"usual": ratio, "slow": ratio, "n_usual", "n_slow", "p": Welch's t test of the two
+    groups' log ratios, "differs": p < :data:`MODE_P` and the two ratios more than
+    ``min_effect`` apart}, or None when a group has fewer than 2 of this comparison's sets."""
+    where = {str(k): g for g in ("usual", "slow") for k in split[g]}
+    groups: dict = {"usual": [], "slow": []}
+    for s, x in zip(sets, set_log_ratios):
+        g = where.get(str(s))
+        if g and isinstance(x, (int, float)) and math.isfinite(x):
+            groups[g].append(float(x))
+    a, b = groups["usual"], groups["slow"]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    ru, rs = math.exp(float(np.median(a))), math.exp(float(np.median(b)))
+    if np.std(a) == 0 and np.std(b) == 0:
+        p = 0.0 if ru != rs else 1.0
+    else:
+        p = float(sps.ttest_ind(a, b, equal_var=False).pvalue)
+    return {"usual": ru, "slow": rs, "n_usual": len(a), "n_slow": len(b), "p": p,
+            "differs": bool(p < MODE_P and abs(math.log(rs / ru)) > math.log1p(min_effect))}

@@ -73,7 +73,9 @@ def test_an_output_dir_that_cannot_be_created_is_a_usage_error_naming_the_option
 @pytest.mark.parametrize("args,needle", [
     (["--versions", "2.6.3", "--fail-on-regression", "-3"], "--fail-on-regression -3: give a finite percentage >= 0"),
     (["pln", "--versions", "2.6.3"], "unknown subcommand 'pln'"),
-    (["--versions", "2.6.3", "--quik"], "usage: matrix-run run"),  # the subcommand's usage, not the top level
+    # the subcommand's name and help, not the top level's
+    (["--versions", "2.6.3", "--quik"], "matrix-run run: error: unrecognized arguments: --quik (did you mean --quick?)"),
+    (["--versions", "2.6.3", "--quik"], "(every option: matrix-run run -h)"),
     (["--versions", ".venv=2.6.3"], "must start with a letter or digit"),
     (["--versions", "2.6.3,2.7.0.post2", "--quick", "--fail-on-regression", "5"],
      "--fail-on-regression with --quick: a quick run gives provisional ratios"),
@@ -98,6 +100,18 @@ def test_more_bad_input_exits_2(args, needle, tmp_path):
     cp = run_cli(*args, "--envs-dir", str(tmp_path / "envs"), "--output", str(tmp_path / "o"))
     assert cp.returncode == 2, cp.stderr
     assert needle in " ".join(cp.stderr.split())
+    assert "usage:" not in cp.stderr  # run's usage block (20+ lines) hid the error line (new-user trial)
+
+
+def test_an_invalid_choice_is_one_line_and_a_short_usage_is_still_shown(tmp_path):
+    cp = run_cli("--build", "tiny")
+    lines = cp.stderr.splitlines()  # (how argparse quotes the choices differs between Python versions)
+    assert cp.returncode == 2 and len(lines) == 2, cp.stderr
+    assert lines[0].startswith("matrix-run run: error: argument --build: invalid choice: 'tiny' (choose from ")
+    assert lines[1] == "(every option: matrix-run run -h)"
+    cp = run_cli("report", str(tmp_path))  # report's usage is two lines: it shows what is required
+    assert cp.returncode == 2 and cp.stderr.startswith("usage: matrix-run report") and \
+        "the following arguments are required: -o/--output" in cp.stderr
     assert "Traceback" not in cp.stderr
     assert not (tmp_path / "o").exists()  # nothing left behind by a refused run
 

@@ -681,3 +681,27 @@ def test_py_spys_unread_samples_are_counted_for_the_report():
     assert explain.sampler_errors("Wrote flamegraph data to 'x'. Samples: 1112 Errors: 231") == 231
     assert explain.sampler_errors("Samples: 1174 Errors: 0") == 0
     assert explain.sampler_errors(None) is None and explain.sampler_errors("no summary") is None
+
+
+def test_explain_of_an_archived_run_rewrites_its_gzipped_report_in_place(tmp_path):
+    """New-user trial: `matrix-run explain` of a committed run (results.json.gz, index.html.gz) wrote an
+    index.html beside the older index.html.gz, leaving two reports of one run."""
+    import gzip
+    import shutil
+
+    src = Path(__file__).resolve().parents[1] / "reports" / "h200-explain-2.6.3-vs-2.7.0.post2-twin-2"
+    run = tmp_path / "run"
+    shutil.copytree(src, run)
+    (run / "index.html.gz").write_bytes(gzip.compress(b"stale"))
+    cp = run_cli("explain", str(run))
+    assert cp.returncode == 0, cp.stderr
+    assert not (run / "index.html").exists()
+    html = gzip.decompress((run / "index.html.gz").read_bytes()).decode()
+    assert 'id="explain"' in html and "results.json.gz" in html
+    first = (run / "index.html.gz").read_bytes()
+    assert run_cli("explain", str(run)).returncode == 0
+    assert (run / "index.html.gz").read_bytes() == first  # no timestamp in the gzip header: same bytes
+    assert sorted(p.name for p in run.iterdir()) == ["console.log", "index.html.gz", "results.json.gz"]
+    # a run with a plain index.html (or none) keeps getting a plain one
+    (run / "index.html.gz").unlink()
+    assert run_cli("explain", str(run)).returncode == 0 and (run / "index.html").is_file()

@@ -1678,3 +1678,65 @@ def test_widest_intervals_of_a_merged_report_do_not_count_every_runs_sets():
     report.terminal_table(results.merge(runs), Console(file=buf, width=400))
     line = next(x for x in buf.getvalue().splitlines() if x.startswith("widest intervals:"))
     assert "(its 21 sets 1.94-3.16x)" in line and " of 47" not in line
+
+
+def test_the_report_names_a_machine_mode_and_the_ratios_that_moved_with_it():
+    """The H200 seed run of 2026-12-05 18:25 UTC: in 16 of its 26 sets every call ran ~1.19x slower,
+    which the speed probe did not read; its batch-2 forward ratios were ~2.0x in the other sets and
+    ~2.7-2.8x in those (benchmarks/heavy_mode.py found the same sets from the backward µs alone)."""
+    import io
+
+    from rich.console import Console
+
+    from matrix_runner import charts
+    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-12")
+    vm = report.view_model(res)
+    m = vm["modes"]
+    assert (len(m["slow"]), len(m["usual"]), round(m["factor"], 2)) == (16, 10, 1.19)
+    assert sorted(m["usual"], key=int) == ["2", "3", "4", "7", "11", "13", "20", "21", "22", "25"]
+    moved = {x["name"]: (round(x["usual"], 2), round(x["slow"], 2)) for x in m["moved"]}
+    assert moved == {"B512 S50 fwd": (1.19, 1.26), "B2 S50 fwd": (2.0, 2.72), "B2 S150 fwd": (1.97, 2.81),
+                     "B2 S300 fwd": (2.05, 2.8)}
+    buf = io.StringIO()
+    report.terminal_table(res, Console(file=buf, width=2000))
+    line = next(x for x in buf.getvalue().splitlines() if x.startswith("Machine mode:"))
+    assert line.startswith("Machine mode: in 16 of the run's 26 process sets every call ran ~1.19x slower than in "
+                           "the other 10")
+    assert "B2 S50 fwd 2.00x / 2.72x" in line and line.endswith("the HTML report's set chart marks the slow sets")
+    html = report.render_html(res)
+    assert 'id="machine-mode"' in html and "hollow blue rings" in html
+    assert "B2 S50 fwd 2.00x / 2.72x" in report.markdown(res)
+    # the set chart draws the slow sets as rings of their own colour, the others as dots
+    plain, ringed = charts.set_ratio_chart(res["comparisons"]), charts.set_ratio_chart(res["comparisons"], slow_sets=m["slow"])
+    assert charts.SLOW_MODE_COLOR not in plain and charts.SLOW_MODE_COLOR in ringed
+    # an A/A run in which the machine met a mode as well: both labels met it alike, no ratio moved,
+    # so the terminal stays quiet and the HTML says the pairing held
+    aa = results.load(ROOT / "reports" / "h200-aa-89")
+    vma = report.view_model(aa)
+    assert vma["modes"] and vma["modes"]["moved"] == []
+    assert "no ratio differed between the two groups" in vma["mode_note"]
+    assert report.mode_note(vma["modes"], terse=True) == ""
+    # a run with one level (A/A of the same hour), and a merged report: nothing said
+    assert report.view_model(results.load(ROOT / "reports" / "h200-aa-117"))["modes"] is None
+    runs = [results.load(ROOT / "reports" / f"h200-2.6.3-vs-2.7.0.post2-12-05-{i}") for i in (11, 12)]
+    assert report.view_model(results.merge(runs))["modes"] is None
+
+
+def test_publish_says_what_a_run_that_timed_nothing_was_to_time(tmp_path):
+    """Second new-user trial: the site index said "0 cases" and "nothing compared" for a run whose
+    every env failed, with a config of 12 cases."""
+    from matrix_runner import publish
+    res = results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-12")
+    for e in res["envs"]:
+        e["status"], e["error"] = "failed", "import failed: flash_attn_2_cuda"
+    res["cases"], res["comparisons"], res["sets"] = [], [], []
+    entry = publish.run_entry("failed", res)
+    assert (entry["n_cases"], entry["n_configured"], entry["all_failed"]) == (0, 12, True)
+    (tmp_path / "reports" / "failed").mkdir(parents=True)
+    (tmp_path / "reports" / "failed" / "results.json").write_text(json.dumps(res))
+    out = publish.build_site(tmp_path / "reports", tmp_path / "site")
+    html = Path(out["index"]).read_text()
+    assert "12 cases configured, none timed" in html and "nothing timed: every env failed" in html
+    assert "0 cases" not in html
+    ok = publish.run_entry("ok", results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-12"))
+    assert (ok["n_cases"], ok["n_configured"], ok["all_failed"]) == (12, None, False)

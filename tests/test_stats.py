@@ -619,3 +619,70 @@ def test_probe_share_is_the_within_group_slope_clamped_to_0_1():
     assert stats.probe_share([[(x, 2.0 * x) for x in xs]]) == 1.0 and stats.probe_share([[(x, -x) for x in xs]]) == 0.0
     assert stats.probe_share([[(0.01, 0.5)], []]) == 1.0  # no spread to judge by: the whole difference counts
     assert stats.probe_share([[(x, float("nan")) for x in xs]]) == 1.0
+
+
+def _mode_series(n_sets, slow, factor, noise, rng, n_series=8):
+    """n_series (env, case) wall series {set id: µs}, sets in ``slow`` ``factor`` x slower."""
+    out = []
+    for j in range(n_series):
+        base = 50.0 * (j + 1)
+        out.append({str(s): base * (factor if s in slow else 1.0) * math.exp(noise * rng.standard_normal())
+                    for s in range(n_sets)})
+    return out
+
+
+def test_slowdown_index_is_each_sets_common_factor():
+    rng = np.random.default_rng(3)
+    idx = stats.set_slowdown_index(_mode_series(20, {2, 5, 9, 11, 17}, 1.25, 0.0, rng))
+    assert set(idx) == {str(s) for s in range(20)}
+    assert idx["2"] == pytest.approx(math.log(1.25)) and idx["0"] == pytest.approx(0.0)
+    # too few series (3 cases of 2 envs are needed) or series of fewer than 3 sets: nothing
+    assert stats.set_slowdown_index(_mode_series(20, set(), 1.0, 0.01, rng, n_series=5)) == {}
+    assert stats.set_slowdown_index([{"0": 1.0, "1": 2.0}] * 8) == {}
+    # a set in fewer than half of the series is left out; NaN and non-positive µs are ignored
+    few = _mode_series(10, set(), 1.0, 0.0, rng) + [{"99": 5.0, "0": 1.0, "1": float("nan"), "2": 0.0, "3": 2.0}]
+    assert "99" not in stats.set_slowdown_index(few)
+
+
+def test_mode_threshold_is_the_separation_one_level_of_noise_reaches():
+    assert stats.mode_threshold(26) == pytest.approx(4.14, abs=0.05)
+    assert stats.mode_threshold(12) > stats.mode_threshold(26) > stats.mode_threshold(46)
+    # its false-alarm rate on normal noise with other draws than its own: ~1 %
+    rng = np.random.default_rng(7)
+    x = np.sort(rng.standard_normal((3000, 26)), axis=1)
+    assert np.mean(stats._two_means(x, stats.MODE_MIN_SETS)[1] > stats.mode_threshold(26)) == pytest.approx(0.01, abs=0.006)
+
+
+def test_mode_split_finds_sets_that_ran_slower_together_and_nothing_in_one_level():
+    rng = np.random.default_rng(11)
+    slow = {1, 4, 6, 7, 12, 15, 16, 19, 21, 23}
+    sp = stats.mode_split(stats.set_slowdown_index(_mode_series(26, slow, 1.2, 0.03, rng)))
+    assert sorted(map(int, sp["slow"])) == sorted(slow) and len(sp["usual"]) == 16
+    assert sp["factor"] == pytest.approx(1.2, rel=0.03) and sp["separation"] > sp["threshold"]
+    # one level: no split in 200 runs of noise like the H200's (per-set SD ~4 %) but the odd one
+    found = sum(stats.mode_split(stats.set_slowdown_index(_mode_series(26, set(), 1.0, 0.04, rng))) is not None
+                for _ in range(200))
+    assert found <= 6
+    # two odd sets are outliers, not a mode (each side needs 3); a 5 % common shift is below MODE_FACTOR
+    assert stats.mode_split(stats.set_slowdown_index(_mode_series(26, {3, 9}, 1.5, 0.01, rng))) is None
+    assert stats.mode_split(stats.set_slowdown_index(_mode_series(26, set(range(10)), 1.05, 0.002, rng))) is None
+    assert stats.mode_split({str(i): 0.0 for i in range(7)}) is None  # too few sets
+
+
+def test_ratio_by_mode_says_whether_a_comparison_moved_with_the_mode():
+    split = {"usual": ["0", "1", "2", "3"], "slow": ["4", "5", "6", "7"]}
+    sets = list(range(8))
+    moved = [math.log(2.0 + 0.01 * i) for i in range(4)] + [math.log(2.7 + 0.01 * i) for i in range(4)]
+    r = stats.ratio_by_mode(sets, moved, split)
+    assert r["usual"] == pytest.approx(2.015, rel=1e-3) and r["slow"] == pytest.approx(2.715, rel=1e-3)
+    assert (r["n_usual"], r["n_slow"]) == (4, 4) and r["p"] < 1e-5 and r["differs"] is True
+    # alike in both groups (an A/A comparison): p large, not "differs"
+    same = [math.log(1.0 + 0.01 * ((-1) ** i) * (i % 3)) for i in range(8)]
+    assert stats.ratio_by_mode(sets, same, split)["differs"] is False
+    # significant but smaller than min_effect: not "differs"
+    small = [math.log(1.0 + 0.0001 * i) for i in range(4)] + [math.log(1.03 + 0.0001 * i) for i in range(4)]
+    r = stats.ratio_by_mode(sets, small, split)
+    assert r["p"] < 1e-5 and r["differs"] is False
+    # a group with fewer than 2 of the comparison's sets (a case decided early), or NaN ratios: None
+    assert stats.ratio_by_mode(sets[:5], moved[:5], split) is None
+    assert stats.ratio_by_mode(sets, moved[:4] + [float("nan")] * 3 + [0.9], split) is None
