@@ -18,6 +18,10 @@ lie within 1.3x of each other (else the split is the CPU's speed state, which th
 the speed adjustment follows). Then, per group: sets, backward µs, probe µs, and the median
 batch-2 forward and backward set ratios (candidate / baseline; in an A/A run both ~1).
 
+The report now finds such a split itself, from every case of the run rather than the batch-2
+backward alone, and names the ratios that moved with it (report.machine_modes; over the committed
+runs: benchmarks/machine_modes.py).
+
 Usage: python benchmarks/heavy_mode.py [--sets] RUN_DIR_OR_RESULTS...
 ``--sets``: one line per set as well."""
 import math

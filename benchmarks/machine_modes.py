@@ -3,9 +3,11 @@
 it (stats.ratio_by_mode). The check that matters: in an A/A run (the same wheel under two labels)
 no ratio can truly move, so every A/A comparison named here would be a false explanation.
 
-Usage: python benchmarks/machine_modes.py [REPORTS_DIR]   (default: the repository's reports/)
-Prints one line per run with a split, then the counts: runs read, runs with a split, comparisons
-named as moved, split by A/A runs (a run directory named *-aa-*) and the others."""
+Usage: python benchmarks/machine_modes.py [DIR ...]   (default: the repository's reports/)
+Each DIR holds runs: run directories or results files (the CPU self-check's kept A/A runs,
+benchmarks/data/cpu-selfcheck-*/aaN.json.gz). Prints one line per run with a split, then the counts:
+runs read, runs with a split, comparisons named as moved, split by A/A runs (a run named *-aa-* or a
+file aaN.json*) and the others."""
 import sys
 from pathlib import Path
 
@@ -13,16 +15,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from matrix_runner import report, results  # noqa: E402
 
 
-def main(root: Path) -> None:
+def main(roots: list) -> None:
     counts = {k: {"runs": 0, "split": 0, "comparisons": 0, "moved": 0} for k in ("A/A", "other")}
-    for run in sorted(p for p in root.iterdir() if p.is_dir()):
+    runs = sorted(p for root in roots for p in Path(root).iterdir() if p.is_dir() or ".json" in p.name)
+    for run in runs:
         try:
             res = results.load(run)
         except Exception:  # noqa: BLE001 - a folder without a readable run
             continue
         if results.is_merge(res):
             continue
-        kind = "A/A" if "-aa-" in run.name or run.name.endswith("-aa") else "other"
+        kind = "A/A" if "-aa-" in run.name or run.name.endswith("-aa") or run.name.startswith("aa") else "other"
         c = counts[kind]
         c["runs"] += 1
         vm = report.view_model(res)
@@ -34,7 +37,7 @@ def main(root: Path) -> None:
         c["comparisons"] += n_wall
         c["moved"] += len(m["moved"])
         moved = ", ".join(f"{x['name']} {x['usual']:.2f}x/{x['slow']:.2f}x (p {x['p']:.0e})" for x in m["moved"])
-        print(f"{run.name}: {len(m['slow'])} of {m['n_sets']} sets ~{m['factor']:.2f}x slower; "
+        print(f"{run.parent.name}/{run.name}: {len(m['slow'])} of {m['n_sets']} sets ~{m['factor']:.2f}x slower; "
               f"moved: {moved or 'none'}")
     for kind, c in counts.items():
         print(f"{kind}: {c['runs']} runs, {c['split']} with a split; of their {c['comparisons']} wall comparisons "
@@ -42,4 +45,4 @@ def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "reports")
+    main(sys.argv[1:] or [Path(__file__).resolve().parents[1] / "reports"])

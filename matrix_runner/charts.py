@@ -186,7 +186,7 @@ def ratio_chart(rows: list[dict], candidates: list[str], base: str, min_effect: 
 
 
 #: The set chart's marker for a set run in the machine's slow mode (report.machine_modes)
-SLOW_MODE_COLOR = "#2563eb"
+SLOW_MODE_COLOR = "#7c3aed"  # not among ENV_COLORS nor VERDICT_COLORS (new-user trial: blue was the baseline's)
 
 
 def set_ratio_chart(comparisons: list[dict], prefix: str = "sets", titles: dict | None = None,
@@ -202,7 +202,7 @@ def set_ratio_chart(comparisons: list[dict], prefix: str = "sets", titles: dict 
     says so when it leaves some out). ``titles``: {case id: panel title} (the report's short
     labels, with the dtype where a run has several; else the comparison's label and op).
     ``slow_sets``: ids of the sets that ran in a slow mode of the machine (report.machine_modes),
-    drawn as hollow blue rings. None when there is nothing to draw."""
+    drawn as hollow violet rings. None when there is nothing to draw."""
     items = [c for c in comparisons if c.get("metric") == "wall_us" and c.get("paired") is not False
              and len(c.get("set_log_ratios") or []) >= 3 and len(c.get("sets") or []) == len(c["set_log_ratios"])
              and isinstance(c.get("ratio"), (int, float)) and c["ratio"] > 0]

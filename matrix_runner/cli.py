@@ -265,10 +265,41 @@ def _hint(extra: list[str], sp: argparse.ArgumentParser) -> str:
     return ""
 
 
+def _given_twice(sp: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The first single-valued option of ``sp`` given more than once in ``argv`` (argparse keeps the
+    last without a word: `-o a ... -o b` wrote to b), as "OPTION: given N times"; None if none. An
+    option that collects its values (--find-links) or a flag may repeat."""
+    single = {}
+    for a in sp._actions:
+        if isinstance(a, (argparse._StoreAction,)) and a.option_strings:
+            for o in a.option_strings:
+                single[o] = a.option_strings[-1]
+    seen: dict = {}
+    skip = False
+    for tok in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if tok == "--":
+            break
+        name = tok.split("=", 1)[0] if tok.startswith("--") else tok
+        if name in single:
+            seen[single[name]] = seen.get(single[name], 0) + 1
+            skip = "=" not in tok  # the next token is its value
+    twice = [o for o, n in seen.items() if n > 1]
+    return f"{twice[0]}: given {seen[twice[0]]} times" if twice else None
+
+
 def _check_args(args, argv: list[str]) -> None:
     """Options the command would ignore without a word, or that contradict each other (new-user trial):
     UsageError before anything is built or made."""
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    sp = (getattr(args, "_subparsers", None) or {}).get(args.cmd)
+    if sp is not None and not (args.cmd == "run" and getattr(args, "resume", None)):  # --resume says it its own way
+        twice = _given_twice(sp, argv)
+        if twice:
+            hint = " (several versions go in one list: --versions 2.6.3,2.7.0.post2)" if twice.startswith("--versions") else ""
+            raise UsageError(f"{twice}; only the last would count: give it once{hint}")
     if args.cmd in ("run", "plan") and args.offline and "--index-url" in given:
         raise UsageError("--offline and --index-url contradict each other: --offline uses no index at all "
                          "(wheels and sdists come from --find-links and the wheel cache); drop one of them")

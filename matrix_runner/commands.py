@@ -288,7 +288,10 @@ def cmd_report(args) -> int:
         else:
             results.write_json(out / "results.json", res)
             json_name = "results.json"
-    p = report.write_html(res, out, json_name)
+    # an archived run re-rendered into its own folder keeps its report archived (new-user trial: a
+    # plain index.html appeared beside the older index.html.gz, as explain's did)
+    archived = (json_name or "").endswith(".gz") and (out / "index.html.gz").is_file() and not (out / "index.html").exists()
+    p = report.write_html(res, out, json_name, gz=archived)
     if args.markdown:
         report.write_markdown(args.markdown, report.markdown(res))
     unmeasured = [r for r in runs if (r.get("timing") or {}).get("stop_reason") == "no GPU"]

@@ -608,9 +608,9 @@ def half_width_pct(c: dict) -> float | None:
     """A comparison's interval half-width, as the README's ± column gives it: the larger side of
     [ci_low, ci_high] around the ratio, in % of the ratio, each side measured by the factor it spans
     (hi / ratio - 1, ratio / lo - 1); None when unbounded or missing. benchmarks/widths.py's ``hw``
-    measures the sides in ratio units instead (hi - ratio, ratio - lo): the same figure for the
-    confidence sequence's intervals (symmetric in log), not for the bootstrap intervals of results/1
-    runs (6 of the 4,390 committed wall comparisons differ at 2 decimals)."""
+    is this figure too (it measured the sides in ratio units before 2026-12-05: the same for the
+    confidence sequence's intervals, symmetric in log, and different for 6 of the 4,390 committed
+    wall comparisons, bootstrap intervals of results/1 runs)."""
     r, lo, hi = c.get("ratio"), c.get("ci_low"), c.get("ci_high")
     if not all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (r, lo, hi)):
         return None
@@ -661,32 +661,63 @@ def wide_note(comparisons: list[dict], names: dict, min_effect: float, n_sets: i
     return head + spread
 
 
+#: Groups of sets whose speed-probe medians differ by this factor or more: the CPU's speed state
+#: (which the probe reads and the speed adjustment should have taken out), not a mode it does not read
+#: (new-user trial: `-12-04-3/`'s 3 "usual" sets had the probe 2x faster, early sets the adjustment
+#: had left fast; benchmarks/heavy_mode.py uses the same 1.3x)
+PROBE_SAME = 1.3
+
+
 def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
-    """The run's process sets split by a common slowdown the speed probe did not read (a mode of the
-    machine: stats.set_slowdown_index over every (env, case) wall series, stats.mode_split), and the
-    wall comparisons whose ratio moved with it (stats.ratio_by_mode: the two groups' set ratios
-    differ by more than ``min_effect`` at p < 0.001). Seen on the H200 on 2026-12-05: batch-2 forward
-    2.00x in 10 sets, 2.72x in the 16 that ran ~1.19x slower (reports/h200-2.6.3-vs-2.7.0.post2-12-05-12/).
-    Returns {"slow": [set ids], "usual": [...], "factor", "n_sets", "moved": [{"name", "pair",
-    "usual", "slow", "n_usual", "n_slow", "p"}]}, or None: no such split, a merged report (set ids
-    repeat across runs) or a run without lockstep sets. ``names``: view_model's ``case_names``."""
+    """The run's process sets split by a common slowdown left after the CPU-speed adjustment
+    (stats.set_slowdown_index over every (env, case) wall series, stats.mode_split), and the wall
+    comparisons whose ratio moved with it (stats.ratio_by_mode: the two groups' set ratios differ by
+    more than ``min_effect`` at p < 0.001). Seen on the H200 on 2026-12-05: batch-2 forward 2.00x in
+    10 sets, 2.72x in the 16 whose median call ran ~1.19x slower, the speed probe reading 7.45 vs 7.63
+    µs (reports/h200-2.6.3-vs-2.7.0.post2-12-05-12/). Conservative: the index is a median over the
+    cases, so a mode that slows only half of them (the A/A runs `aa-117/` to `-119/` of that hour,
+    benchmarks/heavy_mode.py) can stay under the threshold.
+    Returns {"slow": [set ids], "usual": [...], "factor" (the median call's slowdown), "n_sets",
+    "probe_us": (usual, slow) medians of the speed probe (µs; None without readings), "probe_read":
+    whether they differ by :data:`PROBE_SAME` or more, "moved": [{"name", "pair", "usual", "slow",
+    "n_usual", "n_slow", "p", "ci_low", "ci_high"}], "per_case": [{"name", "env", "usual_us",
+    "slow_us", "factor"}] (each case and env: the median over each group's sets of the set's median
+    burst, µs per call at one CPU speed, and their ratio: what slowed)}, or None: no such split, a
+    merged report (set ids repeat across runs) or a run without lockstep sets. ``names``:
+    view_model's ``case_names``."""
     if results.is_merge(res):
         return None
-    series = []
-    for c in res.get("cases") or []:
-        by = (((c.get("metrics") or {}).get("wall_us") or {}).get("by_set") or {}) if c.get("status") == "ok" else {}
-        if not isinstance(by, dict):
-            continue
+
+    def set_medians(by) -> dict:
         med = {}
-        for k, v in by.items():
+        for k, v in (by.items() if isinstance(by, dict) else ()):
             vals = [x for x in (v.values() if isinstance(v, dict) else v or [])
                     if isinstance(x, (int, float)) and math.isfinite(x) and x > 0]
             if vals:
                 med[str(k)] = statistics.median(vals)
+        return med
+
+    series, named, probes = [], [], {}
+    for c in res.get("cases") or []:
+        wall = ((c.get("metrics") or {}).get("wall_us") or {}) if c.get("status") == "ok" else {}
+        med = set_medians(wall.get("by_set"))
         series.append(med)
+        named.append((c, med))
+        for k, v in set_medians(wall.get("ref_by_set")).items():
+            probes.setdefault(k, []).append(v)
     split = stats.mode_split(stats.set_slowdown_index(series))
     if not split:
         return None
+    per_case = []  # what slowed: each (case, env)'s µs in each group of sets
+    for c, med in named:
+        u = [med[k] for k in split["usual"] if k in med]
+        w = [med[k] for k in split["slow"] if k in med]
+        if u and w:
+            mu, mw = statistics.median(u), statistics.median(w)
+            per_case.append({"name": names.get(c.get("id"), f"{c.get('label', '')} {c.get('op', '')}".strip()),
+                             "env": c.get("env"), "usual_us": mu, "slow_us": mw, "factor": mw / mu})
+    pr = [[statistics.median(probes[k]) for k in split[g] if k in probes] for g in ("usual", "slow")]
+    probe_us = (statistics.median(pr[0]), statistics.median(pr[1])) if all(pr) else None
     moved = []
     for c in res.get("comparisons") or []:
         logs, sets = c.get("set_log_ratios") or [], c.get("sets") or []
@@ -695,31 +726,54 @@ def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
         r = stats.ratio_by_mode(sets, logs, split, min_effect)
         if r and r["differs"]:
             who = names.get(c.get("case"), f"{c.get('label', '')} {c.get('op', '')}".strip())
-            moved.append(dict(r, name=who, pair=(c.get("baseline"), c.get("candidate"))))
+            moved.append(dict(r, name=who, pair=(c.get("baseline"), c.get("candidate")),
+                              ci_low=c.get("ci_low"), ci_high=c.get("ci_high")))
     return {"slow": split["slow"], "usual": split["usual"], "factor": split["factor"],
-            "n_sets": len(split["slow"]) + len(split["usual"]), "moved": moved}
+            "n_sets": len(split["slow"]) + len(split["usual"]), "probe_us": probe_us,
+            "probe_read": bool(probe_us and max(probe_us) >= PROBE_SAME * min(probe_us)),
+            "moved": moved, "per_case": per_case}
 
 
 def mode_note(modes: dict | None, terse: bool = False) -> str:
-    """:func:`machine_modes` in a sentence: how many sets ran how much slower, and each comparison
-    whose ratio moved with it (at most four named with ``terse``, the terminal's). "" for None, and
-    with ``terse`` also when no ratio moved (the terminal stays quiet; the HTML says it)."""
+    """:func:`machine_modes` in a sentence: the two groups of sets, how much slower the median call
+    ran in the slower one (and the range over cases and versions), whether the speed probe read it,
+    and each comparison whose ratio moved with it (at most four named with ``terse``, the
+    terminal's), with where the run's interval lies against the two levels (new-user trial: it had
+    said the interval "covers both", true of none of the 18 named in the committed runs: the run's
+    ratio is a mean over its sets, so it lies between the levels). "" for None, and with ``terse``
+    also when no ratio moved (the terminal stays quiet; the HTML and Markdown say it)."""
     if not modes or (terse and not modes["moved"]):
         return ""
-    head = (f"machine mode: in {len(modes['slow'])} of the run's {modes['n_sets']} process sets every call ran "
-            f"~{modes['factor']:.2f}x slower than in the other {len(modes['usual'])}, with the CPU speed "
-            "already taken out (a state of the machine the speed probe does not read)")
+    fs = sorted(x["factor"] for x in modes.get("per_case") or [])
+    spread = f" (by case and version {fs[0]:.2f}-{fs[-1]:.2f}x)" if len(fs) > 1 else ""
+    head = (f"machine mode: the run's {modes['n_sets']} process sets fell into two groups; in "
+            f"{len(modes['slow'])} of them the median call ran ~{modes['factor']:.2f}x slower than in the other "
+            f"{len(modes['usual'])}{spread}, after the CPU-speed adjustment")
+    pu = modes.get("probe_us")
+    if pu and modes.get("probe_read"):
+        head += (f"; the speed probe read {pu[0]:.2f} vs {pu[1]:.2f} µs in the two groups, so it is the CPU's "
+                 "speed state, which the adjustment did not fully take out")
+    elif pu:
+        head += (f"; the speed probe read nearly the same ({pu[0]:.2f} vs {pu[1]:.2f} µs): a state of the machine "
+                 "it does not read")
     moved = modes["moved"]
     if not moved:
-        return head + ("; no ratio differed between the two groups of sets (Welch's t test on the sets' ratios, "
+        return head + ("; no ratio differed between the two groups (Welch's t test on the sets' ratios, "
                        "p < 0.001, by more than the minimum effect): both versions met it alike")
     pairs = len({m["pair"] for m in moved}) > 1
     shown = moved[:4] if terse else moved
     items = [f"{m['name']}{' (' + str(m['pair'][1]) + ')' if pairs else ''} {m['usual']:.2f}x / {m['slow']:.2f}x"
              for m in shown]
     more = f" and {len(moved) - len(shown)} more" if len(moved) > len(shown) else ""
-    return (head + "; ratios that moved with it (median over the other sets / over the slow ones): " + ", ".join(items) + more +
-            ". Such an interval covers both levels")
+    between = all(isinstance(m.get("ci_low"), (int, float)) and isinstance(m.get("ci_high"), (int, float))
+                  and min(m["usual"], m["slow"]) <= m["ci_low"] and m["ci_high"] <= max(m["usual"], m["slow"])
+                  for m in moved)
+    tail = ("each of these intervals lies between its two levels: it holds the mix of sets this run met, "
+            "and a run meeting the slow group in more or fewer sets lands elsewhere" if between else
+            "such a ratio is the mix of sets this run met, and a run meeting the slow group in more or fewer "
+            "sets lands elsewhere")
+    return (head + "; ratios that moved with it (median over the other sets / over the slower ones): "
+            + ", ".join(items) + more + ". " + tail[0].upper() + tail[1:])
 
 
 def safe_modes(res: dict, names: dict, min_effect: float) -> dict | None:
@@ -1130,9 +1184,11 @@ def markdown(res: dict) -> str:
             cells.append(fmt_delta(w))
         lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
     lines.append("")
+    # a --quick run's ratios are provisional, without an interval (new-user trial: the legend spoke of one)
+    has_ci = any(c["wall"] and c["wall"].get("verdict") != "provisional" for r in vm["rows"] for c in r["comps"])
     lines.append(f"ratio = candidate / baseline wall time: {vm['ratio_def']}; "
                  "(host) / (device): the difference is host overhead / kernel time. "
-                 f"Δ: {DELTA_DEF}; the interval at the ratio's level.")
+                 f"Δ: {DELTA_DEF}" + ("; the interval at the ratio's level." if has_ci else "."))
     if vm["level_note"]:
         lines.append(esc(vm["level_note"]) + ".")
     if vm["steal_note"]:
@@ -1146,7 +1202,7 @@ def markdown(res: dict) -> str:
         lines.append(esc(vm["rejudged_note"]))
     if vm["probe_note"]:
         lines.append(esc(vm["probe_note"]) + ".")
-    if vm["modes"] and vm["modes"]["moved"]:
+    if vm["mode_note"]:  # as in the HTML, with or without a ratio that moved (new-user trial)
         lines.append(esc(vm["mode_note"][0].upper() + vm["mode_note"][1:]) + ".")
     if any(kv_gbps(e["case"]) for r in vm["rows"] for e in r["envs"]):
         lines.append("GB/s: KV cache read per second at the kernel (device) time (kvcache cases: the bytes of "
@@ -1313,7 +1369,8 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
             console.print(f"[dim]{escape(wide)}[/]")
         modes = mode_note(vm["modes"], terse=True)
         if modes:
-            console.print(f"[dim]{escape(modes[0].upper() + modes[1:])}; the HTML report's set chart marks the slow sets[/]")
+            console.print(f"[dim]{escape(modes[0].upper() + modes[1:])} (the HTML report's set chart rings the slower "
+                          "group)[/]")
         if unpaired:  # a merged report (new-user trial: its legend called every ratio paired)
             marked = any(str(e.get("label", "")).endswith("'") for e in res.get("envs") or [])
             console.print(f"[dim]merged runs: ratio {escape(MERGED_DEF)}"

@@ -77,6 +77,11 @@ def test_an_output_dir_that_cannot_be_created_is_a_usage_error_naming_the_option
     (["--versions", "2.6.3", "--quik"], "matrix-run run: error: unrecognized arguments: --quik (did you mean --quick?)"),
     (["--versions", "2.6.3", "--quik"], "(every option: matrix-run run -h)"),
     (["--versions", ".venv=2.6.3"], "must start with a letter or digit"),
+    # two local labels of one version had become two envs of one cached wheel: a silent A/A
+    (["--versions", "2.6.3+cu12,2.6.3+cu13"], "--versions: '2.6.3+cu12': 2.6.3+cu12 carries a local build label "
+     "(+cu12); matrix-run picks the build of a version for this machine's torch and CUDA itself (its wheel key): "
+     "give 2.6.3, or the path of a wheel file to time that build"),
+    (["--versions", "fa4=flash-attn-4==4.0.0b36+local"], "carries a local build label (+local); give flash-attn-4==4.0.0b36"),
     (["--versions", "2.6.3,2.7.0.post2", "--quick", "--fail-on-regression", "5"],
      "--fail-on-regression with --quick: a quick run gives provisional ratios"),
     # a gate below min_effect could never fail on a change it calls "same" (new-user trial)
@@ -101,6 +106,35 @@ def test_more_bad_input_exits_2(args, needle, tmp_path):
     assert cp.returncode == 2, cp.stderr
     assert needle in " ".join(cp.stderr.split())
     assert "usage:" not in cp.stderr  # run's usage block (20+ lines) hid the error line (new-user trial)
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--versions", "2.6.3", "-o", "a", "-o", "b"], "--output: given 2 times; only the last would count: give it once"),
+    (["--versions", "2.6.3", "--output=a", "-o", "b", "--time-budget", "5"], "--output: given 2 times"),
+    (["--versions", "2.6.3", "--versions", "2.7.0.post2"],
+     "--versions: given 2 times; only the last would count: give it once (several versions go in one list: "
+     "--versions 2.6.3,2.7.0.post2)"),
+    (["report", str(REPO / "reports" / "h200-aa-117"), "-o", "a", "--output", "b"], "--output: given 2 times"),
+])
+def test_a_single_valued_option_given_twice_is_refused(args, needle, tmp_path):
+    """argparse keeps the last value without a word (`-o a ... -o b` wrote to b: carried over since
+    an early new-user trial)."""
+    cp = run_cli(*args, "--envs-dir", "envs", cwd=tmp_path) if args[0] != "report" else run_cli(*args, cwd=tmp_path)
+    assert cp.returncode == 2, cp.stderr
+    assert needle in " ".join(cp.stderr.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing made, neither a nor b
+
+
+def test_repeatable_options_may_repeat():
+    from matrix_runner import cli
+    run = cli.build_parser().get_default("_subparsers")["run"]
+    assert cli._given_twice(run, ["run", "--find-links", "a", "--find-links", "b", "--yes", "--yes"]) is None
+    assert cli._given_twice(run, ["run", "--time-budget", "5", "--max-sets=3", "--time-budget=7"]) == \
+        "--time-budget: given 2 times"
+    assert cli._given_twice(run, ["run", "-o", "x", "--", "-o"]) is None  # after --: not options
 
 
 def test_an_invalid_choice_is_one_line_and_a_short_usage_is_still_shown(tmp_path):

@@ -1057,7 +1057,11 @@ def test_an_archived_run_is_read_published_and_compared_like_a_plain_one(tmp_pat
     # (before, `report RUN -o RUN` found no run at all: IndexError)
     cp = run_cli("report", str(arch), "-o", str(arch))
     assert cp.returncode == 0, cp.stderr
-    assert 'href="results.json.gz"' in (arch / "index.html").read_text() and not (arch / "results.json").exists()
+    # ... and its report stays archived: index.html.gz rewritten, no plain index.html beside it
+    # (new-user trial: a plain one appeared beside the older .gz)
+    html = gzip.decompress((arch / "index.html.gz").read_bytes()).decode()
+    assert 'href="results.json.gz"' in html and not (arch / "results.json").exists()
+    assert not (arch / "index.html").exists()
     (tmp_path / "cut").mkdir()
     (tmp_path / "cut" / "results.json.gz").write_bytes(gzip.compress(raw)[:5000])
     with pytest.raises(results.ResultsError) as ei:
@@ -1171,6 +1175,10 @@ def test_a_one_set_run_says_one_process_set(tmp_path):
     text = " ".join(re.sub(r"<[^>]+>", " ", html).split())
     w = doc["settings"]["workers_per_env"]
     assert f"(1 process set of {w} worker(s) per version;" in text and "1 process sets" not in text
+    # its Markdown legend speaks of no interval: a --quick ratio has none (new-user trial)
+    md = report.markdown(doc)
+    assert "provisional" in md and "the interval at the ratio's level" not in md
+    assert "the interval at the ratio's level" in report.markdown(results.load(ROOT / "reports/h200-aa-117"))
 
 
 def test_terminal_cells_of_cases_not_timed_or_failed_are_not_cut_mid_word(h200):
@@ -1697,14 +1705,27 @@ def test_the_report_names_a_machine_mode_and_the_ratios_that_moved_with_it():
     moved = {x["name"]: (round(x["usual"], 2), round(x["slow"], 2)) for x in m["moved"]}
     assert moved == {"B512 S50 fwd": (1.19, 1.26), "B2 S50 fwd": (2.0, 2.72), "B2 S150 fwd": (1.97, 2.81),
                      "B2 S300 fwd": (2.05, 2.8)}
+    # what slowed: the Python-heavy batch-2 calls most (2.7.0.post2's forward 1.78x, 2.6.3's 1.23x),
+    # the kernel-bound batch-512 S300 backward hardly (1.02x)
+    slowed = {(x["name"], x["env"]): round(x["factor"], 2) for x in m["per_case"]}
+    assert len(slowed) == 24 and slowed[("B2 S150 fwd", "2.7.0.post2")] == 1.78
+    assert slowed[("B2 S150 fwd", "2.6.3")] == 1.23 and slowed[("B512 S300 bwd", "2.6.3")] == 1.02
     buf = io.StringIO()
     report.terminal_table(res, Console(file=buf, width=2000))
     line = next(x for x in buf.getvalue().splitlines() if x.startswith("Machine mode:"))
-    assert line.startswith("Machine mode: in 16 of the run's 26 process sets every call ran ~1.19x slower than in "
-                           "the other 10")
-    assert "B2 S50 fwd 2.00x / 2.72x" in line and line.endswith("the HTML report's set chart marks the slow sets")
+    assert line.startswith("Machine mode: the run's 26 process sets fell into two groups; in 16 of them the median "
+                           "call ran ~1.19x slower than in the other 10 (by case and version 1.02-1.78x), after the "
+                           "CPU-speed adjustment; the speed probe read nearly the same (7.57 vs 7.77 µs): a state of "
+                           "the machine it does not read; ratios that moved with it")
+    assert "B2 S50 fwd 2.00x / 2.72x" in line and line.endswith("(the HTML report's set chart rings the slower group)")
+    # the run's interval is a mean over its sets: it lies between the two levels, covering neither
+    # (new-user trial: "such an interval covers both levels" was false for every named ratio)
+    assert "Each of these intervals lies between its two levels: it holds the mix of sets this run met" in line
+    assert all(min(x["usual"], x["slow"]) <= x["ci_low"] and x["ci_high"] <= max(x["usual"], x["slow"]) for x in m["moved"])
+    assert m["probe_us"] == pytest.approx((7.57, 7.77), abs=0.005) and m["probe_read"] is False
     html = report.render_html(res)
-    assert 'id="machine-mode"' in html and "hollow blue rings" in html
+    assert 'id="machine-mode"' in html and "hollow violet rings" in html
+    assert "<td>112.5</td><td>199.9</td><td>1.78x</td>" in html  # B2 S150 fwd, 2.7.0.post2
     assert "B2 S50 fwd 2.00x / 2.72x" in report.markdown(res)
     # the set chart draws the slow sets as rings of their own colour, the others as dots
     plain, ringed = charts.set_ratio_chart(res["comparisons"]), charts.set_ratio_chart(res["comparisons"], slow_sets=m["slow"])
@@ -1716,6 +1737,13 @@ def test_the_report_names_a_machine_mode_and_the_ratios_that_moved_with_it():
     assert vma["modes"] and vma["modes"]["moved"] == []
     assert "no ratio differed between the two groups" in vma["mode_note"]
     assert report.mode_note(vma["modes"], terse=True) == ""
+    assert "no ratio differed between the two groups" in report.markdown(aa)  # as the HTML says it
+    # where the speed probe read the two groups apart, the note says it is the CPU's speed state
+    # (new-user trial: -12-04-3's 3 "usual" sets were early fast-state sets the adjustment left fast)
+    early = report.view_model(results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-04-3"))
+    assert early["modes"]["probe_read"] is True and sorted(early["modes"]["usual"], key=int) == ["0", "1", "4"]
+    assert "the speed probe read 3.50 vs 7.08 µs in the two groups, so it is the CPU's speed state" in early["mode_note"]
+    assert "does not read" not in early["mode_note"]
     # a run with one level (A/A of the same hour), and a merged report: nothing said
     assert report.view_model(results.load(ROOT / "reports" / "h200-aa-117"))["modes"] is None
     runs = [results.load(ROOT / "reports" / f"h200-2.6.3-vs-2.7.0.post2-12-05-{i}") for i in (11, 12)]

@@ -115,9 +115,13 @@ def parse_versions(text: str) -> list[EnvRequest]:
             if not ver or any(c in ver for c in "<>=!~*, ;"):
                 raise UsageError(f"--versions: {it!r}: give one exact version after == (like 4.0.0b36)")
             try:
-                ver = str(Version(ver))
+                v = Version(ver)
             except InvalidVersion:
                 raise UsageError(f"--versions: {it!r}: {ver!r} is not a PEP 440 version") from None
+            if v.local:
+                raise UsageError(f"--versions: {it!r}: {ver} carries a local build label (+{v.local}); give "
+                                 f"{pkg}=={v.public}")
+            ver = str(v)
             label = label.strip() or (ver if package == subjects.DEFAULT else f"{package}-{ver}")
             if any(r.label == label for r in out):
                 raise UsageError(f"--versions: label {label!r} appears twice; use LABEL=PACKAGE==VERSION to name each env")
@@ -146,11 +150,16 @@ def parse_versions(text: str) -> list[EnvRequest]:
                 label = local_version(p) or p.name.removesuffix(".tar.gz").removesuffix(".whl")
         else:
             try:
-                ver = str(Version(ver))
+                v = Version(ver)
+                if v.local:  # 2.6.3+cu12 and 2.6.3+cu13 became two envs of one wheel: a silent A/A
+                    raise UsageError(f"--versions: {it!r}: {ver} carries a local build label (+{v.local}); matrix-run "
+                                     "picks the build of a version for this machine's torch and CUDA itself (its "
+                                     f"wheel key): give {v.public}, or the path of a wheel file to time that build")
+                ver = str(v)
                 if "=" not in it:  # an unlabeled version is labeled by its normal form ("v2.6.3" and
                     # "2.6.3" are one env, not a silent A/A run: new-user trial), or by an earlier one of
                     # the same PEP 440 version (2.6.3.0 and 2.6.3: second trial, two envs)
-                    label = next((r.label for r in out if r.label == r.version and _same_version(r.version, ver)), ver)
+                    label = next((r.label for r in out if r.label == r.version and wheels.same_version(r.version, ver)), ver)
             except InvalidVersion:
                 sub = subjects.SUBJECTS.get(subjects.normalize(ver))  # a subject named without its version
                 lab = f"{label}=" if "=" in it else ""
@@ -170,14 +179,6 @@ def parse_versions(text: str) -> list[EnvRequest]:
         out.append(EnvRequest(label, ver))
         raw_of[label] = it
     return out
-
-
-def _same_version(a: str, b: str) -> bool:
-    """Whether two version strings are one PEP 440 version (2.6.3 == 2.6.3.0)."""
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return False
 
 
 def _tree_item(it: str) -> tuple[str, str, str] | None:
