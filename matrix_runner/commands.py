@@ -505,6 +505,11 @@ def cmd_publish(args) -> int:
     from . import publish
 
     site = Path(args.output)
+    src = Path(args.reports_dir)
+    if src.is_dir() and results.find(src).is_file():  # new-user trial: "no run found under" a run's own folder
+        raise UsageError(f"{src}: is one run's folder (it holds {results.find(src).name}); publish takes the folder "
+                         f"that holds runs: give {src.parent if str(src.parent) != '.' else 'its parent'} (or "
+                         f"`matrix-run report {src} -o DIR` for this run's report alone)")
     if site.exists() and (not site.is_dir() or (any(site.iterdir()) and not (site / publish.MARKER).exists())):
         raise UsageError(f"-o {site}: exists and is not a site matrix-run published (no {publish.MARKER}); "
                                 "give a new or empty directory")

@@ -386,6 +386,9 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     run_dir = Path(args.resume).expanduser().resolve()
     if run_dir.name in results.NAMES:
         run_dir = run_dir.parent
+    if not run_dir.exists():  # new-user trial: "/x: cannot read (No such file or directory)" named no option
+        raise UsageError(f"--resume {args.resume}: no such directory; give the folder of the interrupted run "
+                         "(its --output), which holds its results.json")
     if run_dir.is_dir() and not results.find(run_dir).exists():
         raise UsageError(f"--resume {args.resume}: no results.json there: that run stopped before it "
                          "measured anything or wrote results; start it again with its original command")

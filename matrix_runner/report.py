@@ -677,12 +677,15 @@ def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
     µs (reports/h200-2.6.3-vs-2.7.0.post2-12-05-12/). Conservative: the index is a median over the
     cases, so a mode that slows only half of them (the A/A runs `aa-117/` to `-119/` of that hour,
     benchmarks/heavy_mode.py) can stay under the threshold.
+    Each set's values are taken to one reference CPU speed for the whole run (the median of the sets'
+    adjustment centres, with each set's slope): the adjustment's own centre drifts over a run.
     Returns {"slow": [set ids], "usual": [...], "factor" (the median call's slowdown), "n_sets",
     "probe_us": (usual, slow) medians of the speed probe (µs; None without readings), "probe_read":
     whether they differ by :data:`PROBE_SAME` or more, "moved": [{"name", "pair", "usual", "slow",
     "n_usual", "n_slow", "p", "ci_low", "ci_high"}], "per_case": [{"name", "env", "usual_us",
     "slow_us", "factor"}] (each case and env: the median over each group's sets of the set's median
-    burst, µs per call at one CPU speed, and their ratio: what slowed)}, or None: no such split, a
+    burst, µs per call at one reference CPU speed for the run, and their ratio: what slowed; None
+    where the case was not timed in that group)}, or None: no such split, a
     merged report (set ids repeat across runs) or a run without lockstep sets. ``names``:
     view_model's ``case_names``."""
     if results.is_merge(res):
@@ -697,10 +700,23 @@ def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
                 med[str(k)] = statistics.median(vals)
         return med
 
+    walls = [((c.get("metrics") or {}).get("wall_us") or {}) if c.get("status") == "ok" else {}
+             for c in res.get("cases") or []]
+    # one reference CPU speed for the whole run: each set's values were taken at the adjustment's
+    # centre of the moment, which drifts over a run (new-user trial: 4.1 -> 6.6 µs over h200-aa-89's
+    # sets made its later sets read ~1.4x slower at a slope of 0.72, a split of the adjustment's own)
+    centres = [v.get("center") for w in walls for v in (w.get("speed_by_set") or {}).values()
+               if isinstance(v, dict) and isinstance(v.get("center"), (int, float)) and v.get("center")]
+    ref = statistics.median(centres) if centres else None
     series, named, probes = [], [], {}
-    for c in res.get("cases") or []:
-        wall = ((c.get("metrics") or {}).get("wall_us") or {}) if c.get("status") == "ok" else {}
+    for c, wall in zip(res.get("cases") or [], walls):
         med = set_medians(wall.get("by_set"))
+        speed = wall.get("speed_by_set") or {}
+        for k in list(med):
+            sp = speed.get(k) if isinstance(speed, dict) else None
+            b, ctr = (sp.get("beta"), sp.get("center")) if isinstance(sp, dict) else (None, None)
+            if ref is not None and isinstance(b, (int, float)) and isinstance(ctr, (int, float)) and ctr:
+                med[k] *= math.exp(-b * (ctr - ref))  # log y at ref = log y at ctr - beta (ctr - ref)
         series.append(med)
         named.append((c, med))
         for k, v in set_medians(wall.get("ref_by_set")).items():
@@ -712,10 +728,11 @@ def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
     for c, med in named:
         u = [med[k] for k in split["usual"] if k in med]
         w = [med[k] for k in split["slow"] if k in med]
-        if u and w:
-            mu, mw = statistics.median(u), statistics.median(w)
+        if u or w:  # a case decided early was not timed in later sets: its row says so (new-user trial)
+            mu, mw = (statistics.median(u) if u else None), (statistics.median(w) if w else None)
             per_case.append({"name": names.get(c.get("id"), f"{c.get('label', '')} {c.get('op', '')}".strip()),
-                             "env": c.get("env"), "usual_us": mu, "slow_us": mw, "factor": mw / mu})
+                             "env": c.get("env"), "usual_us": mu, "slow_us": mw,
+                             "factor": mw / mu if mu and mw else None})
     pr = [[statistics.median(probes[k]) for k in split[g] if k in probes] for g in ("usual", "slow")]
     probe_us = (statistics.median(pr[0]), statistics.median(pr[1])) if all(pr) else None
     moved = []
@@ -744,22 +761,27 @@ def mode_note(modes: dict | None, terse: bool = False) -> str:
     also when no ratio moved (the terminal stays quiet; the HTML and Markdown say it)."""
     if not modes or (terse and not modes["moved"]):
         return ""
-    fs = sorted(x["factor"] for x in modes.get("per_case") or [])
-    spread = f" (by case and version {fs[0]:.2f}-{fs[-1]:.2f}x)" if len(fs) > 1 else ""
+    per = [x for x in modes.get("per_case") or [] if x.get("factor") is not None]
+    fs = sorted(x["factor"] for x in per)
+    gone = len(modes.get("per_case") or []) - len(per)
+    spread = (f" (by case and version {fs[0]:.2f}-{fs[-1]:.2f}x" + (f", over the {len(per)} timed in both groups"
+              if gone else "") + ")") if len(fs) > 1 else ""
     head = (f"machine mode: the run's {modes['n_sets']} process sets fell into two groups; in "
             f"{len(modes['slow'])} of them the median call ran ~{modes['factor']:.2f}x slower than in the other "
-            f"{len(modes['usual'])}{spread}, after the CPU-speed adjustment")
+            f"{len(modes['usual'])}{spread}, at one reference CPU speed (after the speed adjustment)")
     pu = modes.get("probe_us")
-    if pu and modes.get("probe_read"):
-        head += (f"; the speed probe read {pu[0]:.2f} vs {pu[1]:.2f} µs in the two groups, so it is the CPU's "
-                 "speed state, which the adjustment did not fully take out")
-    elif pu:
-        head += (f"; the speed probe read nearly the same ({pu[0]:.2f} vs {pu[1]:.2f} µs): a state of the machine "
-                 "it does not read")
+    if pu:
+        read = f"; the speed probe read {pu[0]:.2f} µs in the other sets and {pu[1]:.2f} µs in the slower ones"
+        if not modes.get("probe_read"):
+            head += read + f" (within {PROBE_SAME:g}x): a state of the machine it does not read"
+        elif pu[1] > pu[0]:
+            head += read + ": the CPU's slow speed state, which the adjustment did not fully take out"
+        else:
+            head += read + ": the probe read the slower sets faster, so not a CPU speed it reads"
     moved = modes["moved"]
     if not moved:
-        return head + ("; no ratio differed between the two groups (Welch's t test on the sets' ratios, "
-                       "p < 0.001, by more than the minimum effect): both versions met it alike")
+        return head + ("; no ratio differed between the two groups (Welch's t test on the sets' ratios at p under "
+                       "0.001, by more than the minimum effect): both versions met it alike")
     pairs = len({m["pair"] for m in moved}) > 1
     shown = moved[:4] if terse else moved
     items = [f"{m['name']}{' (' + str(m['pair'][1]) + ')' if pairs else ''} {m['usual']:.2f}x / {m['slow']:.2f}x"

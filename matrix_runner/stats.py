@@ -964,11 +964,13 @@ class SpeedSlope:
 
 
 # --------------------------------------------------------------------------------------------
-# Machine modes: process sets that ran at two speeds the speed probe did not read.
+# Machine modes: process sets that ran at two speeds left after the CPU-speed adjustment (a mode of
+# the machine the speed probe does not read, or a CPU speed state the adjustment missed:
+# report.machine_modes tells them apart by the probe's readings).
 #
 # Seen on the H200 on 2026-12-05 (reports/h200-2.6.3-vs-2.7.0.post2-12-05-11/, -12/,
-# benchmarks/heavy_mode.py): in 13-19 of a run's 21-28 sets every call ran ~1.2x slower (speed-
-# adjusted, so not the CPU's speed state the probe reads), and not by one factor: 2.7.0.post2's
+# benchmarks/heavy_mode.py): in 13-19 of a run's 21-28 sets the calls ran ~1.2x slower (speed-
+# adjusted, the probe reading the same), and not by one factor: 2.7.0.post2's
 # batch-2 forward ~1.7x, 2.6.3's ~1.2x, so that comparison's set ratio was ~2.0x in one group of
 # sets and ~2.7x in the other and its interval ±12 % instead of ±2-5 %. The sampling cannot
 # average that away (the ratio itself moved); the report can say so. The split is found from all
@@ -1025,7 +1027,7 @@ def _two_means(v: np.ndarray, min_n: int) -> tuple[int, float]:
 @functools.lru_cache(maxsize=64)
 def mode_threshold(n: int, level: float = MODE_LEVEL, draws: int = 4000) -> float:
     """The ``level`` quantile of :func:`_two_means`' separation for ``n`` sets of normal noise
-    (one group, no state): a split beyond it is not what one level's noise makes. Simulated with a
+    (one group, no mode): a split beyond it is not what one level's noise makes. Simulated with a
     fixed seed (4,000 draws; at 99 %: n=12 5.2, n=20 4.5, n=26 4.1, n=46 3.6). Heavier-tailed
     noise gives larger separations (Student t with 3 df, n=26: 4.6 at 99 %), hence also
     :data:`MODE_MIN_SETS`, :data:`MODE_FACTOR` and the test of each comparison (:func:`ratio_by_mode`);

@@ -840,3 +840,18 @@ def test_one_version_says_at_the_start_that_there_is_nothing_to_compare(tmp_path
     assert failed_env_line("a", "failed", "uv pip install: exit 1\nlong log") == "env a failed: uv pip install: exit 1"
     assert failed_env_line("a", "failed", None) == failed_env_line("a", None, "  ") == \
         "env a failed (no error text on record; see the log above)"
+
+
+def test_publish_of_one_runs_folder_and_resume_of_a_missing_one_say_what_to_give(tmp_path):
+    """Second new-user trial of 2026-12-05 night: `publish reports/RUN` said "no run found under" a
+    run's own folder and wrote an empty site (exit 3); `--resume /nonexistent` named no option."""
+    run = REPO / "reports" / "h200-aa-89"
+    cp = run_cli("publish", str(run), "-o", str(tmp_path / "site"))
+    assert cp.returncode == 2, cp.stderr
+    assert " ".join(cp.stderr.split()) == (
+        f"error: {run}: is one run's folder (it holds results.json.gz); publish takes the folder that holds runs: "
+        f"give {run.parent} (or `matrix-run report {run} -o DIR` for this run's report alone)")
+    assert not (tmp_path / "site").exists()
+    cp = run_cli("--resume", str(tmp_path / "nowhere"))
+    assert cp.returncode == 2 and f"--resume {tmp_path / 'nowhere'}: no such directory; give the folder of the " \
+        "interrupted run (its --output)" in " ".join(cp.stderr.split()), cp.stderr
