@@ -295,6 +295,9 @@ def _check_args(args, argv: list[str]) -> None:
     UsageError before anything is built or made."""
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     sp = (getattr(args, "_subparsers", None) or {}).get(args.cmd)
+    n_resume = sum(1 for a in argv if a == "--resume" or a.startswith("--resume="))
+    if n_resume > 1:  # third new-user trial: it was told "give no other option" about the second folder
+        raise UsageError(f"--resume: given {n_resume} times; give one run's folder")
     if sp is not None and not (args.cmd == "run" and getattr(args, "resume", None)):  # --resume says it its own way
         twice = _given_twice(sp, argv)
         if twice:

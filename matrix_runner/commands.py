@@ -506,6 +506,9 @@ def cmd_publish(args) -> int:
 
     site = Path(args.output)
     src = Path(args.reports_dir)
+    if src.is_file() and src.name in results.NAMES:  # RUN/results.json(.gz): "not a directory" said no more
+        raise UsageError(f"{src}: is one run's results; publish takes the folder that holds runs: give "
+                         f"{src.parent.parent} (or `matrix-run report {src.parent} -o DIR` for this run's report alone)")
     if src.is_dir() and results.find(src).is_file():  # new-user trial: "no run found under" a run's own folder
         raise UsageError(f"{src}: is one run's folder (it holds {results.find(src).name}); publish takes the folder "
                          f"that holds runs: give {src.parent if str(src.parent) != '.' else 'its parent'} (or "

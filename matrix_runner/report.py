@@ -672,7 +672,7 @@ def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
     """The run's process sets split by a common slowdown left after the CPU-speed adjustment
     (stats.set_slowdown_index over every (env, case) wall series, stats.mode_split), and the wall
     comparisons whose ratio moved with it (stats.ratio_by_mode: the two groups' set ratios differ by
-    more than ``min_effect`` at p < 0.001). Seen on the H200 on 2026-12-05: batch-2 forward 2.00x in
+    more than ``min_effect`` at p < 0.01). Seen on the H200 on 2026-12-05: batch-2 forward 2.00x in
     10 sets, 2.72x in the 16 whose median call ran ~1.19x slower, the speed probe reading 7.45 vs 7.63
     µs (reports/h200-2.6.3-vs-2.7.0.post2-12-05-12/). Conservative: the index is a median over the
     cases, so a mode that slows only half of them (the A/A runs `aa-117/` to `-119/` of that hour,
@@ -743,7 +743,7 @@ def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
         r = stats.ratio_by_mode(sets, logs, split, min_effect)
         if r and r["differs"]:
             who = names.get(c.get("case"), f"{c.get('label', '')} {c.get('op', '')}".strip())
-            moved.append(dict(r, name=who, pair=(c.get("baseline"), c.get("candidate")),
+            moved.append(dict(r, name=who, pair=(c.get("baseline"), c.get("candidate")), case=c.get("case"),
                               ci_low=c.get("ci_low"), ci_high=c.get("ci_high")))
     return {"slow": split["slow"], "usual": split["usual"], "factor": split["factor"],
             "n_sets": len(split["slow"]) + len(split["usual"]), "probe_us": probe_us,
@@ -775,13 +775,14 @@ def mode_note(modes: dict | None, terse: bool = False) -> str:
         if not modes.get("probe_read"):
             head += read + f" (within {PROBE_SAME:g}x): a state of the machine it does not read"
         elif pu[1] > pu[0]:
-            head += read + ": the CPU's slow speed state, which the adjustment did not fully take out"
+            head += read + (": the CPU's slow speed state, which the adjustment did not fully take out "
+                            "(sampling.cpu_state: usual counts only the turns at one CPU speed)")
         else:
             head += read + ": the probe read the slower sets faster, so not a CPU speed it reads"
     moved = modes["moved"]
     if not moved:
         return head + ("; no ratio differed between the two groups (Welch's t test on the sets' ratios at p under "
-                       "0.001, by more than the minimum effect): both versions met it alike")
+                       "0.01, by more than the minimum effect): both versions met it alike")
     pairs = len({m["pair"] for m in moved}) > 1
     shown = moved[:4] if terse else moved
     items = [f"{m['name']}{' (' + str(m['pair'][1]) + ')' if pairs else ''} {m['usual']:.2f}x / {m['slow']:.2f}x"
@@ -791,9 +792,9 @@ def mode_note(modes: dict | None, terse: bool = False) -> str:
                   and min(m["usual"], m["slow"]) <= m["ci_low"] and m["ci_high"] <= max(m["usual"], m["slow"])
                   for m in moved)
     tail = ("each of these intervals lies between its two levels: it holds the mix of sets this run met, "
-            "and a run meeting the slow group in more or fewer sets lands elsewhere" if between else
-            "such a ratio is the mix of sets this run met, and a run meeting the slow group in more or fewer "
-            "sets lands elsewhere")
+            "and a run meeting the slower group in more or fewer sets lands elsewhere" if between else
+            "such a ratio is a mean over the mix of sets this run met, and a run meeting the slower group in more "
+            "or fewer sets lands elsewhere")
     return (head + "; ratios that moved with it (median over the other sets / over the slower ones): "
             + ", ".join(items) + more + ". " + tail[0].upper() + tail[1:])
 
@@ -946,6 +947,10 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
     vm["rejudged_note"] = rejudged_note(res)
     vm["modes"] = safe_modes(res, name, min_effect)
     vm["mode_note"] = mode_note(vm["modes"])
+    # the verdict table marks a ratio that moved with the mode, where users read it (new-user trial)
+    vm["mode_moved"] = {f"{m['case']}|{m['pair'][0]}|{m['pair'][1]}":
+                        f"moved with the machine mode: {m['usual']:.2f}x in the other sets, {m['slow']:.2f}x in the "
+                        f"slower ones (see Machine mode below the charts)" for m in (vm["modes"] or {}).get("moved", [])}
     vm["merged"] = results.is_merge(res)
     vm["heatmap"] = heatmap(vm)
     if with_charts:
@@ -1208,10 +1213,11 @@ def markdown(res: dict) -> str:
     lines.append("")
     # a --quick run's ratios are provisional, without an interval (new-user trial: the legend spoke of one)
     has_ci = any(c["wall"] and c["wall"].get("verdict") != "provisional" for r in vm["rows"] for c in r["comps"])
+    notes_at = len(lines)  # the notes below the table, each a paragraph of its own (new-user trial: one block)
     lines.append(f"ratio = candidate / baseline wall time: {vm['ratio_def']}; "
                  "(host) / (device): the difference is host overhead / kernel time. "
                  f"Δ: {DELTA_DEF}" + ("; the interval at the ratio's level." if has_ci else "."))
-    if vm["level_note"]:
+    if vm["level_note"] and vm["level_note"].split("): ", 1)[-1] not in vm["ratio_def"]:  # not said twice
         lines.append(esc(vm["level_note"]) + ".")
     if vm["steal_note"]:
         lines.append(f"**Warning:** {esc(vm['steal_note'])}.")
@@ -1230,9 +1236,9 @@ def markdown(res: dict) -> str:
         lines.append("GB/s: KV cache read per second at the kernel (device) time (kvcache cases: the bytes of "
                      "k_cache/v_cache a call must read given cache_seqlens).")
     for w in vm["wrong"]:
-        lines.append(f"\n**Wrong results:** {esc(w[0])} {esc(w[1])} {esc(w[2])}: output or gradients differ from "
+        lines.append(f"**Wrong results:** {esc(w[0])} {esc(w[1])} {esc(w[2])}: output or gradients differ from "
                      "the fp32 reference beyond tolerance.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines[:notes_at]) + "\n" + "\n\n".join(lines[notes_at:]) + "\n"
 
 
 #: What the Δ column is, in the terminal and Markdown legends (new-user trial: it was read as the

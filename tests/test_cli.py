@@ -852,6 +852,11 @@ def test_publish_of_one_runs_folder_and_resume_of_a_missing_one_say_what_to_give
         f"error: {run}: is one run's folder (it holds results.json.gz); publish takes the folder that holds runs: "
         f"give {run.parent} (or `matrix-run report {run} -o DIR` for this run's report alone)")
     assert not (tmp_path / "site").exists()
+    cp = run_cli("publish", str(run / "results.json.gz"), "-o", str(tmp_path / "site"))
+    assert cp.returncode == 2 and f"{run / 'results.json.gz'}: is one run's results; publish takes the folder that " \
+        f"holds runs: give {run.parent}" in " ".join(cp.stderr.split()), cp.stderr
+    cp = run_cli("--resume", str(tmp_path / "a"), "--resume", str(tmp_path / "b"))  # third new-user trial
+    assert cp.returncode == 2 and cp.stderr.strip() == "error: --resume: given 2 times; give one run's folder"
     cp = run_cli("--resume", str(tmp_path / "nowhere"))
     assert cp.returncode == 2 and f"--resume {tmp_path / 'nowhere'}: no such directory; give the folder of the " \
         "interrupted run (its --output)" in " ".join(cp.stderr.split()), cp.stderr
