@@ -663,8 +663,8 @@ def wide_note(comparisons: list[dict], names: dict, min_effect: float, n_sets: i
 
 #: Groups of sets whose speed-probe medians differ by this factor or more: the CPU's speed state
 #: (which the probe reads and the speed adjustment should have taken out), not a mode it does not read
-#: (new-user trial: `-12-04-3/`'s 3 "usual" sets had the probe 2x faster, early sets the adjustment
-#: had left fast; benchmarks/heavy_mode.py uses the same 1.3x)
+#: (new-user trial: `-12-04-3/`'s 3 "usual" sets had read the probe 2x faster; `h200-aa-57/` reads 3.62
+#: vs 6.61 µs with every set at one reference speed; benchmarks/heavy_mode.py uses the same 1.3x)
 PROBE_SAME = 1.3
 
 
@@ -673,7 +673,7 @@ def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
     (stats.set_slowdown_index over every (env, case) wall series, stats.mode_split), and the wall
     comparisons whose ratio moved with it (stats.ratio_by_mode: the two groups' set ratios differ by
     more than ``min_effect`` at p < 0.01). Seen on the H200 on 2026-12-05: batch-2 forward 2.00x in
-    10 sets, 2.72x in the 16 whose median call ran ~1.19x slower, the speed probe reading 7.45 vs 7.63
+    10 sets, 2.72x in the 16 whose median call ran ~1.19x slower, the speed probe reading 7.57 vs 7.77
     µs (reports/h200-2.6.3-vs-2.7.0.post2-12-05-12/). Conservative: the index is a median over the
     cases, so a mode that slows only half of them (the A/A runs `aa-117/` to `-119/` of that hour,
     benchmarks/heavy_mode.py) can stay under the threshold.
