@@ -300,9 +300,11 @@ def _check_args(args, argv: list[str]) -> None:
         raise UsageError(f"--resume: given {n_resume} times; give one run's folder")
     if sp is not None and not (args.cmd == "run" and getattr(args, "resume", None)):  # --resume says it its own way
         twice = _given_twice(sp, argv)
-        if twice:
+        if twice:  # a warning, not an error: a script's defaults followed by an override is a common use
+            from .ui import warn
+
             hint = " (several versions go in one list: --versions 2.6.3,2.7.0.post2)" if twice.startswith("--versions") else ""
-            raise UsageError(f"{twice}; only the last would count: give it once{hint}")
+            warn(f"{twice}; only the last counts{hint}")
     if args.cmd in ("run", "plan") and args.offline and "--index-url" in given:
         raise UsageError("--offline and --index-url contradict each other: --offline uses no index at all "
                          "(wheels and sdists come from --find-links and the wheel cache); drop one of them")
