@@ -290,8 +290,7 @@ def cmd_report(args) -> int:
             json_name = "results.json"
     # an archived run re-rendered into its own folder keeps its report archived (new-user trial: a
     # plain index.html appeared beside the older index.html.gz, as explain's did)
-    archived = (json_name or "").endswith(".gz") and (out / "index.html.gz").is_file() and not (out / "index.html").exists()
-    p = report.write_html(res, out, json_name, gz=archived)
+    p = report.write_html(res, out, json_name, gz=(json_name or "").endswith(".gz") and report.html_archived(out))
     if args.markdown:
         report.write_markdown(args.markdown, report.markdown(res))
     unmeasured = [r for r in runs if (r.get("timing") or {}).get("stop_reason") == "no GPU"]
@@ -493,8 +492,7 @@ def cmd_explain(args) -> int:
     out = Path(args.output) if args.output else Path(path).parent
     _refuse_other_run(out, doc, [Path(path)], "explain")
     here = out == Path(path).parent
-    archived = here and (out / "index.html.gz").is_file() and not (out / "index.html").exists()
-    p = report.write_html(doc, out, Path(path).name if here else None, gz=archived)
+    p = report.write_html(doc, out, Path(path).name if here else None, gz=here and report.html_archived(out))
     for line in explain.summary_lines(explain.analyze(doc)):
         print(line)
     print(f"report: {p}")
@@ -509,8 +507,9 @@ def cmd_publish(args) -> int:
     if src.is_file() and src.name in results.NAMES:  # RUN/results.json(.gz): "not a directory" said no more
         raise UsageError(f"{src}: is one run's results; publish takes the folder that holds runs: give "
                          f"{src.parent.parent} (or `matrix-run report {src.parent} -o DIR` for this run's report alone)")
-    if src.is_dir() and results.find(src).is_file():  # new-user trial: "no run found under" a run's own folder
-        raise UsageError(f"{src}: is one run's folder (it holds {results.find(src).name}); publish takes the folder "
+    own = results.find(src) if src.is_dir() else None
+    if own is not None and own.is_file():  # new-user trial: "no run found under" a run's own folder
+        raise UsageError(f"{src}: is one run's folder (it holds {own.name}); publish takes the folder "
                          f"that holds runs: give {src.parent if str(src.parent) != '.' else 'its parent'} (or "
                          f"`matrix-run report {src} -o DIR` for this run's report alone)")
     if site.exists() and (not site.is_dir() or (any(site.iterdir()) and not (site / publish.MARKER).exists())):

@@ -617,6 +617,12 @@ def half_width_pct(c: dict) -> float | None:
     return 100 * max(r / lo - 1, hi / r - 1)
 
 
+def short_name(names: dict, case_id, rec: dict) -> str:
+    """A case's short name in the report's notes: ``names`` (view_model's ``case_names``) by case id,
+    else the record's (a case or comparison) label and op."""
+    return names.get(case_id) or f"{rec.get('label', '')} {rec.get('op', '')}".strip()
+
+
 def wide_note(comparisons: list[dict], names: dict, min_effect: float, n_sets: int | None = None) -> str:
     """One line for the terminal naming the run's wide wall intervals and what they are made of: an
     "ambiguous" one wider than ±``min_effect`` (too wide to say "same") or any one wider than twice
@@ -638,7 +644,7 @@ def wide_note(comparisons: list[dict], names: dict, min_effect: float, n_sets: i
             continue
         if not (hw > 200 * min_effect or (c.get("verdict") == "ambiguous" and hw > 100 * min_effect)):
             continue
-        who = names.get(c.get("case"), f"{c.get('label', '')} {c.get('op', '')}".strip())
+        who = short_name(names, c.get("case"), c)
         pair = f" ({c.get('candidate')})" if pairs > 1 else ""
         of = f" of {n_sets}" if n_sets and len(logs) < n_sets else ""
         few = (max(logs) - min(logs)) < math.log(c["ci_high"] / c["ci_low"])
@@ -730,7 +736,7 @@ def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
         w = [med[k] for k in split["slow"] if k in med]
         if u or w:  # a case decided early was not timed in later sets: its row says so (new-user trial)
             mu, mw = (statistics.median(u) if u else None), (statistics.median(w) if w else None)
-            per_case.append({"name": names.get(c.get("id"), f"{c.get('label', '')} {c.get('op', '')}".strip()),
+            per_case.append({"name": short_name(names, c.get("id"), c),
                              "env": c.get("env"), "usual_us": mu, "slow_us": mw,
                              "factor": mw / mu if mu and mw else None})
     pr = [[statistics.median(probes[k]) for k in split[g] if k in probes] for g in ("usual", "slow")]
@@ -742,7 +748,7 @@ def machine_modes(res: dict, names: dict, min_effect: float) -> dict | None:
             continue
         r = stats.ratio_by_mode(sets, logs, split, min_effect)
         if r and r["differs"]:
-            who = names.get(c.get("case"), f"{c.get('label', '')} {c.get('op', '')}".strip())
+            who = short_name(names, c.get("case"), c)
             moved.append(dict(r, name=who, pair=(c.get("baseline"), c.get("candidate")), case=c.get("case"),
                               ci_low=c.get("ci_low"), ci_high=c.get("ci_high")))
     return {"slow": split["slow"], "usual": split["usual"], "factor": split["factor"],
@@ -1121,6 +1127,12 @@ def render_html(res: dict, json_name: str | None = "results.json", with_charts: 
     vm["explain"] = explain.analyze(res)
     vm["drift_note"] = explain.DRIFT_NOTE
     return _env().get_template("report.html.j2").render(**vm)
+
+
+def html_archived(out_dir: Path) -> bool:
+    """Whether ``out_dir``'s report is kept gzipped (index.html.gz and no index.html: an archived run,
+    reports/README.md), so a report re-rendered there is written as :func:`write_html` ``gz``."""
+    return (out_dir / "index.html.gz").is_file() and not (out_dir / "index.html").exists()
 
 
 def write_html(res: dict, out_dir: Path, json_name: str | None = "results.json", gz: bool = False) -> Path:
