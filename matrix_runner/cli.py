@@ -158,15 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser(
         "report", help="re-render HTML from saved results.json files",
-        description="Render DIR/index.html from saved runs without timing anything: one run as it was "
+        description="Render DIR/index.html from saved runs without timing anything (without -o: print the "
+                    "verdict table to the terminal and write nothing): one run as it was "
                     "(its comparisons as stored), or several merged into one report (e.g. the tox envs of "
                     "reports/tox: their envs side by side, the first env the baseline, the comparisons "
                     "recomputed). Archived runs (results.json.gz) are read as they are.")
     rp.add_argument("results", nargs="+", metavar="RESULTS.json|DIR",
                     help="results files, or dirs searched for results.json (several are merged: first env = baseline)")
-    rp.add_argument("-o", "--output", required=True, metavar="DIR",
+    rp.add_argument("-o", "--output", metavar="DIR",
                     help="write DIR/index.html, and DIR/results.json unless DIR is the run's own directory "
-                         "and nothing was recomputed; refuses a DIR that holds another run's results.json")
+                         "and nothing was recomputed; refuses a DIR that holds another run's results.json "
+                         "(without -o: the table is printed and nothing but --markdown is written)")
     rp.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
     rp.add_argument("--min-effect", type=float, default=None, metavar="FRAC",
                     help="the ratio a verdict is measured against ('slower': ratio above 1+FRAC, interval above "

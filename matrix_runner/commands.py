@@ -202,8 +202,13 @@ REPORT_LIST_MAX = 8
 
 
 def cmd_report(args) -> int:
+    """``matrix-run report RUN... [-o DIR]``: one run as it was, or several merged, rendered to
+    DIR/index.html (and DIR/results.json where it differs from the run's own); without ``-o`` the
+    verdict table is only printed, and nothing is written but ``--markdown FILE`` (third new-user
+    trial, 2026-12-05: ``report RUN`` was refused for the missing -o, though the table was wanted)."""
     if args.markdown:  # before anything is read or written (it was found only at the end)
-        check_writable_file(Path(args.markdown), "--markdown", creates=Path(args.output), inputs=tuple(args.results))
+        check_writable_file(Path(args.markdown), "--markdown", creates=Path(args.output) if args.output else None,
+                            inputs=tuple(args.results))
     paths: list[Path] = []
     for a in args.results:
         p = Path(a)
@@ -220,7 +225,7 @@ def cmd_report(args) -> int:
                 raise results.ResultsError(f"{p}: no results.json below this directory")
             # a merged report written into the searched dir earlier is not one of its runs; but a run
             # re-rendered into its own directory (report RUN -o RUN) is that run
-            below = [f for f in found if f.parent.resolve() != Path(args.output).resolve()] or found
+            below = [f for f in found if args.output is None or f.parent.resolve() != Path(args.output).resolve()] or found
             # nor is any other merged report below it (results.merge: merged_from), e.g. reports/tox/html
             # from an earlier `tox -e report`, whose envs came back as copies of themselves ("2.6.3'")
             below = [f for f in below if not _is_merge(f)] or below
@@ -261,6 +266,15 @@ def cmd_report(args) -> int:
                                 f"own: {g.get('outcome')}")
     if warns:
         res["merge_warnings"] = warns
+    if args.output is None:  # print only (and --markdown)
+        if args.markdown:
+            report.write_markdown(args.markdown, report.markdown(res))
+        _report_terminal(res, runs, paths)
+        page = [paths[0].parent / n for n in ("index.html", "index.html.gz")] if len(runs) == 1 else []
+        page = [q for q in page if q.exists()]
+        console.print(f"its HTML report: {page[0]}" if page else
+                      "nothing written (give -o DIR for an HTML report)")
+        return EXIT_OK
     out = Path(args.output)
     # a run's results there, plain or archived (.gz: a results.json written beside it would be read
     # in its place, results.find; new-user trial)
@@ -293,6 +307,13 @@ def cmd_report(args) -> int:
     p = report.write_html(res, out, json_name, gz=(json_name or "").endswith(".gz") and report.html_archived(out))
     if args.markdown:
         report.write_markdown(args.markdown, report.markdown(res))
+    _report_terminal(res, runs, paths)
+    console.print(f"report: {p}")
+    return EXIT_OK
+
+
+def _report_terminal(res: dict, runs: list[dict], paths: list[Path]) -> None:
+    """What ``report`` prints: the verdict table and gate line, or why a run has none."""
     unmeasured = [r for r in runs if (r.get("timing") or {}).get("stop_reason") == "no GPU"]
     if unmeasured and len(unmeasured) == len(runs):  # its envs were skipped: an empty table said nothing of why
         console.print("that run measured nothing: no NVIDIA GPU was visible where it ran, so every env was skipped "
@@ -302,8 +323,6 @@ def cmd_report(args) -> int:
         report.terminal_table(res, Console(), run_dir=str(paths[0].resolve().parent) if len(runs) == 1 else None)
         if report.gate_line(res):
             console.print(report.gate_line(res), markup=False)
-    console.print(f"report: {p}")
-    return EXIT_OK
 
 
 def _merge_notes(paths: list[Path], runs: list[dict], noted: bool) -> list[str]:

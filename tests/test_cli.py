@@ -140,11 +140,33 @@ def test_an_invalid_choice_is_one_line_and_a_short_usage_is_still_shown(tmp_path
     assert cp.returncode == 2 and len(lines) == 2, cp.stderr
     assert lines[0].startswith("matrix-run run: error: argument --build: invalid choice: 'tiny' (choose from ")
     assert lines[1] == "(every option: matrix-run run -h)"
-    cp = run_cli("report", str(tmp_path))  # report's usage is two lines: it shows what is required
+    cp = run_cli("report")  # report's usage is two lines: it shows what is required
     assert cp.returncode == 2 and cp.stderr.startswith("usage: matrix-run report") and \
-        "the following arguments are required: -o/--output" in cp.stderr
+        "the following arguments are required: RESULTS.json|DIR" in cp.stderr
     assert "Traceback" not in cp.stderr
-    assert not (tmp_path / "o").exists()  # nothing left behind by a refused run
+
+
+def test_report_without_output_prints_the_table_and_writes_nothing(tmp_path):
+    """`report RUN` (no -o) had been refused; it prints the run's verdict table and names its own
+    HTML report, writing nothing but a --markdown file; several runs are merged the same way."""
+    import shutil
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    run = tmp_path / "aa-116"
+    shutil.copytree(reports / "h200-aa-116", run)
+    before = sorted(p.name for p in run.iterdir())
+    cp = run_cli("report", str(run), cwd=tmp_path)
+    out = " ".join(cp.stdout.split())
+    assert cp.returncode == 0, cp.stderr
+    assert "b vs a: no difference beyond ±5% in any of 12 cases. Same in 12." in out, out
+    assert f"its HTML report: {run / 'index.html.gz'}" in " ".join(cp.stderr.split())  # messages: stderr
+    assert sorted(p.name for p in run.iterdir()) == before and sorted(p.name for p in tmp_path.iterdir()) == ["aa-116"]
+    md = tmp_path / "s.md"
+    cp = run_cli("report", str(run), str(reports / "h200-aa-115"), "--markdown", str(md), cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    err = " ".join(cp.stderr.split())
+    assert "merging 2 runs into one report" in err and "nothing written (give -o DIR for an HTML report)" in err, err
+    assert md.read_text().startswith("### flash-attn: small-batch host overhead")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["aa-116", "s.md"]
 
 
 def test_unwritable_output_and_markdown_are_refused_before_anything_runs(tmp_path):
