@@ -75,8 +75,8 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
                         "'same' = whole interval within 1/(1+FRAC)..1+FRAC (default 0.05 = 5%%)")
     r.add_argument("--time-budget", type=float, metavar="S", help="seconds the run may take from its start, env building and installing excluded (default 60); checked before each process set and while its cases are set up (a set-up still running then ends the run); a set that has begun its cycles finishes them")
     r.add_argument("--max-sets", type=int, metavar="N",
-                   help="most process sets (fresh workers of every env each; default 40: the budget or decided "
-                        "verdicts normally stop first)")
+                   help="most process sets (fresh workers of every env each; default: 40 per minute of "
+                        "--time-budget, at least 40, so the budget or decided verdicts stop first)")
     r.add_argument("--set-seconds", type=float, metavar="S", help="seconds of lockstep cycles per process set (default 1.0)")
     r.add_argument("--burst-ms", type=float, metavar="MS", help="each worker's turn in a cycle, ms of calls (default 5)")
     r.add_argument("--workers-per-env", type=int, metavar="K",

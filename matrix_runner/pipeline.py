@@ -63,6 +63,7 @@ from . import (
 from . import envs as envmod
 from .config import (
     MAX_CASES,
+    MAX_SETS_PER_MINUTE,
     MAX_WORKERS_PER_ENV,
     MIN_SET_SECONDS,
     SAMPLING_FLAGS,
@@ -409,6 +410,14 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                          f"results.json could not be): make room, move that file to {run_dir / 'results.json'}, "
                          "then resume")
     unfinished = stopped in ("interrupted", "running") or (doc.get("timing") or {}).get("shards_lost")
+    # the run's max_sets followed its budget, and still does unless --max-sets is given now
+    followed = isinstance(st.get("max_sets"), int) and max_sets_followed(doc) and "max_sets" not in extend
+    if "time_budget_s" in extend and followed:
+        # max_sets: auto follows the larger budget (config.Sampling.max_sets; a --resume --time-budget
+        # 120 of a one-minute run had stopped at its 40th set, ~90 s)
+        extend["max_sets"] = max(st["max_sets"], math.ceil(MAX_SETS_PER_MINUTE * extend["time_budget_s"] / 60.0 - 1e-9))
+        if extend["max_sets"] == st["max_sets"]:
+            del extend["max_sets"]
     if extend:
         check_extension(args.resume, doc, extend, bool(unfinished))
     elif not unfinished:
@@ -439,6 +448,7 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                          "settings.cwd in that results.json to the directory they are relative to, or start the run "
                          "again with its original command")
     new.output, new.resume = str(run_dir), str(run_dir)
+    new.resumed_max_sets_auto = followed  # its max_sets kept following the budget (Run._check_numbers)
 
     def bad(key: str, rule: str):
         return UsageError(stored_settings_error(src, f"settings.{key} = {st[key]!r}: {rule}"))
@@ -477,6 +487,26 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                 doc["command"] = with_flag(doc.get("command") or [], flag, f"{extend[key]:g}")
         new.extended = {key: [st.get(key), v] for key, v in extend.items()}
     return new, new_argv, doc
+
+
+def max_sets_followed(doc: dict) -> bool:
+    """Whether the run ``doc`` took its max_sets from its budget (config ``max_sets: auto``, no
+    ``--max-sets``): its settings say so (``max_sets_auto``); a run from before the setting did if it
+    had the then default 40 from the built-in config or a config without the key, and no --max-sets
+    on its command line."""
+    st = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
+    if isinstance(st.get("max_sets_auto"), bool):
+        return st["max_sets_auto"]
+    if st.get("max_sets") != 40 or not isinstance(st.get("max_sets"), int):
+        return False
+    cmd = [str(a) for a in doc.get("command") or []]
+    if any(a == "--max-sets" or a.startswith("--max-sets=") for a in cmd):
+        return False
+    if doc.get("config_source") in ("built-in default", None):
+        return True
+    conf = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    samp = conf.get("sampling") if isinstance(conf.get("sampling"), dict) else {}
+    return samp.get("max_sets") in (None, "auto")
 
 
 #: The rescue folders of results.json files that could not be written (Run._write_files), under
@@ -753,6 +783,9 @@ class Run:
             v = getattr(args, dest(flag))
             if v is not None:
                 setattr(samp, attr, v)
+        if getattr(args, "max_sets", None) is not None:  # given, or a resumed run's own (auto if it was)
+            samp.max_sets_auto = bool(getattr(args, "resumed_max_sets_auto", False))
+        samp.follow_budget()  # max_sets: auto follows a --time-budget (config.Sampling.max_sets)
         for name, v in (("--max-sets", samp.max_sets), ("--set-seconds", samp.set_seconds), ("--burst-ms", samp.burst_ms),
                         ("--workers-per-env", 1 if samp.workers_per_env is None else samp.workers_per_env),
                         ("--time-budget", samp.time_budget_s), ("--case-timeout", args.case_timeout)):
@@ -956,7 +989,7 @@ class Run:
         self.job = shard.parse_shard(args.shard)  # a job's share of the cases (--executor slurm)
         settings = {"device": device, "torch": ",".join(opts.torches), "quick": args.quick,
                     "min_effect": samp.min_effect, "method": results.METHOD, "alpha": samp.alpha,
-                    "planned_sets": samp.planned_sets, "max_sets": samp.max_sets,
+                    "planned_sets": samp.planned_sets, "max_sets": samp.max_sets, "max_sets_auto": samp.max_sets_auto,
                     # what a set's cycles ran for: a --quick run's one set runs quick_set_seconds
                     "set_seconds": samp.quick_set_seconds if args.quick else samp.set_seconds,
                     "burst_ms": samp.burst_ms, "workers_per_env": samp.workers_per_env,

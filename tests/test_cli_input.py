@@ -346,3 +346,63 @@ def test_extending_a_run_is_refused_where_more_sets_would_add_nothing():
     assert with_flag(["matrix-run", "--time-budget=60"], "--time-budget", "120") == ["matrix-run", "--time-budget=120"]
     assert with_flag(["matrix-run", "--versions", "a,b"], "--max-sets", "9") == ["matrix-run", "--versions", "a,b",
                                                                                   "--max-sets", "9"]
+
+
+def test_a_resume_with_a_larger_budget_raises_an_automatic_max_sets_with_it(tmp_path):
+    """``--resume RUN --time-budget 240`` of a one-minute run whose max_sets was the default: its
+    max_sets follows the budget (40 per minute: 160), or it would stop at its 40th set (~90 s on the
+    H200); a --max-sets given with it is kept; a run whose max_sets was its own number keeps it."""
+    import json
+    import shutil
+
+    from matrix_runner import pipeline
+    from matrix_runner.results import read_text
+    src = Path(__file__).resolve().parents[1] / "reports" / "h200-aa-116"
+    run = tmp_path / "aa-116"
+    shutil.copytree(src, run)
+
+    def resume(*extra):
+        argv = ["run", "--resume", str(run), *extra]
+        new, _, _ = pipeline.resume_args(cli._parse_stored(argv), argv, cli._parse_stored)
+        return new
+
+    new = resume("--time-budget", "240")  # a run from before max_sets_auto, on the built-in default
+    assert (new.time_budget, new.max_sets, new.resumed_max_sets_auto) == (240.0, 160, True)
+    assert new.extended == {"time_budget_s": [60.0, 240.0], "max_sets": [40, 160]}
+    new = resume("--time-budget", "240", "--max-sets", "60")
+    assert (new.max_sets, new.resumed_max_sets_auto, new.extended["max_sets"]) == (60, False, [40, 60])
+    doc = json.loads(read_text(run / "results.json.gz"))
+    doc["settings"]["max_sets_auto"] = False  # a run given its own max_sets
+    (run / "results.json.gz").unlink()
+    (run / "results.json").write_text(json.dumps(doc))
+    new = resume("--time-budget", "240")
+    assert (new.max_sets, new.resumed_max_sets_auto, new.extended) == (40, False, {"time_budget_s": [60.0, 240.0]})
+    assert pipeline.max_sets_followed({**doc, "settings": {**doc["settings"], "max_sets_auto": True}})
+    old = {**doc, "settings": {k: v for k, v in doc["settings"].items() if k != "max_sets_auto"}}
+    assert pipeline.max_sets_followed(old)
+    assert not pipeline.max_sets_followed({**old, "command": old["command"] + ["--max-sets", "40"]})
+    assert not pipeline.max_sets_followed({**old, "config_source": "my.yaml"})
+
+
+def test_a_larger_time_budget_raises_an_automatic_max_sets():
+    """``--time-budget 240`` with the default ``max_sets: auto``: 160 sets may run (40 a minute), not
+    the 40 that had stopped such a run after ~90 s; ``--max-sets N`` or a config's number is kept."""
+    import threading
+
+    from matrix_runner import pipeline
+    from matrix_runner.config import load_config, parse_config
+
+    def samp(extra, cfg=None):
+        argv = ["run", "--versions", "a=2.6.3,b=2.6.3", "--device", "cpu", *extra]
+        cfg = cfg or load_config(None)
+        pipeline.Run(cli._parse_stored(argv), argv, threading.Event(), None)._check_numbers(cfg, cfg.sampling)
+        return cfg.sampling
+
+    s = samp(["--time-budget", "240"])
+    assert (s.max_sets, s.max_sets_auto) == (160, True) and s.planned_sets > 40
+    s = samp(["--time-budget", "240", "--max-sets", "50"])
+    assert (s.max_sets, s.max_sets_auto) == (50, False)
+    s = samp([])
+    assert (s.max_sets, s.max_sets_auto) == (40, True)
+    s = samp(["--time-budget", "240"], parse_config({"sampling": {"max_sets": 45}}))
+    assert (s.max_sets, s.max_sets_auto) == (45, False)

@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 import yaml
@@ -362,3 +363,20 @@ def test_every_unknown_key_is_named_at_once_with_the_key_it_likely_means():
     with pytest.raises(ConfigError) as e:
         parse_config({"sampling": {"zzz": 1}})
     assert str(e.value).startswith("sampling: unknown key 'zzz'; allowed keys:")
+
+
+def test_max_sets_auto_follows_the_time_budget():
+    """``max_sets: auto`` (the default): 40 process sets per minute of the budget, at least 40, so that a
+    longer budget is not cut short by the cap (a 240 s run had stopped after ~90 s at 40 sets); a
+    number given is kept whatever the budget."""
+    s = load_config(None).sampling
+    assert (s.max_sets, s.max_sets_auto) == (40, True) and s.planned_sets <= 40
+    for budget, want in ((240, 160), (90, 60), (30, 40), (61, 41)):
+        s = parse_config({"sampling": {"time_budget_s": budget}}).sampling
+        assert (s.max_sets, s.max_sets_auto) == (want, True), budget
+    s = parse_config({"sampling": {"time_budget_s": 240, "max_sets": 50}}).sampling
+    assert (s.max_sets, s.max_sets_auto) == (50, False)
+    s = parse_config({"sampling": {"time_budget_s": 240}}).sampling
+    assert s.planned_sets > 40  # the sequence is tuned for the budget's sets, not the old cap
+    with pytest.raises(ConfigError, match=re.escape("sampling.max_sets = 'lots': must be a positive integer or auto")):
+        parse_config({"sampling": {"max_sets": "lots"}})
