@@ -426,7 +426,8 @@ def _ratio_definition(comparisons: list[dict], method: str | None = None, speed_
                  "within each worker in the earlier bursts, moves every sample there; the µs shown are the plain "
                  "burst medians)" if speed_adjust else "")
         glitch = ""
-        if method not in results.GUARDLESS_METHODS and lockstep:
+        one_set = bool(wall) and all(x.get("verdict") == "provisional" for x in wall)  # --quick, or one set so far
+        if method not in results.GUARDLESS_METHODS and lockstep and not one_set:  # (no fourth set: no stall guard)
             n = sum(x.get("dropped_cycles") or 0 for x in comparisons if x.get("metric") in ("wall_us", "host_us"))
             pinned = "" if method in results.GUARD_EVERY_SET_METHODS else " of a pinned set"  # /5: pinned sets only
             glitch = (f" (from the fourth set on, a turn{pinned} whose ratio is twice or half the comparison's ratio in "
@@ -439,7 +440,7 @@ def _ratio_definition(comparisons: list[dict], method: str | None = None, speed_
                f"other{speed}; per set, the trimmed mean of those paired ratios{glitch}; the interval is an "
                f"anytime-valid confidence sequence over the sets (Lai's t-mixture)")
         m, fa = c.get("family_size") or len(wall), c.get("family_alpha", 0.05)
-        if wall and all(x.get("verdict") == "provisional" for x in wall):  # --quick, or one set so far
+        if one_set:
             return how + "; with one process set there is no interval yet: the ratios are provisional, no verdict"
         if method in results.BONFERRONI_METHODS or (wall and "selection" not in c):
             return (how + f" at {level_pct(c.get('alpha', 0.05))} per comparison, so all {m or 'the'} wall-time verdicts "

@@ -1789,3 +1789,20 @@ def test_publish_says_what_a_run_that_timed_nothing_was_to_time(tmp_path):
     assert "0 cases" not in html
     ok = publish.run_entry("ok", results.load(ROOT / "reports" / "h200-2.6.3-vs-2.7.0.post2-12-05-12"))
     assert (ok["n_cases"], ok["n_configured"], ok["all_failed"]) == (12, None, False)
+
+
+def test_a_quick_runs_ratio_definition_does_not_describe_the_stall_guard():
+    """A --quick run has one process set: the stall guard (from the fourth set on) never acts there, and
+    its Markdown legend had described it all the same (third new-user trial, 2026-12-05)."""
+    from pathlib import Path
+
+    from matrix_runner import results
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    quick = results.load(reports / "h200-aa-quick-10")
+    d = report.ratio_definition(quick["comparisons"], (quick.get("settings") or {}).get("method"),
+                                (quick.get("settings") or {}).get("speed_adjust"))
+    assert d.endswith("with one process set there is no interval yet: the ratios are provisional, no verdict"), d
+    assert "stall" not in d and "fourth set" not in d
+    full = results.load(reports / "h200-aa-116")
+    d = report.ratio_definition(full["comparisons"], full["settings"]["method"], full["settings"]["speed_adjust"])
+    assert "from the fourth set on, a turn of a pinned set whose ratio is twice or half" in d
