@@ -511,7 +511,9 @@ def cmd_explain(args) -> int:
     out = Path(args.output) if args.output else Path(path).parent
     _refuse_other_run(out, doc, [Path(path)], "explain")
     here = out == Path(path).parent
-    p = report.write_html(doc, out, Path(path).name if here else None, gz=here and report.html_archived(out))
+    # elsewhere: the raw-data link points back at the run's own results (third new-user trial: none)
+    link = Path(path).name if here else Path(os.path.relpath(Path(path).resolve(), out.resolve())).as_posix()
+    p = report.write_html(doc, out, link, gz=here and report.html_archived(out))
     for line in explain.summary_lines(explain.analyze(doc)):
         print(line)
     print(f"report: {p}")

@@ -305,6 +305,9 @@ def test_matrix_run_explain_rerenders_from_saved_data(explained_run, tmp_path):
     assert cp.returncode == 0, cp.stderr
     assert "explain (host µs per call" in cp.stdout and (tmp_path / "html" / "index.html").exists()
     assert 'id="explain"' in (tmp_path / "html" / "index.html").read_text()
+    # written elsewhere, its raw-data link points back at the run's results (it had none)
+    rel = Path(os.path.relpath(out / "results.json", tmp_path / "html")).as_posix()
+    assert f'Raw data: <a href="{rel}">{rel}</a>' in (tmp_path / "html" / "index.html").read_text()
     res = load_results(out)
     if explain.find_pyspy() is not None:  # the sampler effect: lockstep wording, and an old record's old wording
         assert "sampler effect on wall time, 2.6.3: " in cp.stdout
