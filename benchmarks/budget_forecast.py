@@ -19,7 +19,9 @@ favourable than the runs themselves were when their offsets sat off 1.
 A forecast, not a measurement: more process sets of one run are drawn from that run's sets, so a
 machine whose state drifts over minutes (the H200's CPU does) is modelled as holding still, and
 the sets' spread is that of the 60 s run. Usage:
-python benchmarks/budget_forecast.py [--draws 40] [--k 1,2,3,4] RUN_DIR [RUN_DIR ...]
+python benchmarks/budget_forecast.py [--draws 40] [--k 1,2,3,4] [--seed N] RUN_DIR [RUN_DIR ...]
+(the draws of each run come from its own stream, seeded by --seed, its folder name and k: the
+figures do not depend on the order the runs are given in)
 """
 from __future__ import annotations
 
@@ -97,7 +99,6 @@ def main() -> None:
     ap.add_argument("--k", default="1,2,3,4", help="budgets as multiples of the runs' own (default 1,2,3,4)")
     ap.add_argument("--seed", type=int, default=20261205)
     a = ap.parse_args()
-    rng = random.Random(a.seed)
     ks = [float(x) for x in a.k.split(",")]
     docs = []
     for p in a.runs:
@@ -129,6 +130,9 @@ def main() -> None:
             ok1 = ok2 = tot = 0
             b2, b512 = [], []
             for p, aa, sids, cases, _, _ in group:
+                # one stream per run and budget, from the run's folder name: the same draws whatever
+                # order or company the runs are given in
+                rng = random.Random(f"{a.seed}:{Path(p).name}:{k:g}")
                 n = max(2, round(k * len(sids)))
                 for _ in range(a.draws):
                     draw = [rng.choice(sids) for _ in range(n)]

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     rp = sub.add_parser(
-        "report", help="re-render HTML from saved results.json files",
+        "report", help="print or re-render (-o DIR) saved runs: their verdict table, HTML, Markdown",
         description="Render DIR/index.html from saved runs without timing anything (without -o: print the "
                     "verdict table to the terminal and write nothing): one run as it was "
                     "(its comparisons as stored), or several merged into one report (e.g. the tox envs of "

@@ -266,20 +266,23 @@ def cmd_report(args) -> int:
                                 f"own: {g.get('outcome')}")
     if warns:
         res["merge_warnings"] = warns
+    rewrites = len(runs) > 1 or args.min_effect is not None  # a results.json unlike any one run's
     if args.output is None:  # print only (and --markdown)
         if args.markdown:
             report.write_markdown(args.markdown, report.markdown(res))
         _report_terminal(res, runs, paths)
-        page = [paths[0].parent / n for n in ("index.html", "index.html.gz")] if len(runs) == 1 else []
+        # the run's own page, where it shows these verdicts (not a merge, nor verdicts recomputed at
+        # another --min-effect: new-user trial, the page then disagreed with the table)
+        page = [paths[0].parent / n for n in ("index.html", "index.html.gz")] if len(runs) == 1 and not rewrites else []
         page = [q for q in page if q.exists()]
-        console.print(f"its HTML report: {page[0]}" if page else
-                      "nothing written (give -o DIR for an HTML report)")
+        md = f"Markdown: {args.markdown}; " if args.markdown else ""
+        console.print(f"{md}its HTML report: {page[0]}" if page else
+                      f"{md}no HTML written (give -o DIR for an HTML report" + (" of these verdicts)" if len(runs) == 1 else ")"))
         return EXIT_OK
     out = Path(args.output)
     # a run's results there, plain or archived (.gz: a results.json written beside it would be read
     # in its place, results.find; new-user trial)
     existing = _refuse_other_run(out, res, paths, "report")
-    rewrites = len(runs) > 1 or args.min_effect is not None  # a results.json unlike any one run's
     if rewrites and existing.is_file() and existing.resolve() in {p.resolve() for p in paths}:
         # new-user trial: `report RUN -o RUN --min-effect 0.01` replaced the run's own record, verdicts
         # and settings (a later --resume went on with them), without a word
@@ -510,7 +513,7 @@ def cmd_explain(args) -> int:
         return EXIT_USAGE
     out = Path(args.output) if args.output else Path(path).parent
     _refuse_other_run(out, doc, [Path(path)], "explain")
-    here = out == Path(path).parent
+    here = out.resolve() == Path(path).parent.resolve()  # the run's own folder, however it is spelled
     # elsewhere: the raw-data link points back at the run's own results (third new-user trial: none)
     link = Path(path).name if here else Path(os.path.relpath(Path(path).resolve(), out.resolve())).as_posix()
     p = report.write_html(doc, out, link, gz=here and report.html_archived(out))

@@ -29,7 +29,7 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       time_budget_s: 60     # wall-clock budget for the timing phase (s)
       min_effect: 0.05      # smallest ratio change called faster/slower (0.05 = 5 %)
       set_seconds: 1.0      # lockstep cycles per process set (s, at least: on while the next set starts); a set is one fresh worker per env
-      max_sets: auto        # a cap on process sets; auto: 40 per minute of time_budget_s (the budget or decided verdicts stop first)
+      max_sets: auto        # a cap on process sets; auto: 40 per minute of time_budget_s (more for sets under 1 s), at least 40: the budget or decided verdicts stop first
       burst_ms: 5           # each worker's turn in a cycle (ms of calls)
       alpha: 0.05           # family-wise error rate of a run's verdicts per clock
       workers_per_env: auto # worker processes per env in each set, averaged (auto: 1; more: see Sampling)
@@ -479,10 +479,9 @@ class Sampling:
         return max(2, min(4, room, want))
 
     def follow_budget(self) -> None:
-        """With ``max_sets_auto``: ``max_sets`` = :data:`MAX_SETS_PER_MINUTE` per minute of the budget,
-        and no fewer (60 s: 40; 240 s: 160)."""
+        """With ``max_sets_auto``: ``max_sets`` = :func:`auto_max_sets` of the budget and set length."""
         if self.max_sets_auto:
-            self.max_sets = max(MAX_SETS_PER_MINUTE, math.ceil(MAX_SETS_PER_MINUTE * self.time_budget_s / 60.0 - 1e-9))
+            self.max_sets = auto_max_sets(self.time_budget_s, self.set_seconds)
 
     @property
     def planned_sets(self) -> int:
@@ -599,6 +598,17 @@ MIN_SET_SECONDS = 0.1
 #: ``sampling.max_sets: auto``: this many process sets per minute of the time budget (and at least
 #: this many): above the 24-32 a minute the H200 holds, so the budget stops a run first.
 MAX_SETS_PER_MINUTE = 40
+
+
+def auto_max_sets(time_budget_s: float, set_seconds: float = 1.0) -> int:
+    """``sampling.max_sets: auto``: :data:`MAX_SETS_PER_MINUTE` per minute of the budget for sets of
+    1 s of cycles or longer, proportionally more for shorter ones (0.5 s sets: 80 a minute; the
+    H200 held 35-48 of them a minute, reports/h200-variant-sets05-*), and at least
+    :data:`MAX_SETS_PER_MINUTE` (60 s: 40; 240 s: 160)."""
+    per_minute = MAX_SETS_PER_MINUTE / min(1.0, max(set_seconds, 1e-9))
+    return max(MAX_SETS_PER_MINUTE, math.ceil(per_minute * time_budget_s / 60.0 - 1e-9))
+
+
 #: Most times a case's wall clock may come up in one sweep of a set's cycles (sampling.max_repeats).
 MAX_REPEATS = 8
 #: The command-line flags that set a ``sampling`` key over the config, flag -> key (the argparse

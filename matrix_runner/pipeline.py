@@ -63,13 +63,13 @@ from . import (
 from . import envs as envmod
 from .config import (
     MAX_CASES,
-    MAX_SETS_PER_MINUTE,
     MAX_WORKERS_PER_ENV,
     MIN_SET_SECONDS,
     SAMPLING_FLAGS,
     WORKERS_PER_ENV_WHY,
     ConfigError,
     Sampling,
+    auto_max_sets,
     load_config,
     parse_config,
 )
@@ -412,14 +412,17 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     unfinished = stopped in ("interrupted", "running") or (doc.get("timing") or {}).get("shards_lost")
     # the run's max_sets followed its budget, and still does unless --max-sets is given now
     followed = isinstance(st.get("max_sets"), int) and max_sets_followed(doc) and "max_sets" not in extend
+    named = [f for f, key in EXTEND_FLAGS.items() if key in extend]  # the flags given (messages name these)
+    auto = None
     if "time_budget_s" in extend and followed:
         # max_sets: auto follows the larger budget (config.Sampling.max_sets; a --resume --time-budget
-        # 120 of a one-minute run had stopped at its 40th set, ~90 s)
-        extend["max_sets"] = max(st["max_sets"], math.ceil(MAX_SETS_PER_MINUTE * extend["time_budget_s"] / 60.0 - 1e-9))
-        if extend["max_sets"] == st["max_sets"]:
-            del extend["max_sets"]
+        # 120 of a one-minute run would stop at its 40th set, ~75-90 s in on the H200)
+        ss = st.get("set_seconds")
+        auto = max(st["max_sets"], auto_max_sets(extend["time_budget_s"], ss if isinstance(ss, (int, float)) and ss > 0 else 1.0))
+        if auto > st["max_sets"]:
+            extend["max_sets"] = auto
     if extend:
-        check_extension(args.resume, doc, extend, bool(unfinished))
+        check_extension(args.resume, doc, extend, bool(unfinished), named)
     elif not unfinished:
         more = (f"; to time more process sets, give it a larger budget: matrix-run --resume {shlex.quote(str(args.resume))} "
                 f"--time-budget S (more than its {st['time_budget_s']:g} s)"
@@ -484,7 +487,8 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         for flag, key in EXTEND_FLAGS.items():
             if key in extend:
                 setattr(new, dest(flag), extend[key])
-                doc["command"] = with_flag(doc.get("command") or [], flag, f"{extend[key]:g}")
+                if not (key == "max_sets" and flag not in named):  # an automatic max_sets stays automatic
+                    doc["command"] = with_flag(doc.get("command") or [], flag, f"{extend[key]:g}")
         new.extended = {key: [st.get(key), v] for key, v in extend.items()}
     return new, new_argv, doc
 
@@ -579,7 +583,7 @@ def extendable(stopped) -> bool:
     return isinstance(stopped, str) and stopped.startswith(("time budget", "max_sets"))
 
 
-def check_extension(where, doc: dict, extend: dict, unfinished: bool) -> None:
+def check_extension(where, doc: dict, extend: dict, unfinished: bool, named: list | None = None) -> None:
     """UsageError unless ``--resume WHERE`` with ``extend`` ({settings key: value} of
     :data:`EXTEND_FLAGS`) can time more process sets of the run ``doc``: each value above the run's
     own, and the run interrupted, or stopped on its budget or max_sets (:func:`extendable`), not a
@@ -590,7 +594,8 @@ def check_extension(where, doc: dict, extend: dict, unfinished: bool) -> None:
     st = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
     timing = doc.get("timing") if isinstance(doc.get("timing"), dict) else {}
     stopped = timing.get("stop_reason")
-    flags = ' '.join(f for f in EXTEND_FLAGS if EXTEND_FLAGS[f] in extend)
+    # the flags the command gave (named; a max_sets raised with the budget was not typed: new-user trial)
+    flags = ' '.join(named if named is not None else [f for f in EXTEND_FLAGS if EXTEND_FLAGS[f] in extend])
     if st.get("quick") is True:  # before the values (new-user trial: "give more", then "a quick run")
         raise UsageError(f"--resume {where} {flags}: that was a --quick run, one process set; start a full run to "
                          "time more")
@@ -608,8 +613,8 @@ def check_extension(where, doc: dict, extend: dict, unfinished: bool) -> None:
             raise UsageError(f"--resume {where} {flags}: that run stopped on its "
                              f"{'time budget' if need == '--time-budget' else 'max_sets'} ({stopped}): raising "
                              f"{flags} alone would time nothing more; give {need} above its "
-                             + (format(st[EXTEND_FLAGS[need]], "g") if isinstance(st.get(EXTEND_FLAGS[need]), (int, float))
-                                else "own"))
+                             + (format(st[EXTEND_FLAGS[need]], "g") + (" s" if need == "--time-budget" else " sets")
+                                if isinstance(st.get(EXTEND_FLAGS[need]), (int, float)) else "own"))
     n = sum(1 for x in doc.get("sets") or [] if isinstance(x, dict) and x.get("status") != "interrupted")
     spent = timing.get("timing_phase_s")
     for flag, key in EXTEND_FLAGS.items():
@@ -774,6 +779,8 @@ class Run:
                           f"sets and {len(prior.get('cases') or [])} case records kept"
                           + "".join(f"; {'time budget' if k == 'time_budget_s' else 'max sets'} extended from "
                                     f"{'–' if a is None else format(a, 'g')} to {b:g}{' s' if k.endswith('_s') else ''}"
+                                    + (" (max_sets: auto, raised with the budget)"
+                                       if k == "max_sets" and getattr(self.args, "resumed_max_sets_auto", False) else "")
                                     for k, (a, b) in ext.items()))
 
     def _check_numbers(self, cfg, samp) -> None:

@@ -1227,9 +1227,11 @@ def markdown(res: dict) -> str:
     # a --quick run's ratios are provisional, without an interval (new-user trial: the legend spoke of one)
     has_ci = any(c["wall"] and c["wall"].get("verdict") != "provisional" for r in vm["rows"] for c in r["comps"])
     notes_at = len(lines)  # the notes below the table, each a paragraph of its own (new-user trial: one block)
+    # the attribution legend only where a row carries one (new-user trial: a --quick run's had none)
+    attributed = any(c["wall"] and c["wall"].get("attribution") for r in vm["rows"] for c in r["comps"])
     lines.append(f"ratio = candidate / baseline wall time: {vm['ratio_def']}; "
-                 "(host) / (device): the difference is host overhead / kernel time. "
-                 f"Δ: {DELTA_DEF}" + ("; the interval at the ratio's level." if has_ci else "."))
+                 + ("(host) / (device): the difference is host overhead / kernel time. " if attributed else "")
+                 + f"Δ: {DELTA_DEF}" + ("; the interval at the ratio's level." if has_ci else "."))
     if vm["level_note"] and vm["level_note"].split("): ", 1)[-1] not in vm["ratio_def"]:  # not said twice
         lines.append(esc(vm["level_note"]) + ".")
     if vm["steal_note"]:

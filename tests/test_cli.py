@@ -164,9 +164,14 @@ def test_report_without_output_prints_the_table_and_writes_nothing(tmp_path):
     cp = run_cli("report", str(run), str(reports / "h200-aa-115"), "--markdown", str(md), cwd=tmp_path)
     assert cp.returncode == 0, cp.stderr
     err = " ".join(cp.stderr.split())
-    assert "merging 2 runs into one report" in err and "nothing written (give -o DIR for an HTML report)" in err, err
+    assert "merging 2 runs into one report" in err and f"Markdown: {md}; no HTML written (give -o DIR for an HTML report)" in err, err
     assert md.read_text().startswith("### flash-attn: small-batch host overhead")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["aa-116", "s.md"]
+    # verdicts recomputed at another --min-effect: the run's own page (at its own) is not offered
+    cp = run_cli("report", str(run), "--min-effect", "0.2", cwd=tmp_path)
+    err = " ".join(cp.stderr.split())
+    assert cp.returncode == 0 and "no HTML written (give -o DIR for an HTML report of these verdicts)" in err, err
+    assert "its HTML report" not in err and sorted(p.name for p in run.iterdir()) == before
 
 
 def test_unwritable_output_and_markdown_are_refused_before_anything_runs(tmp_path):

@@ -361,14 +361,18 @@ def test_a_resume_with_a_larger_budget_raises_an_automatic_max_sets_with_it(tmp_
     run = tmp_path / "aa-116"
     shutil.copytree(src, run)
 
-    def resume(*extra):
-        argv = ["run", "--resume", str(run), *extra]
-        new, _, _ = pipeline.resume_args(cli._parse_stored(argv), argv, cli._parse_stored)
+    def resume(*extra, where=run):
+        argv = ["run", "--resume", str(where), *extra]
+        new, _, doc = pipeline.resume_args(cli._parse_stored(argv), argv, cli._parse_stored)
+        new.doc = doc
         return new
 
     new = resume("--time-budget", "240")  # a run from before max_sets_auto, on the built-in default
     assert (new.time_budget, new.max_sets, new.resumed_max_sets_auto) == (240.0, 160, True)
     assert new.extended == {"time_budget_s": [60.0, 240.0], "max_sets": [40, 160]}
+    # the stored command gets the typed flag only: the raised max_sets stays automatic (new-user trial:
+    # "--max-sets 44" had been written into it, a fixed cap for whoever reran it)
+    assert new.doc["command"][-2:] == ["--time-budget", "240"] and "--max-sets" not in new.doc["command"]
     new = resume("--time-budget", "240", "--max-sets", "60")
     assert (new.max_sets, new.resumed_max_sets_auto, new.extended["max_sets"]) == (60, False, [40, 60])
     doc = json.loads(read_text(run / "results.json.gz"))
@@ -382,6 +386,13 @@ def test_a_resume_with_a_larger_budget_raises_an_automatic_max_sets_with_it(tmp_
     assert pipeline.max_sets_followed(old)
     assert not pipeline.max_sets_followed({**old, "command": old["command"] + ["--max-sets", "40"]})
     assert not pipeline.max_sets_followed({**old, "config_source": "my.yaml"})
+    # a refusal names the flags given, not the max_sets raised with them (new-user trial: a quick run's
+    # "--time-budget --max-sets: that was a --quick run")
+    quick = tmp_path / "q"
+    shutil.copytree(src.parent / "h200-aa-quick-10", quick)
+    from matrix_runner.errors import UsageError
+    with pytest.raises(UsageError, match=re.escape(f"--resume {quick} --time-budget: that was a --quick run")):
+        resume("--time-budget", "120", where=quick)
 
 
 def test_a_larger_time_budget_raises_an_automatic_max_sets():
@@ -404,5 +415,7 @@ def test_a_larger_time_budget_raises_an_automatic_max_sets():
     assert (s.max_sets, s.max_sets_auto) == (50, False)
     s = samp([])
     assert (s.max_sets, s.max_sets_auto) == (40, True)
+    s = samp(["--set-seconds", "0.5", "--time-budget", "90"])  # shorter sets: more a minute
+    assert (s.max_sets, s.max_sets_auto) == (120, True)
     s = samp(["--time-budget", "240"], parse_config({"sampling": {"max_sets": 45}}))
     assert (s.max_sets, s.max_sets_auto) == (45, False)

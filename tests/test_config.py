@@ -374,6 +374,10 @@ def test_max_sets_auto_follows_the_time_budget():
     for budget, want in ((240, 160), (90, 60), (30, 40), (61, 41)):
         s = parse_config({"sampling": {"time_budget_s": budget}}).sampling
         assert (s.max_sets, s.max_sets_auto) == (want, True), budget
+    for samp, want in (({"set_seconds": 0.5}, 80), ({"set_seconds": 0.5, "time_budget_s": 30}, 40),
+                       ({"set_seconds": 2.0, "time_budget_s": 120}, 80)):
+        # shorter sets, more of them a minute (the H200 held 35-48 of 0.5 s sets a minute)
+        assert parse_config({"sampling": samp}).sampling.max_sets == want, samp
     s = parse_config({"sampling": {"time_budget_s": 240, "max_sets": 50}}).sampling
     assert (s.max_sets, s.max_sets_auto) == (50, False)
     s = parse_config({"sampling": {"time_budget_s": 240}}).sampling

@@ -1803,6 +1803,10 @@ def test_a_quick_runs_ratio_definition_does_not_describe_the_stall_guard():
                                 (quick.get("settings") or {}).get("speed_adjust"))
     assert d.endswith("with one process set there is no interval yet: the ratios are provisional, no verdict"), d
     assert "stall" not in d and "fourth set" not in d
+    md = report.markdown(quick)  # nor the (host)/(device) labels no row of it carries
+    assert "(host) / (device)" not in md and "with one process set there is no interval yet" in md
+    assert "(host) / (device): the difference is host overhead" in report.markdown(
+        results.load(reports / "h200-2.6.3-vs-2.7.0.post2-12-05-12"))
     full = results.load(reports / "h200-aa-116")
     d = report.ratio_definition(full["comparisons"], full["settings"]["method"], full["settings"]["speed_adjust"])
     assert "from the fourth set on, a turn of a pinned set whose ratio is twice or half" in d
