@@ -1248,7 +1248,7 @@ def test_the_readme_headline_table_is_what_the_tool_prints_for_the_run_it_names(
     trial found four rows' µs from an older way of pooling)."""
     from matrix_runner import report as rp
     text = (ROOT / "README.md").read_text()
-    run = re.search(r"the newest run, `(reports/[^`]+)/`", text).group(1)
+    run = re.search(r"the newest run(?: at that budget)?, `(reports/[^`]+)/`", text).group(1)
     res = results.load(ROOT / run)
     labels = [e["label"] for e in res["envs"]]
     by = {(c["label"], c["op"], c["env"]): c for c in res["cases"]}
