@@ -63,6 +63,17 @@ def _add_env_args(p: argparse.ArgumentParser) -> None:
                         "running matrix-run as the only env (for tox: --backend here --versions LABEL=VERSION)")
 
 
+def _max_sets(v: str):
+    """``--max-sets``: a whole number, or ``auto`` (config.auto_max_sets; a YAML config could say auto,
+    the command line could not: new-user trial)."""
+    if v.strip().lower() == "auto":
+        return "auto"
+    return int(v)
+
+
+_max_sets.__name__ = "whole-number-or-auto"  # argparse's "invalid ... value" names it
+
+
 def _add_timing_args(r: argparse.ArgumentParser) -> None:
     r.add_argument("-o", "--output", metavar="DIR", help="run directory (default: reports/<run-id>/)")
     r.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
@@ -74,9 +85,10 @@ def _add_timing_args(r: argparse.ArgumentParser) -> None:
                    help="the ratio a verdict is measured against: 'slower' = ratio above 1+FRAC and interval above 1, "
                         "'same' = whole interval within 1/(1+FRAC)..1+FRAC (default 0.05 = 5%%)")
     r.add_argument("--time-budget", type=float, metavar="S", help="seconds the run may take from its start, env building and installing excluded (default 60); checked before each process set and while its cases are set up (a set-up still running then ends the run); a set that has begun its cycles finishes them")
-    r.add_argument("--max-sets", type=int, metavar="N",
-                   help="most process sets (fresh workers of every env each; default: 40 per minute of "
-                        "--time-budget, at least 40, so the budget or decided verdicts stop first)")
+    r.add_argument("--max-sets", type=_max_sets, metavar="N|auto",
+                   help="most process sets (fresh workers of every env each); auto (the default): 40 per minute "
+                        "of --time-budget (more for sets under 1 s), at least 40, so the budget or decided "
+                        "verdicts stop first")
     r.add_argument("--set-seconds", type=float, metavar="S", help="seconds of lockstep cycles per process set (default 1.0)")
     r.add_argument("--burst-ms", type=float, metavar="MS", help="each worker's turn in a cycle, ms of calls (default 5)")
     r.add_argument("--workers-per-env", type=int, metavar="K",

@@ -410,9 +410,15 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
                          f"results.json could not be): make room, move that file to {run_dir / 'results.json'}, "
                          "then resume")
     unfinished = stopped in ("interrupted", "running") or (doc.get("timing") or {}).get("shards_lost")
-    # the run's max_sets followed its budget, and still does unless --max-sets is given now
-    followed = isinstance(st.get("max_sets"), int) and max_sets_followed(doc) and "max_sets" not in extend
     named = [f for f, key in EXTEND_FLAGS.items() if key in extend]  # the flags given (messages name these)
+    # the run's max_sets followed its budget, and still does unless --max-sets N is given now; --max-sets
+    # auto makes it follow from now on
+    typed_auto = extend.get("max_sets") == "auto"
+    if typed_auto:
+        del extend["max_sets"]
+    followed = isinstance(st.get("max_sets"), int) and (typed_auto or (max_sets_followed(doc) and "max_sets" not in extend))
+    if typed_auto and isinstance(st.get("time_budget_s"), (int, float)):
+        extend.setdefault("time_budget_s", st["time_budget_s"])  # the budget it follows (unchanged unless given)
     auto = None
     if "time_budget_s" in extend and followed:
         # max_sets: auto follows the larger budget (config.Sampling.max_sets; a --resume --time-budget
@@ -421,6 +427,12 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         auto = max(st["max_sets"], auto_max_sets(extend["time_budget_s"], ss if isinstance(ss, (int, float)) and ss > 0 else 1.0))
         if auto > st["max_sets"]:
             extend["max_sets"] = auto
+    if typed_auto and extend.get("time_budget_s") == st.get("time_budget_s"):
+        del extend["time_budget_s"]  # not raised: only max_sets moves
+        if "max_sets" not in extend:
+            raise UsageError(f"--resume {args.resume} --max-sets auto: at its {st['time_budget_s']:g} s budget that is "
+                             f"{auto if auto is not None else st.get('max_sets')} sets, no more than its own "
+                             f"{st.get('max_sets')}: give a larger --time-budget to extend it")
     if extend:
         check_extension(args.resume, doc, extend, bool(unfinished), named)
     elif not unfinished:
@@ -487,7 +499,9 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         for flag, key in EXTEND_FLAGS.items():
             if key in extend:
                 setattr(new, dest(flag), extend[key])
-                if not (key == "max_sets" and flag not in named):  # an automatic max_sets stays automatic
+                if key == "max_sets" and typed_auto:
+                    doc["command"] = with_flag(doc.get("command") or [], flag, "auto")
+                elif not (key == "max_sets" and flag not in named):  # an automatic max_sets stays automatic
                     doc["command"] = with_flag(doc.get("command") or [], flag, f"{extend[key]:g}")
         new.extended = {key: [st.get(key), v] for key, v in extend.items()}
     return new, new_argv, doc
@@ -788,9 +802,11 @@ class Run:
         args = self.args
         for flag, attr in SAMPLING_FLAGS.items():
             v = getattr(args, dest(flag))
-            if v is not None:
+            if v is not None and not (attr == "max_sets" and v == "auto"):
                 setattr(samp, attr, v)
-        if getattr(args, "max_sets", None) is not None:  # given, or a resumed run's own (auto if it was)
+        if getattr(args, "max_sets", None) == "auto":
+            samp.max_sets_auto = True
+        elif getattr(args, "max_sets", None) is not None:  # given, or a resumed run's own (auto if it was)
             samp.max_sets_auto = bool(getattr(args, "resumed_max_sets_auto", False))
         samp.follow_budget()  # max_sets: auto follows a --time-budget (config.Sampling.max_sets)
         for name, v in (("--max-sets", samp.max_sets), ("--set-seconds", samp.set_seconds), ("--burst-ms", samp.burst_ms),

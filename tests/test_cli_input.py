@@ -381,6 +381,14 @@ def test_a_resume_with_a_larger_budget_raises_an_automatic_max_sets_with_it(tmp_
     (run / "results.json").write_text(json.dumps(doc))
     new = resume("--time-budget", "240")
     assert (new.max_sets, new.resumed_max_sets_auto, new.extended) == (40, False, {"time_budget_s": [60.0, 240.0]})
+    # --max-sets auto makes it follow the budget from now on, and is stored as typed
+    new = resume("--time-budget", "240", "--max-sets", "auto")
+    assert (new.max_sets, new.resumed_max_sets_auto, new.extended["max_sets"]) == (160, True, [40, 160])
+    assert new.doc["command"][-4:] == ["--time-budget", "240", "--max-sets", "auto"]
+    from matrix_runner.errors import UsageError
+    with pytest.raises(UsageError, match=re.escape("--max-sets auto: at its 60 s budget that is 40 sets, no more "
+                                                   "than its own 40: give a larger --time-budget to extend it")):
+        resume("--max-sets", "auto")
     assert pipeline.max_sets_followed({**doc, "settings": {**doc["settings"], "max_sets_auto": True}})
     old = {**doc, "settings": {k: v for k, v in doc["settings"].items() if k != "max_sets_auto"}}
     assert pipeline.max_sets_followed(old)
@@ -419,3 +427,7 @@ def test_a_larger_time_budget_raises_an_automatic_max_sets():
     assert (s.max_sets, s.max_sets_auto) == (120, True)
     s = samp(["--time-budget", "240"], parse_config({"sampling": {"max_sets": 45}}))
     assert (s.max_sets, s.max_sets_auto) == (45, False)
+    s = samp(["--time-budget", "240", "--max-sets", "auto"], parse_config({"sampling": {"max_sets": 45}}))
+    assert (s.max_sets, s.max_sets_auto) == (160, True)  # the command line puts a config's number back to auto
+    cp = run_cli("--versions", "2.6.3", "--max-sets", "lots")
+    assert cp.returncode == 2 and "argument --max-sets: invalid whole-number-or-auto value: 'lots'" in cp.stderr
