@@ -275,8 +275,9 @@ class Sampling:
     #: Most process sets. In a config ``auto`` (the default): :data:`MAX_SETS_PER_MINUTE` per minute of
     #: ``time_budget_s``, at least that many (:meth:`follow_budget`), so that the budget, not this
     #: cap, ends a longer run (a minute holds 24-32 sets on the H200): with a fixed 40, a run given
-    #: ``--time-budget 240`` had stopped after ~90 s, and a ``--resume --time-budget 120`` of a
-    #: one-minute run at its 40th set (2026-12-06: longer budgets are how the run reaches +-1 %,
+    #: ``--time-budget 240`` would stop at its 40th set, ~75-90 s in, as would a ``--resume
+    #: --time-budget 120`` of a one-minute run (the 150 s A/A runs of 2026-12-06 held 77-82 sets,
+    #: reports/h200-aa-150s-12-06-*; longer budgets are how a run narrows its intervals,
     #: benchmarks/results/budget-forecast-12-06.txt).
     max_sets: int = 40
     #: Whether ``max_sets`` follows the budget (config ``max_sets: auto`` and no ``--max-sets``).

@@ -427,7 +427,7 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         auto = max(st["max_sets"], auto_max_sets(extend["time_budget_s"], ss if isinstance(ss, (int, float)) and ss > 0 else 1.0))
         if auto > st["max_sets"]:
             extend["max_sets"] = auto
-    if typed_auto and extend.get("time_budget_s") == st.get("time_budget_s"):
+    if typed_auto and "time_budget_s" in extend and extend["time_budget_s"] == st.get("time_budget_s"):
         del extend["time_budget_s"]  # not raised: only max_sets moves
         if "max_sets" not in extend:
             raise UsageError(f"--resume {args.resume} --max-sets auto: at its {st['time_budget_s']:g} s budget that is "

@@ -367,7 +367,7 @@ def test_every_unknown_key_is_named_at_once_with_the_key_it_likely_means():
 
 def test_max_sets_auto_follows_the_time_budget():
     """``max_sets: auto`` (the default): 40 process sets per minute of the budget, at least 40, so that a
-    longer budget is not cut short by the cap (a 240 s run had stopped after ~90 s at 40 sets); a
+    longer budget is not cut short by the cap (a 240 s run would stop at its 40th set, ~75-90 s in); a
     number given is kept whatever the budget."""
     s = load_config(None).sampling
     assert (s.max_sets, s.max_sets_auto) == (40, True) and s.planned_sets <= 40
