@@ -268,9 +268,7 @@ def cmd_report(args) -> int:
         res["merge_warnings"] = warns
     rewrites = len(runs) > 1 or args.min_effect is not None  # a results.json unlike any one run's
     if args.output is None:  # print only (and --markdown)
-        if args.markdown:
-            report.write_markdown(args.markdown, report.markdown(res))
-        _report_terminal(res, runs, paths)
+        _report_terminal(res, runs, paths, args.markdown)
         # the run's own page, where it shows these verdicts (not a merge, nor verdicts recomputed at
         # another --min-effect: new-user trial, the page then disagreed with the table)
         page = [paths[0].parent / n for n in ("index.html", "index.html.gz")] if len(runs) == 1 and not rewrites else []
@@ -308,15 +306,16 @@ def cmd_report(args) -> int:
     # an archived run re-rendered into its own folder keeps its report archived (new-user trial: a
     # plain index.html appeared beside the older index.html.gz, as explain's did)
     p = report.write_html(res, out, json_name, gz=(json_name or "").endswith(".gz") and report.html_archived(out))
-    if args.markdown:
-        report.write_markdown(args.markdown, report.markdown(res))
-    _report_terminal(res, runs, paths)
+    _report_terminal(res, runs, paths, args.markdown)
     console.print(f"report: {p}")
     return EXIT_OK
 
 
-def _report_terminal(res: dict, runs: list[dict], paths: list[Path]) -> None:
-    """What ``report`` prints: the verdict table and gate line, or why a run has none."""
+def _report_terminal(res: dict, runs: list[dict], paths: list[Path], markdown: str | None) -> None:
+    """``report``'s output beside its HTML: the ``--markdown`` file, if asked for, then what it prints
+    (the verdict table and gate line, or why a run has none)."""
+    if markdown:
+        report.write_markdown(markdown, report.markdown(res))
     unmeasured = [r for r in runs if (r.get("timing") or {}).get("stop_reason") == "no GPU"]
     if unmeasured and len(unmeasured) == len(runs):  # its envs were skipped: an empty table said nothing of why
         console.print("that run measured nothing: no NVIDIA GPU was visible where it ran, so every env was skipped "

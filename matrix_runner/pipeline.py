@@ -412,27 +412,25 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     unfinished = stopped in ("interrupted", "running") or (doc.get("timing") or {}).get("shards_lost")
     named = [f for f, key in EXTEND_FLAGS.items() if key in extend]  # the flags given (messages name these)
     # the run's max_sets followed its budget, and still does unless --max-sets N is given now; --max-sets
-    # auto makes it follow from now on
+    # auto makes it follow from now on (its own budget given again counts as not given)
     typed_auto = extend.get("max_sets") == "auto"
     if typed_auto:
         del extend["max_sets"]
+        if "time_budget_s" in extend and extend["time_budget_s"] == st.get("time_budget_s"):
+            del extend["time_budget_s"]
     followed = isinstance(st.get("max_sets"), int) and (typed_auto or (max_sets_followed(doc) and "max_sets" not in extend))
-    if typed_auto and isinstance(st.get("time_budget_s"), (int, float)):
-        extend.setdefault("time_budget_s", st["time_budget_s"])  # the budget it follows (unchanged unless given)
+    budget = extend.get("time_budget_s", st.get("time_budget_s") if typed_auto else None)  # the one it follows
     auto = None
-    if "time_budget_s" in extend and followed:
+    if followed and isinstance(budget, (int, float)):
         # max_sets: auto follows the larger budget (config.Sampling.max_sets; a --resume --time-budget
         # 120 of a one-minute run would stop at its 40th set, ~75-90 s in on the H200)
         ss = st.get("set_seconds")
-        auto = max(st["max_sets"], auto_max_sets(extend["time_budget_s"], ss if isinstance(ss, (int, float)) and ss > 0 else 1.0))
+        auto = max(st["max_sets"], auto_max_sets(budget, ss if isinstance(ss, (int, float)) and ss > 0 else 1.0))
         if auto > st["max_sets"]:
             extend["max_sets"] = auto
-    if typed_auto and "time_budget_s" in extend and extend["time_budget_s"] == st.get("time_budget_s"):
-        del extend["time_budget_s"]  # not raised: only max_sets moves
-        if "max_sets" not in extend:
-            raise UsageError(f"--resume {args.resume} --max-sets auto: at its {st['time_budget_s']:g} s budget that is "
-                             f"{auto if auto is not None else st.get('max_sets')} sets, no more than its own "
-                             f"{st.get('max_sets')}: give a larger --time-budget to extend it")
+    if typed_auto and not extend and auto is not None:
+        raise UsageError(f"--resume {args.resume} --max-sets auto: at its {budget:g} s budget that is {auto} sets, no "
+                         f"more than its own {st['max_sets']}: give a larger --time-budget to extend it")
     if extend:
         check_extension(args.resume, doc, extend, bool(unfinished), named)
     elif not unfinished:
@@ -499,10 +497,9 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         for flag, key in EXTEND_FLAGS.items():
             if key in extend:
                 setattr(new, dest(flag), extend[key])
-                if key == "max_sets" and typed_auto:
-                    doc["command"] = with_flag(doc.get("command") or [], flag, "auto")
-                elif not (key == "max_sets" and flag not in named):  # an automatic max_sets stays automatic
-                    doc["command"] = with_flag(doc.get("command") or [], flag, f"{extend[key]:g}")
+                if flag in named:  # as typed; a max_sets raised with the budget stays automatic
+                    value = "auto" if key == "max_sets" and typed_auto else f"{extend[key]:g}"
+                    doc["command"] = with_flag(doc.get("command") or [], flag, value)
         new.extended = {key: [st.get(key), v] for key, v in extend.items()}
     return new, new_argv, doc
 
