@@ -14,11 +14,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
 rm -rf /tmp/bg
 mkdir -p "$OUT" /tmp/bg
-[ -x /tmp/site/bin/uv ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-mkdir -p .carry/built
-COMMON=(--find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
-nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+. benchmarks/gpu_carry.sh  # uv, PYTHONPATH, COMMON
 i=0
 for item in ${RUNS:-seed:60 aa:120 aa:120 aa:120}; do
   i=$((i + 1)); kind=${item%%:*}; budget=${item##*:}; name=$i-$kind-$budget

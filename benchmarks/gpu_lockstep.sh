@@ -22,14 +22,7 @@ OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
 # would hold a run and be refused (session 31's call 6 ran nothing)
 rm -rf /tmp/lk
 mkdir -p "$OUT" /tmp/lk
-# uv: from .carry, or already installed into /tmp/site by an earlier call while the machine is warm
-# (the tracked tree plus uv's and both slim wheels exceed one call's 64 MiB carry)
-[ -x /tmp/site/bin/uv ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl || exit 1
-[ "${ONLY_UV:-0}" = 1 ] && { echo "uv installed into /tmp/site"; exit 0; }
-export PYTHONPATH=/tmp/site:$PWD
-mkdir -p .carry/built  # --find-links needs it to exist
-COMMON=(--find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
-nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
+. benchmarks/gpu_carry.sh  # uv (ONLY_UV=1: only that), PYTHONPATH, COMMON
 # STOP_BY=S: a run is not started after S s of this call (a run takes ~66 s; the device's limit is 600 s)
 step() { local name=$1; shift; local t=$SECONDS
   if [ $((SECONDS - T0 + 70)) -gt "${STOP_BY:-600}" ]; then echo "== $name: skipped (STOP_BY)" | tee -a "$OUT/summary.txt"; return; fi
