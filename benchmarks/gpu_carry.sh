@@ -1,4 +1,5 @@
-# Sourced by the device scripts that time carried wheels (gpu_lockstep.sh, gpu_budget.sh): uv from
+# Sourced by the device scripts that time carried wheels (gpu_lockstep.sh, gpu_budget.sh, gpu_variants.sh,
+# gpu_explain.sh): uv from
 # .carry (or already installed into /tmp/site by an earlier call while the machine is warm: the
 # tracked tree plus uv's and both slim wheels exceed one call's 64 MiB carry), matrix-run on
 # PYTHONPATH, and COMMON, the options every run there takes (the carried and built wheels, no index).

@@ -18,16 +18,12 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
 mkdir -p "$OUT" /tmp/ex
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl || exit 1
+. benchmarks/gpu_carry.sh  # uv, PYTHONPATH, COMMON
 python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .carry/py_spy-*.whl \
   || echo "py-spy wheel missing in .carry/: the frame profile will be skipped (the run says so)" | tee -a "$OUT/summary.txt"
-export PYTHONPATH=/tmp/site:$PWD
 export MATRIX_RUN_PYSPY=/tmp/pyspy/bin/py-spy
-mkdir -p .carry/built  # --find-links needs it to exist
 rm -rf /tmp/ex/seed   # a second call on a warm machine: --output refuses an existing run
 [ -x "$MATRIX_RUN_PYSPY" ] && "$MATRIX_RUN_PYSPY" --version | tee -a "$OUT/summary.txt"
-COMMON=(--find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
-nproc; nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader
 t=$SECONDS
 timeout --signal=TERM --kill-after=10 ${LIMIT:-480} python3 -m matrix_runner run --versions 2.6.3,2.7.0.post2 "${COMMON[@]}" \
   --explain ${EXTRA:-} --output /tmp/ex/seed > /tmp/ex/seed.log 2>&1; rc=$?

@@ -8,10 +8,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/mr-out}; T0=$SECONDS
 mkdir -p "$OUT" /tmp/va
-[ -x /tmp/site/bin/uv ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry/uv-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-mkdir -p .carry/built
-COMMON=(--find-links "$PWD/.carry" --find-links "$PWD/.carry/built" --offline --wheel-cache /tmp/mr-cache --envs-dir envs)
+. benchmarks/gpu_carry.sh  # uv, PYTHONPATH, COMMON
 for spec in "$@"; do
   IFS=: read -r name versions opts <<< "$spec"; t=$SECONDS
   # shellcheck disable=SC2086
