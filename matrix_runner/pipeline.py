@@ -394,6 +394,12 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         raise UsageError(f"--resume {args.resume}: no results.json there: that run stopped before it "
                          "measured anything or wrote results; start it again with its original command")
     doc = results.load(run_dir)  # results.json, or an archived run's results.json.gz
+    if results.is_merge(doc):
+        # a `report RUN RUN -o DIR` merge (new-user trial: it was resumed as if a run, its sets of
+        # two runs under repeated ids, its between-run comparisons dropped, merged_from lost)
+        raise UsageError(f"--resume {args.resume}: that is a merged report of {len(doc['merged_from'])} runs "
+                         f"(run ids {', '.join(map(str, doc['merged_from']))}), not a run; resume one of those runs "
+                         "(its own --output folder), then merge again with matrix-run report RUN RUN -o DIR")
     stopped = (doc.get("timing") or {}).get("stop_reason")
     if stopped == "no GPU":  # its envs were skipped and nothing was timed: a resume would add nothing
         cmd = " ".join(str(a) for a in (doc.get("command") or ["matrix-run"]))

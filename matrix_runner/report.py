@@ -844,6 +844,10 @@ BETWEEN_NOTE = ("Between runs: these two were not timed in turns, so a change of
                 "to tell them apart.")
 
 
+#: The headline's word on a comparison between runs of one build (:func:`same_build`).
+SAME_BUILD_TAG = "the same build: a difference is the machine's"
+
+
 def same_build(a: dict | None, b: dict | None) -> str | None:
     """A sentence when env records ``a`` and ``b`` (results.json ``envs``) hold the same flash-attn
     wheel (build.wheel_sha256) on the same torch: then any difference between them is not the code's.
@@ -920,9 +924,12 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
                       interrupted=(res.get("timing") or {}).get("stop_reason") == "interrupted",
                       n_control=sum(1 for r in rows if r["case"].get("impl") == "sdpa"), run_dir=run_dir)
         if walls and all(map(between_run, walls)):  # a merged report's env from another run
-            s["text"] = s["text"].replace(f"{cand} vs {b_lab}:", f"{cand} vs {b_lab}, between runs (unpaired):", 1)
             env_of = {e["label"]: e for e in envs}
-            s["detail"] = " ".join(x for x in (BETWEEN_NOTE, same_build(env_of.get(b_lab), env_of.get(cand)), s["detail"]) if x)
+            same = same_build(env_of.get(b_lab), env_of.get(cand))
+            # the headline too (new-user trial: one wheel merged from two runs read "faster 4/4" there)
+            s["text"] = s["text"].replace(f"{cand} vs {b_lab}:", f"{cand} vs {b_lab}, between runs (unpaired"
+                                          + (f"; {SAME_BUILD_TAG}" if same else "") + "):", 1)
+            s["detail"] = " ".join(x for x in (BETWEEN_NOTE, same, s["detail"]) if x)
         hb = {lab: sum(1 for r in rows if lab in r["host_bound"]) for lab in (b_lab, cand)}
         if any(r["case"].get("host_bound") is not None for r in rows):
             s["detail"] += (" Host-bound (host dispatch ≥ kernel time): " +
@@ -1527,12 +1534,13 @@ def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str 
         n = len([c for c in a.get("cases", []) if c["env"] == la])
         name = {r["id"]: f"{r['short']} {r['op']}" for r in rs}
         env_name = la if la == lb else f"{la} (A) / {lb} (B)"
-        s = summarize([r["wall"] for r in rs], n, name, "B", "A", [r["device"] for r in rs if r["device"]],
-                      [r["host"] for r in rs if r["host"]], eff, prefix=f"{env_name} — ",
-                      quick=any((x.get("settings") or {}).get("quick") for x in (a, b)),
-                      n_control=len([c for c in a.get("cases", []) if c["env"] == la and c.get("impl") == "sdpa"]))
         same = same_build(next((e for e in a.get("envs", []) if e["label"] == la), None),
                           next((e for e in b.get("envs", []) if e["label"] == lb), None))
+        s = summarize([r["wall"] for r in rs], n, name, "B", "A", [r["device"] for r in rs if r["device"]],
+                      [r["host"] for r in rs if r["host"]], eff,
+                      prefix=f"{env_name}" + (f" ({SAME_BUILD_TAG})" if same else "") + " — ",
+                      quick=any((x.get("settings") or {}).get("quick") for x in (a, b)),
+                      n_control=len([c for c in a.get("cases", []) if c["env"] == la and c.get("impl") == "sdpa"]))
         if same:  # a difference is then the machine's between the runs (new-user trial)
             s["detail"] = " ".join(x for x in (same, s["detail"]) if x)
         s["env"] = la

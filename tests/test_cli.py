@@ -726,6 +726,15 @@ def test_report_of_named_runs_names_them_and_warns_when_their_machines_differ(tm
             "runs' medians of per-set medians, not paired" in out and "(a label marked ' was renamed: the same "
             "label in two runs)" in out and "ratio within a run: paired cycle by cycle" in out), cp.stdout
     assert results.load(tmp_path / "merged")["merged_from"] == [results.load(r)["run_id"] for r in (fast, slow)]
+    # a merge is not a run: --resume refuses it and names its runs (new-user trial: it was resumed, its two
+    # runs' sets under repeated ids, merged_from lost, after "nothing to resume" had suggested --time-budget)
+    for extra in ([], ["--time-budget", "90"]):
+        cp = run_cli("--resume", str(tmp_path / "merged"), *extra)
+        assert cp.returncode == 2 and " ".join(cp.stderr.split()).endswith(
+            "that is a merged report of 2 runs (run ids 20261204-035746-2.6.3-vs-2.7.0.post2, "
+            "20261204-035851-2.6.3-vs-2.7.0.post2), not a run; resume one of those runs (its own --output folder), then merge again with matrix-run report "
+            "RUN RUN -o DIR"), cp.stderr
+    assert results.load(tmp_path / "merged")["merged_from"] == [results.load(r)["run_id"] for r in (fast, slow)]
     # runs of one CPU state: named, no warning
     cp = run_cli("report", str(reports / "h200-aa-81"), str(reports / "h200-aa-82"), "-o", str(tmp_path / "same"))
     assert cp.returncode == 0 and "merging 2 runs into one report: h200-aa-81, h200-aa-82" in " ".join(

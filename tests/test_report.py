@@ -603,9 +603,12 @@ def test_compare_runs_is_unpaired_so_round_order_does_not_matter(h200):
     assert len(same["rows"]) == len(flipped["rows"]) == 24
     # each env is the same wheel on the same torch in both: its headline says the difference is the machine's
     assert all(s["detail"].startswith("Both are the same wheel (sha256 ") for s in same["summaries"]), same["summaries"]
+    assert [s["text"].split(" — ")[0] for s in same["summaries"]] == [
+        f"{e['label']} (the same build: a difference is the machine's)" for e in h200["envs"]]
     other = copy.deepcopy(h200)
     other["envs"][0]["torch"] = "2.99.0"
     assert "same wheel" not in report.compare_runs(h200, other)["summaries"][0]["detail"]
+    assert report.compare_runs(h200, other)["summaries"][0]["text"].startswith(h200["envs"][0]["label"] + " — ")
     for x, y in zip(same["rows"], flipped["rows"]):
         for k in ("wall", "host", "device"):
             if x[k] is None:
@@ -650,7 +653,8 @@ def test_merge_compares_envs_of_different_runs_unpaired(h200):
     # called the machine's difference (new-user trial: "2.6.3' vs 2.6.3: faster in 2/4 cases" for two runs
     # of one wheel three minutes apart)
     heads = {s["candidate"]: s for s in report.view_model(again)["summaries"]}
-    assert heads["2.6.3'"]["text"].startswith("2.6.3' vs 2.6.3, between runs (unpaired): ")
+    assert heads["2.6.3'"]["text"].startswith("2.6.3' vs 2.6.3, between runs (unpaired; the same build: a difference "
+                                              "is the machine's): ")
     assert heads["2.6.3'"]["detail"].startswith(report.BETWEEN_NOTE + " Both are the same wheel (sha256 ")
     assert "every difference here is the machine's between the runs, not the code's" in heads["2.6.3'"]["detail"]
     assert heads["2.7.0.post2'"]["text"].startswith("2.7.0.post2' vs 2.6.3, between runs (unpaired): ")
