@@ -792,8 +792,9 @@ class Run:
         if prior is not None:  # its stored settings and the requests checked before a word of resuming
             # (new-user trial: "time budget extended from 60 to 90 s", then refused: no GPU here)
             ext = getattr(self.args, "extended", None) or {}
-            console.print(f"resuming {prior.get('run_id')} in {src.parent}: {len(prior.get('sets') or [])} process "
-                          f"sets and {len(prior.get('cases') or [])} case records kept"
+            n_sets, n_cases = len(prior.get("sets") or []), len(prior.get("cases") or [])
+            console.print(f"resuming {prior.get('run_id')} in {src.parent}: {n_sets} process "
+                          f"set{'s' * (n_sets != 1)} and {n_cases} case record{'s' * (n_cases != 1)} kept"
                           + "".join(f"; {'time budget' if k == 'time_budget_s' else 'max sets'} extended from "
                                     f"{'–' if a is None else format(a, 'g')} to {b:g}{' s' if k.endswith('_s') else ''}"
                                     + (" (max_sets: auto, raised with the budget)"
@@ -1341,11 +1342,14 @@ class Run:
             p = None
             warn(f"report not written to {out_dir / 'index.html'} ({ex.strerror or ex}): "
                  f"`matrix-run report {out_dir}` writes it from the results")
-        if getattr(self.args, "markdown", None):
-            report.write_markdown(self.args.markdown, report.markdown(doc))
+        md = getattr(self.args, "markdown", None)
+        if md:
+            report.write_markdown(md, report.markdown(doc))
         if doc["cases"]:
             report.terminal_table(doc, Console(), run_dir=str(out_dir))
-        console.print(f"results: {out_dir / 'results.json'}" + (f"\nreport:  {p}" if p else ""))
+        # and the Markdown where asked for (new-user trial: written, the terminal did not say so)
+        console.print(f"results: {out_dir / 'results.json'}" + (f"\nreport:  {p}" if p else "")
+                      + (f"\nMarkdown: {md}" if md else ""))
 
     def write(self) -> None:
         """The results document written (:meth:`_write_files`), the explanation's summary, and where

@@ -957,6 +957,8 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     cp = run_cli("--resume", str(out))
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert "resuming" in cp.stderr
+    # counted in words that agree with the count (new-user trial: "1 process sets")
+    assert f"{n} process set{'s' if n != 1 else ''} and 4 case records kept" in " ".join(cp.stderr.split()), cp.stderr
     res = load_results(out)
     assert res["settings"]["max_repeats"] == 1 and res["settings"]["host_precision"] == 0.01
     assert res["settings"]["probe_share_min_sets"] == 5  # kept, not the current default
