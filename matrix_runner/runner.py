@@ -982,6 +982,7 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         rec["cycles"] = max(rec["cycles"], st.cycles_done)  # the cycles kept (the report compares them)
         if j0 is not None:  # stopped during its cycles: the steal over the ones kept
             rec["steal"] = _stretch_share(st) if hopping else _steal_since(j0, steal_cpus)
+            phase("cycles")  # their time (it had counted as "close": new-user trial)
         rec["status"] = "interrupted"
         rec["error"] = "stopped by a signal; the cycles timed so far are kept"
     finally:

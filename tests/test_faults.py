@@ -944,6 +944,10 @@ def test_interrupt_writes_results_then_resume_finishes_only_what_is_missing(stan
     assert f"({n} process set{'s' if n != 1 else ''}" + (f", {cut} of them interrupted" if cut else "") in " ".join(err.split()), err[-1500:]
     kept = {(c["env"], c["id"]): c["metrics"]["wall_us"]["by_set"] for c in first["cases"]}
     assert len(kept) == 4 and all("0" in v for v in kept.values())
+    # an interrupted set's cycles count as its cycles' time, not as closing it (new-user trial: "close 2.4 s")
+    for s in first["sets"]:
+        if s["status"] == "interrupted" and s["cycles"]:
+            assert s["phase_s"].get("cycles", 0) > 0.5 > s["phase_s"].get("close", 0), s["phase_s"]
 
     # a run started under other sampling defaults (max_repeats was 1 until 2026-12-03) resumes with its own
     doc = json.loads((out / "results.json").read_text())
