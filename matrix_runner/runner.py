@@ -778,10 +778,10 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                     case = data[(lab_of[key], cid)].case
                     raise _BudgetSpent(
                         f"time budget {sampling.time_budget_s:g} s spent while set {sid} set up case "
-                        f"{case.label} {case.op} (waiting on {lab_of[key]}'s worker) "
-                        f"(inputs and first calls, {time.monotonic() - st.t0:.0f} s into the set): "
-                        "the cases set up so far were not timed; raise --time-budget, or use smaller "
-                        "cases on this device") from None
+                        f"{case.label} {case.op} (inputs and first calls; waiting on {lab_of[key]}'s worker, "
+                        f"{time.monotonic() - st.t0:.0f} s into the set): the cases set up so far were not "
+                        "timed; raise --time-budget (where one case's set-up takes most of it, use smaller "
+                        "cases on this device)") from None
                 raise
 
         for key in list(live):  # the replies to set-ups queued by the prefetch, in their order

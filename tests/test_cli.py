@@ -397,6 +397,26 @@ def test_fail_on_regression_says_what_it_could_not_judge_and_exits_3_where_nothi
     assert g["outcome"] == "not judged" and g["exit"] == errors.EXIT_INTERRUPTED and "--resume" in g["text"]
 
 
+def test_the_exit_line_on_cases_not_timed_says_why_once(capsys):
+    """Cases the budget left untimed: the closing line counts them, names those failed in another env,
+    and gives the stop reason without nesting its parentheses in more (new-user trial)."""
+    import threading
+    from types import SimpleNamespace
+
+    from matrix_runner import errors, pipeline
+    r = pipeline.Run(SimpleNamespace(fail_on_regression=None), [], threading.Event(), None)
+    r.env_results = [SimpleNamespace(label=e, status="ok", error=None) for e in ("a", "b")]
+    r.reason = "time budget 9 s spent while set 1 set up case B4 fwd (inputs and first calls; 3 s into the set)"
+    r.doc = {"cases": [{"env": "a", "id": "x", "status": "not run"}, {"env": "b", "id": "x", "status": "not run"},
+                       {"env": "a", "id": "y", "status": "not run"}, {"env": "b", "id": "y", "status": "error",
+                                                                     "error_kind": "oom"}]}
+    assert r.exit_code() == errors.EXIT_FAILED
+    err = " ".join(capsys.readouterr().err.split())
+    assert "1 case(s) failed in 1 env(s) (oom); see the report" in err
+    assert ("2 case(s) not timed, see the report; 1 of them failed in another env; sampling stopped: time budget 9 s "
+            "spent while set 1 set up case B4 fwd (inputs and first calls; 3 s into the set)") in err, err
+
+
 def test_the_gate_outcome_is_kept_in_results_and_shown_in_every_report(tmp_path, capsys):
     """New-user trial: --fail-on-regression's outcome was an exit code and a line on stderr only. It is
     written to results.json ``gate`` with the run, shown in the HTML, the Markdown and `report`'s

@@ -1064,7 +1064,10 @@ def test_the_time_budget_bounds_a_slow_set_up_without_blaming_the_case(tmp_path)
     assert took < 12, took  # the budget (2 s) plus the set's start, not the 60 s set-up
     assert reason.startswith("time budget 2 s spent while set 0 set up case B4 ") and "raise --time-budget" in reason
     assert len(sets) == 1 and sets[0]["status"] == "budget" and sets[0]["error"] == reason
-    assert "(waiting on a's worker)" in reason  # the env it waited on (both would have), named
+    # the env it waited on (both would have), named, in one pair of parentheses (new-user trial: nested ones)
+    assert re.fullmatch(r"time budget 2 s spent while set 0 set up case B4 .+ fwd \(inputs and first calls; waiting on "
+                        r"a's worker, \d+ s into the set\): the cases set up so far were not timed; raise --time-budget "
+                        r"\(where one case's set-up takes most of it, use smaller cases on this device\)", reason), reason
     assert sets[0]["phase_s"]["setup"] >= 1.0 and sets[0]["phase_s"].get("close", 0) < 1.0  # where the time went
     for lab in ("a", "b"):
         cd = data[(lab, cs[1].id)]
