@@ -340,7 +340,8 @@ def _merge_notes(paths: list[Path], runs: list[dict], noted: bool) -> list[str]:
         more = f" and {len(names) - REPORT_LIST_MAX} more" if len(names) > REPORT_LIST_MAX else ""
         console.print(f"merging {len(runs)} runs into one report: {', '.join(names[:REPORT_LIST_MAX])}{more}")
     warns = [f"{names[0]} (A) and {names[i]} (B): {why}" for i in range(1, len(runs))
-             for why in machine_differences(runs[0], runs[i]) + setting_differences(runs[0], runs[i])]
+             for why in machine_differences(runs[0], runs[i]) + stack_differences(runs[0], runs[i])
+             + setting_differences(runs[0], runs[i])]
     for w in warns[:REPORT_LIST_MAX]:
         print(f"warning: {w}; the merged report pools them", file=sys.stderr)
     if len(warns) > REPORT_LIST_MAX:
@@ -370,6 +371,38 @@ def machine_differences(a: dict, b: dict) -> list[str]:
         out.append(f"the CPU ran at another speed: the speed probe (the same Python work in every worker) read a median "
                    f"of {pa:.2f} µs in A and {pb:.2f} µs in B ({max(pa, pb) / min(pa, pb) - 1:.0%} apart), so host "
                    "overhead differs between the runs by itself")
+    return out
+
+
+def stack_differences(a: dict, b: dict) -> list[str]:
+    """How the software under the envs of runs ``a`` and ``b`` differs where it moves host overhead by
+    itself: the torch builds (``envs[].torch``) and Python versions (``envs[].python``) their ok envs ran
+    on, when the two runs' sets differ (new-user trial: tox version envs that installed torch 2.14.1 were
+    compared with a run on 2.13.0 without a word; torch's dispatcher is most of a small call's host time)."""
+    out = []
+    for key, what in (("torch", "torch"), ("python", "Python")):
+        va, vb = (sorted({str(e.get(key)) for e in d.get("envs", []) if e.get("status") == "ok" and e.get(key)})
+                  for d in (a, b))
+        if va and vb and va != vb:
+            out.append(f"A's envs ran on {what} {', '.join(va)}, B's on {', '.join(vb)}: host overhead follows "
+                       f"{what}, so the ratios between the runs compare {what} builds as much as versions")
+    return out
+
+
+def build_differences(a: dict, b: dict, pairs: list[tuple[str, str]]) -> list[str]:
+    """Env pairs of ``compare`` (label in A, label in B) holding the same flash-attn version but different
+    builds (``envs[].build.wheel_sha256``): a slim and a full build, other archs or compilers, or a
+    patched one (new-user trial: two builds of one version compared as "faster 0.90x" without a word)."""
+    ea, eb = ({e["label"]: e for e in d.get("envs", [])} for d in (a, b))
+    out = []
+    for la, lb in pairs:
+        x, y = ea.get(la) or {}, eb.get(lb) or {}
+        wa, wb = ((e.get("build") or {}).get("wheel_sha256") for e in (x, y))
+        va, vb = (e.get("flash_attn_version") or e.get("requested_version") for e in (x, y))
+        if wa and wb and wa != wb and va and va == vb:
+            name = la if la == lb else f"{la} (A) / {lb} (B)"
+            out.append(f"{name}: another build of {va} on each side (wheel sha256 {str(wa)[:12]}… in A, {str(wb)[:12]}… "
+                       "in B): their ratios compare the builds, not only the machines")
     return out
 
 
@@ -448,7 +481,7 @@ def compare_warnings(a: dict, b: dict, pa, pb) -> list[str]:
                                               "pulls every ratio below towards 1" if same else
                                               "they share no process set"))
     out += [f"{why}: the ratios B/A below compare machines as much as versions" for why in machine_differences(a, b)]
-    return out + setting_differences(a, b)
+    return out + stack_differences(a, b) + build_differences(a, b, report.pair_envs(a, b)) + setting_differences(a, b)
 
 
 def cmd_compare(args) -> int:

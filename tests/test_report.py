@@ -393,7 +393,9 @@ def test_compare_runs_finds_a_planted_host_slowdown(h200):
     slow = [r for r in cmp["rows"] if r["env"] == "2.7.0.post2" and r["wall"]["verdict"] == "slower"]
     assert len(slow) >= 6
     s = {x["env"]: x for x in cmp["summaries"]}
-    assert s["2.7.0.post2"]["text"].startswith(f"2.7.0.post2 — B vs A: slower in {len(slow)}/12 cases, all host overhead")
+    # b holds a's wheels (its data scaled): the headline says a difference between them is the machine's
+    assert s["2.7.0.post2"]["text"].startswith(f"2.7.0.post2 (the same build: a difference is the machine's) — B vs A: "
+                                               f"slower in {len(slow)}/12 cases, all host overhead")
     same_env = [r["wall"]["verdict"] for r in cmp["rows"] if r["env"] == "2.6.3"]
     assert s["2.6.3"]["cls"] == ("same" if set(same_env) == {"same"} else "none")  # never slower/faster
 
@@ -416,7 +418,9 @@ def test_compare_cli_writes_table_html_and_markdown(h200, tmp_path):
     cp = run_cli("compare", str(H200), str(tmp_path / "b"), "-o", str(tmp_path / "cmp"), "--markdown",
                  str(tmp_path / "cmp.md"))
     assert cp.returncode == 0, cp.stderr
-    assert "B / A per env and case" in cp.stdout and "2.7.0.post2 — B vs A: slower in" in " ".join(cp.stdout.split())
+    # b is a's data scaled: the same wheel, so its headline says a difference is the machine's
+    assert "B / A per env and case" in cp.stdout and ("2.7.0.post2 (the same build: a difference is the machine's) — B vs A: "
+                                                     "slower in") in " ".join(cp.stdout.split())
     assert "warning" not in cp.stderr  # the same machine
     # runs of different machines are compared, with a warning that says so (new-user trial: an H200 run
     # against a CPU stand-in run, 14.33x, without a word)
@@ -428,6 +432,26 @@ def test_compare_cli_writes_table_html_and_markdown(h200, tmp_path):
     results.write_json(tmp_path / "c" / "results.json", cpu)
     cp = run_cli("compare", str(H200), str(tmp_path / "c"))
     assert "warning: A ran on cuda, B on cpu: the ratios B/A below compare machines" in cp.stderr
+    # another torch or Python under the envs, and another build of one version, are named too (new-user
+    # trial: tox envs on torch 2.14.1 against a run on 2.13.0, and two builds of 2.7.0.post2, without a word)
+    other = copy.deepcopy(b)
+    for e in other["envs"]:
+        e["torch"] = "2.5.1+cu124"
+    other["envs"][1]["build"] = {**(other["envs"][1].get("build") or {}), "wheel_sha256": "ab" * 32}
+    torch_a = sorted({e["torch"] for e in h200["envs"]})
+    assert commands.stack_differences(h200, other) == [
+        f"A's envs ran on torch {', '.join(torch_a)}, B's on 2.5.1+cu124: host overhead follows torch, so the "
+        "ratios between the runs compare torch builds as much as versions"]
+    assert commands.stack_differences(h200, b) == []
+    lab = h200["envs"][1]["label"]
+    assert commands.build_differences(h200, other, report.pair_envs(h200, other)) == [
+        f"{lab}: another build of {h200['envs'][1]['flash_attn_version']} on each side (wheel sha256 "
+        f"{h200['envs'][1]['build']['wheel_sha256'][:12]}… in A, abababababab… in B): their ratios compare the "
+        "builds, not only the machines"]
+    results.write_json(tmp_path / "t" / "results.json", other)
+    cp = run_cli("compare", str(H200), str(tmp_path / "t"))
+    err = " ".join(cp.stderr.split())
+    assert cp.returncode == 0 and "warning: A's envs ran on torch" in err and "another build of" in err, err
     html = (tmp_path / "cmp" / "index.html").read_text()
     page = assert_self_contained(html)
     assert "<script" not in html and "&lt;script&gt;" in html
