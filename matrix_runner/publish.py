@@ -112,10 +112,12 @@ def build_site(reports_dir: Path, site_dir: Path, rerender: bool = False) -> dic
                 shutil.copyfile(src, dest / "results.json")
             src_html = next((r["dir"] / n for n in HTML_NAMES if (r["dir"] / n).is_file()), None)
             if src_html is not None and not rerender:
+                page = src_html.read_bytes()
                 if src_html.suffix == ".gz":
-                    (dest / "index.html").write_bytes(gzip.decompress(src_html.read_bytes()))
-                else:
-                    shutil.copyfile(src_html, dest / "index.html")
+                    page = gzip.decompress(page)
+                # its raw-data link, to the plain JSON the site serves (new-user trial: a page rendered for an
+                # archived run linked results.json.gz, which the site does not have)
+                (dest / "index.html").write_bytes(page.replace(b'href="results.json.gz"', b'href="results.json"'))
             else:
                 report.write_html(r["res"], dest, "results.json")
                 entry["rendered"] = True

@@ -545,6 +545,12 @@ def test_publish_cli_on_the_committed_reports(tmp_path):
     html = (tmp_path / "site" / "index.html").read_text()
     assert f'href="{H200_DIR.name}/index.html"' in html and "NVIDIA H200" in html
     assert (tmp_path / "site" / H200_DIR.name / "results.json").is_file()
+    # a page rendered for an archived run links results.json.gz; the site serves results.json (new-user trial)
+    import gzip
+    run = "h200-2.6.3-vs-2.7.0.post2-12-05-12"
+    assert b'href="results.json.gz"' in gzip.decompress((ROOT / "reports" / run / "index.html.gz").read_bytes())
+    page = (tmp_path / "site" / run / "index.html").read_text()
+    assert 'href="results.json"' in page and 'href="results.json.gz"' not in page
     # report of a path that is not there: a usage error, with tox's order where it is reports/tox
     cp = run_cli("report", str(tmp_path / "reports" / "tox"), "-o", str(tmp_path / "h"))
     assert cp.returncode == 2 and "reports/tox: no such file or directory" in " ".join(cp.stderr.split())
