@@ -244,6 +244,21 @@ def cmd_report(args) -> int:
         raise UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
     runs = [results.load(p) for p in args.results]
     _no_run_twice(paths, runs)
+    left_out = []
+    if len(runs) > 1 and any(r.get("cases") for r in runs):
+        # a run that timed nothing (its env failed: a tox version env whose flash-attn did not import)
+        # is left out and named, not a reason to merge nothing (new-user trial: "no case in common")
+        for q, r in zip(paths, runs):
+            if not r.get("cases"):
+                why = "; ".join(f"{e.get('label')}: {e.get('status')}" + (f" ({str(e['error']).splitlines()[0][:160]})"
+                                                                           if e.get("error") else "")
+                                for e in r.get("envs", [])) or "no env"
+                left_out.append(f"{q} timed nothing ({why}): left out of the merged report")
+        keep = [i for i, r in enumerate(runs) if r.get("cases")]
+        paths, runs = [paths[i] for i in keep], [runs[i] for i in keep]
+        args.results = [str(q) for q in paths]
+        for w in left_out:
+            print(f"warning: {w}", file=sys.stderr)
     if len(runs) > 1:
         # the merge compares every env with the first run's first env, case by case: a run of another
         # config had come out as "not compared in 12 (failed or not run)", exit 0 (new-user trial)
@@ -253,7 +268,7 @@ def cmd_report(args) -> int:
             raise UsageError(f"{', '.join(apart)}: no case in common with {paths[0]} (the first run, whose first env "
                              "every merged env is compared with, case by case): a merged report of them would "
                              "compare nothing; report each run alone, or merge runs of one config")
-    warns = _merge_notes(paths, runs, noted) if len(runs) > 1 else []
+    warns = left_out + (_merge_notes(paths, runs, noted) if len(runs) > 1 else [])
     res = results.merge(runs, args.min_effect)
     g = runs[0].get("gate") if len(runs) == 1 else None
     if isinstance(g, dict) and isinstance(g.get("threshold_pct"), (int, float)) and res is not runs[0]:

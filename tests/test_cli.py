@@ -713,6 +713,34 @@ def test_report_on_a_directory_says_which_runs_it_merges(tmp_path):
     assert "merging" not in cp.stdout + cp.stderr
 
 
+def test_a_run_that_timed_nothing_is_left_out_of_a_merge_and_named(tmp_path):
+    """`tox -e report` over version envs one of which failed (its flash-attn did not import): the runs
+    that timed something are merged, the empty one is named with its env's error (new-user trial: the
+    merge stopped on "no case in common with ... merge runs of one config")."""
+    import gzip
+    import shutil
+    from pathlib import Path
+
+    from matrix_runner import results
+    reports = Path(__file__).resolve().parents[1] / "reports"
+    empty = json.loads(gzip.decompress((reports / "h200-aa-81" / "results.json.gz").read_bytes()))
+    empty.update(run_id="20261206-000000-fa-x", cases=[], sets=[], comparisons=[])
+    empty["envs"] = [{**empty["envs"][0], "label": "fa-x", "status": "failed",
+                      "error": "preflight: this interpreter imports flash_attn 2.6.3, not the requested 2.7.0.post2\nmore"}]
+    results.write_json(tmp_path / "tox" / "fa-x" / "results.json", empty)
+    for n in (81, 82):
+        shutil.copytree(reports / f"h200-aa-{n}", tmp_path / "tox" / f"aa-{n}")
+    cp = run_cli("report", str(tmp_path / "tox"), "-o", str(tmp_path / "html"))
+    assert cp.returncode == 0, cp.stderr
+    err = " ".join(cp.stderr.split())
+    assert (f"warning: {tmp_path / 'tox' / 'fa-x' / 'results.json'} timed nothing (fa-x: failed (preflight: this "
+            "interpreter imports flash_attn 2.6.3, not the requested 2.7.0.post2)): left out of the merged report") in err, err
+    merged = results.load(tmp_path / "html")
+    assert merged["merged_from"] == [results.load(reports / f"h200-aa-{n}")["run_id"] for n in (81, 82)]
+    assert any("timed nothing" in w for w in merged["merge_warnings"])
+    assert "timed nothing" in (tmp_path / "html" / "index.html").read_text()
+
+
 def test_report_of_named_runs_names_them_and_warns_when_their_machines_differ(tmp_path):
     """`report RUN RUN` merged silently, even a CPU run with an H200 run or two H200 runs whose CPU
     speed probes read 3.74 and 6.42 µs (new-user trial 2026-12-04); it now names the runs (stderr) and
