@@ -39,6 +39,23 @@ def cmd_plan(args) -> int:
             warn(w)
     reqs = envmod.cross_torch(reqs, opts.torches)
     dprobe = envmod.probe(sys.executable)
+    if args.backend == "here":  # this interpreter is the env: what run's preflight would find (new-user
+        # trial: plan described a uv slim build, "no GPU is visible to choose the CUDA archs", exit 3)
+        if len(reqs) != 1:
+            raise UsageError("--backend here times this interpreter: give exactly one --versions entry")
+        res = envmod.prepare_here(reqs[0], dprobe)
+        fa = (dprobe or {}).get("flash_attn") or {}
+        if args.json:
+            print(json.dumps([{"label": res.label, "version": reqs[0].version, "method": "here", "python": sys.executable,
+                               "flash_attn_version": fa.get("version"), "status": res.status, "error": res.error}],
+                             indent=1, default=str))
+        else:
+            Console(highlight=False).print(
+                f"{res.label}: --backend here: this interpreter ({sys.executable}) is the env; nothing is built or "
+                "installed; " + (f"it imports flash_attn {fa.get('version')}, as requested" if res.status == "ok"
+                                 else str(res.error).removeprefix("preflight: ") + ": run would stop there"),
+                markup=False)
+        return EXIT_OK if res.status == "ok" else EXIT_FAILED
     items = plan_all(reqs, cfg.cases, opts, dprobe)
     fa2 = any(r.package == envmod.subjects.DEFAULT for r in reqs)  # the kernel files below are flash-attn 2's
     per_case = _case_kernels(cfg.cases, next((i.sdist for i in items if i.sdist), None)) if fa2 else {}

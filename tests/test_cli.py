@@ -552,6 +552,29 @@ def test_plan_refuses_the_runs_timing_options(extra, named, tmp_path):
     assert cp.returncode == 2 and "unrecognized arguments: --bogus" in cp.stderr
 
 
+def test_plan_with_backend_here_describes_this_interpreter(tmp_path):
+    """`plan --backend here` (a tox version env) says what run's preflight would find in this interpreter
+    and builds nothing (new-user trial: it planned a uv slim build and failed on the CUDA archs)."""
+    import sys
+    cp = run_cli("plan", "--backend", "here", "--versions", "fa=2.6.3", "--envs-dir", str(tmp_path / "envs"))
+    out = " ".join(cp.stdout.split())
+    try:
+        import flash_attn  # noqa: F401 - the test env's own (none in CI)
+        has_fa = True
+    except ImportError:
+        has_fa = False
+    if not has_fa:
+        assert cp.returncode == 3, cp.stderr
+        assert out == (f"fa: --backend here: this interpreter ({sys.executable}) is the env; nothing is built or installed; "
+                       "import flash_attn failed: ModuleNotFoundError: No module named 'flash_attn': run would stop there"), out
+        cp = run_cli("plan", "--backend", "here", "--versions", "fa=2.6.3", "--json")
+        (item,) = json.loads(cp.stdout)
+        assert (item["method"], item["status"], item["flash_attn_version"]) == ("here", "failed", None)
+    assert not any((tmp_path / "envs").rglob("*"))  # nothing built there
+    cp = run_cli("plan", "--backend", "here", "--versions", "2.6.3,2.7.0.post2")
+    assert cp.returncode == 2 and "give exactly one --versions entry" in cp.stderr
+
+
 def test_envs_and_wheelhouse_tables_become_blocks_when_narrow():
     from rich.console import Console
 
