@@ -18,7 +18,7 @@ from . import envs as envmod
 from . import explain, report, results, wheels
 from .config import FUNCS, MAX_CASES, load_config
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
-from .pipeline import check_writable_dir, check_writable_file, options, plan_all
+from .pipeline import check_here_versions, check_writable_dir, check_writable_file, options, plan_all
 from .ui import console, print_plan, table_or_blocks, warn
 
 
@@ -41,8 +41,7 @@ def cmd_plan(args) -> int:
     dprobe = envmod.probe(sys.executable)
     if args.backend == "here":  # this interpreter is the env: what run's preflight would find (new-user
         # trial: plan described a uv slim build, "no GPU is visible to choose the CUDA archs", exit 3)
-        if len(reqs) != 1:
-            raise UsageError("--backend here times this interpreter: give exactly one --versions entry")
+        check_here_versions(reqs)
         res = envmod.prepare_here(reqs[0], dprobe)
         fa = (dprobe or {}).get("flash_attn") or {}
         if args.json:

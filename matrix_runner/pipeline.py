@@ -553,6 +553,13 @@ def rescues_of(doc: dict) -> list[tuple[Path, int]]:
     return sorted(found, key=lambda x: -x[1])
 
 
+def check_here_versions(reqs: list) -> None:
+    """``--backend here`` (run and plan) times this interpreter: exactly one ``--versions`` entry, else
+    UsageError."""
+    if len(reqs) != 1:
+        raise UsageError("--backend here times this interpreter: give exactly one --versions entry")
+
+
 def failed_env_line(label: str, status: str | None, error: object) -> str:
     """The run's closing line for an env that did not come up: ``env LABEL STATUS: first line of its
     error``; with no error text on record, says so (it had printed "failed: failed")."""
@@ -888,8 +895,8 @@ class Run:
         if args.backend == "uv":  # before anything is built: a version the index lacks is a usage error
             for w in envmod.check_versions(reqs, opts):
                 warn(w)
-        if args.backend == "here" and len(reqs) != 1:
-            raise UsageError("--backend here times this interpreter: give exactly one --versions entry")
+        if args.backend == "here":
+            check_here_versions(reqs)
         self.cfg, self.samp, self.opts = cfg, samp, opts
         self.reqs = envmod.cross_torch(reqs, opts.torches)
         self.created = datetime.now(timezone.utc)
@@ -1407,7 +1414,7 @@ class Run:
                 # failed in another env is not timed in this one either
                 ids = {c["id"] for c in not_run}
                 elsewhere = ids & {c["id"] for c in failed}
-                console.print(f"[yellow]{escape(str(len(ids)))} case(s) not timed, see the report; "
+                console.print(f"[yellow]{len(ids)} case(s) not timed, see the report; "
                               + (f"{len(elsewhere)} of them failed in another env; " if elsewhere else "")
                               + f"sampling stopped: {escape(reason)}[/]")
         if args.fail_on_regression is not None:
