@@ -138,9 +138,9 @@ def ratio_chart(rows: list[dict], candidates: list[str], base: str, min_effect: 
     up, down = 1 + min_effect, 1 / (1 + min_effect)
     ax.axvspan(down, up, color="#eef0f2", zorder=0, lw=0)
     ax.axvline(1.0, color="#6b7280", lw=0.9, zorder=1)
-    def bounds(c):  # an anytime interval still unbounded is drawn as its point only
+    def bounds(c):  # an anytime interval still unbounded, or a ratio between runs (no interval), as its point only
         lo, hi = c.get("ci_low"), c.get("ci_high")
-        if not lo or hi is None or hi == float("inf"):
+        if c.get("between_runs") or not lo or hi is None or hi == float("inf"):
             return c["ratio"], c["ratio"]
         return lo, hi
 
@@ -160,7 +160,7 @@ def ratio_chart(rows: list[dict], candidates: list[str], base: str, min_effect: 
     ax.set_xlim(lo_all, hi_all * (1.35 if hi_all / lo_all < 4 else 1.6))
     for i, j, c in items:  # an interval not yet bounded (too few sets): a dotted line across the axis
         lo, hi = c.get("ci_low"), c.get("ci_high")
-        if not lo or hi is None or hi == float("inf"):
+        if not c.get("between_runs") and (not lo or hi is None or hi == float("inf")):
             y = i + (j - (k - 1) / 2) * span
             ax.plot(list(ax.get_xlim()), [y, y], ls=":", lw=1.2, color=VERDICT_COLORS.get(c["verdict"], "#333"),
                     zorder=2)

@@ -68,6 +68,9 @@ def fmt_ci(c: dict | None, digits: int = 2) -> str:
     side (``--quick``; ``compare`` of one-set runs) shows none."""
     if not c:
         return "–"
+    if c.get("between_runs") and c.get("verdict") == "provisional":
+        # an interval from the two runs' sets leaves out how far apart two runs lie (results.BETWEEN_RUNS_WHY)
+        return "(between runs: no interval)"
     if c.get("within_process_only") and c.get("verdict") == "provisional":
         # one process (set) per side: an interval from its own samples would ignore the spread
         # between processes, which is what decides (stats module doc)
@@ -223,6 +226,9 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
         hi = max(counts["provisional"], key=lambda c: c["ratio"])
         parts.append(f"provisional ratios {lo['ratio']:.2f}x-{hi['ratio']:.2f}x in {len(counts['provisional'])} "
                      "cases, no verdict (" + ("a --quick run decides nothing" if quick else
+                                              "wall time between two runs decides nothing: each met the CPU at its "
+                                              "own speeds; time both in one run for a verdict"
+                                              if any(c.get("between_runs") for c in counts["provisional"]) else
                                               "a side timed in one process set decides nothing") + ")")
     missing = n_cases - len(wall)
     if missing:
@@ -324,13 +330,6 @@ def between_run(c: dict) -> bool:
     return c.get("alpha") is None and c.get("paired") is False
 
 
-def between_runs(comparisons: list[dict]) -> bool:
-    """Whether a merged report holds decided wall comparisons between runs (:func:`between_run`), at
-    stats.CI_LEVEL, beside the runs' paired ones."""
-    return any(c.get("metric") == "wall_us" and between_run(c) and c.get("verdict") != "provisional"
-               for c in comparisons)
-
-
 def ci_head(comparisons: list[dict], quick: bool = False) -> str:
     """The label of a wall-ratio column: "[95% CI]" where every wall interval has that level (results/1:
     95 %; Bonferroni: 1 - alpha/m), "[CI, levels below]" where e-BY gave the verdicts different levels
@@ -339,10 +338,8 @@ def ci_head(comparisons: list[dict], quick: bool = False) -> str:
         return "(provisional)"
     levels = {round(1 - c["alpha"], 6) for c in comparisons
               if c.get("metric") == "wall_us" and c.get("alpha") is not None and c.get("verdict") != "provisional"}
-    if len(levels) == 1 and not between_runs(comparisons):
+    if len(levels) == 1:  # a merged report's wall ratios between runs have no interval (results.BETWEEN_RUNS_WHY)
         return f"[{level_pct(1 - levels.pop())} CI]"
-    # a merged report's comparisons between runs are at 95 % beside the runs' own (new-user trial:
-    # "[97.5% CI]" headed them all)
     return "[CI, levels below]" if levels else "[95% CI]"
 
 
@@ -354,16 +351,14 @@ def level_note(comparisons: list[dict]) -> str:
     decided = [c for c in wall if c.get("verdict") != "provisional"]
     levels = {round(c["alpha"], 9) for c in decided}
     fam = (decided[0].get("family_alpha") or stats.FAMILY_ALPHA) if decided else stats.FAMILY_ALPHA
-    tail = (f"; between runs (not paired) every wall interval at {level_pct(1 - stats.CI_LEVEL)}"
-            if between_runs(comparisons) and levels else "")
     if len(levels) == 1 and decided[0]["alpha"] < fam - 1e-9:
         # one level above the family's: the column head said "[97.5% CI]" with no word of why (new-user trial)
-        return (f"every wall interval{' within a run' if tail else ''} at {level_pct(decided[0]['alpha'])}: e-BY "
+        return (f"every wall interval at {level_pct(decided[0]['alpha'])}: e-BY "
                 f"holds the run's {len(decided)} wall-time verdicts together at {level_pct(fam)}, so each alone is "
-                "at a higher level" + tail)
+                "at a higher level")
     if len(levels) < 2:
-        return ("every wall interval within a run at " + level_pct(decided[0]["alpha"]) + tail) if tail else ""
-    return "interval levels (e-BY over the wall-time comparisons of the run): " + level_groups(wall) + tail
+        return ""
+    return "interval levels (e-BY over the wall-time comparisons of the run): " + level_groups(wall)
 
 
 def cpu_state_note(comparisons: list[dict]) -> str:
@@ -391,10 +386,13 @@ def cpu_state_note(comparisons: list[dict]) -> str:
 #: How a merged report's rows between runs were computed (results.merge: stats.compare on the sets as
 #: independent groups): said wherever the report defines its ratios.
 MERGED_DEF = ("between runs (an env from another run than the baseline's): the ratio of the two runs' medians of "
-              "per-set medians, not paired (the runs did not take turns on one core); its 95 % interval from a "
-              "two-level bootstrap (sets, then their values), widened to a Welch t interval on the set medians "
-              "where that is wider: fixed-n, not anytime-valid nor held together with the other verdicts; and "
-              "whatever differed between the two runs' machines or hours counts in it as a difference of the versions")
+              "per-set medians, not paired (the runs did not take turns on one core), and provisional on the wall "
+              "and host clocks: they follow the CPU speed each run met, which differs between runs more than "
+              "an interval from the runs' own sets allows for (between runs of one build on the H200 the wall "
+              "ratio spread 14 %, and such intervals called the build faster or slower than itself in 24 % of "
+              "comparisons), so those get no interval and no verdict; kernel and CUDA-graph time get a fixed-n "
+              "95 % interval (a two-level bootstrap over sets, widened to a Welch t interval where that is wider) "
+              "and a verdict")
 
 
 def ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None,
@@ -840,8 +838,8 @@ def shown_gap(rows: list[dict]) -> float | None:
 #: three minutes apart were merged into "2.6.3' vs 2.6.3: faster in 2/4 cases", the legend alone
 #: saying they were unpaired).
 BETWEEN_NOTE = ("Between runs: these two were not timed in turns, so a change of the machine between the runs "
-                "(CPU speed, load, clocks) counts as a difference as much as the code's; time both in one run "
-                "to tell them apart.")
+                "(CPU speed, load, clocks) counts as a difference as much as the code's; kernel time, a GPU clock, "
+                "keeps its verdicts.")
 
 
 #: The headline's word on a comparison between runs of one build (:func:`same_build`).
@@ -1072,6 +1070,7 @@ def _env() -> Environment:
     env.filters["us"] = fmt_us
     env.filters["ratio"] = fmt_ratio
     env.filters["ci"] = fmt_ci
+    env.filters["kernel"] = compare_kernel
     env.filters["delta"] = fmt_delta
     # a comparison's interval level: lockstep ones carry alpha (stats.set_compare / select_family);
     # results/1 and compare's intervals are 95 %; a provisional ratio has none
@@ -1485,10 +1484,22 @@ def pair_envs(a: dict, b: dict) -> list[tuple[str, str]]:
 
 #: How compare's intervals are made, said under its tables (new-user trial: "1.36x [0.82, 1.56]" read
 #: as a run's own interval).
-COMPARE_NOTE = ("B/A: two runs are not paired cycle by cycle as a run's versions are, so each interval is a "
-                "95 % two-level bootstrap over the runs' process sets, widened to Welch, per comparison: not "
-                "anytime-valid and not held together across comparisons as a run's own intervals are; the ratio "
-                "is of the runs' medians of set medians, so it can sit near one end where those medians are skewed")
+COMPARE_NOTE = ("B/A: the ratio of the two runs' medians of set medians. Two runs are not paired cycle by cycle as "
+                "a run's versions are, and wall and host time follow the CPU speed each run met, so their ratios "
+                "are provisional: no interval, no verdict (between runs of one build on the H200 the wall ratio "
+                "spread 14 %). Kernel time is a GPU clock: its interval is a 95 % two-level bootstrap over the "
+                "runs' process sets, widened to Welch, per comparison (not anytime-valid, not held together across "
+                "comparisons as a run's own intervals are). For a verdict on wall time, time both in one run")
+
+
+def compare_wall(w: dict) -> str:
+    """The wall cell of a compare row: the ratio, with its interval where it has one (not between runs)."""
+    return f"{w['ratio']:.2f}x" if w.get("between_runs") else fmt_ratio(w)
+
+
+def compare_kernel(d: dict | None) -> str:
+    """The kernel-time cell of a compare row: ratio, 95 % interval and verdict (``–`` where not timed)."""
+    return f"{d['ratio']:.2f}x {fmt_ci(d)} {d['verdict']}" if d else "–"
 
 
 def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str | None = None,
@@ -1573,16 +1584,16 @@ def compare_terminal(cmp: dict, console=None) -> None:
 
     t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for col, j in (("env", "left"), ("case", "left"), ("op", "left"), ("A wall µs", "right"), ("B wall µs", "right"),
-                   ("B/A wall [95% CI]", "left"), ("verdict · why", "left"), ("B/A host", "right"),
-                   ("B/A dev", "right")):
+                   ("B/A wall", "left"), ("verdict · why", "left"), ("B/A host", "right"),
+                   ("B/A kernel [95% CI] · verdict", "left")):
         t.add_column(col, justify=j, no_wrap=True)
     for r in cmp["rows"]:
         w = r["wall"]
         env = r["env"] if r["env"] == r["env_b"] else f"{r['env']}→{r['env_b']}"
         t.add_row(escape(env), escape(r["short"]), escape(str(r["op"])), fmt_us(w["base_median"]), fmt_us(w["cand_median"]),
-                  fmt_ratio(w), verdict(w),
+                  escape(compare_wall(w)), verdict(w),
                   f"{r['host']['ratio']:.2f}x" if r["host"] else "–",
-                  f"{r['device']['ratio']:.2f}x" if r["device"] else "–")
+                  escape(compare_kernel(r["device"])))
     if Measurement.get(console, console.options.update_width(1 << 16), t).maximum <= console.width:
         console.print(t)
     else:  # narrow (80 columns, a log): one block per env, wall only (host and device: -o DIR's report)
@@ -1593,12 +1604,14 @@ def compare_terminal(cmp: dict, console=None) -> None:
                       pad_edge=False, collapse_padding=True)
             for col, j in (("case", "left"), ("op", "left"), ("A µs", "right"), ("B µs", "right")):
                 b.add_column(col, justify=j, no_wrap=True)
-            b.add_column("B/A wall [95% CI] · verdict", overflow="fold")
+            b.add_column("B/A wall · verdict; kernel", overflow="fold")
             for r in cmp["rows"]:
                 if (r["env"], r["env_b"]) == (ea, eb):
                     w = r["wall"]
+                    d = r["device"]
                     b.add_row(escape(r["short"]), escape(str(r["op"])), fmt_us(w["base_median"]),
-                              fmt_us(w["cand_median"]), f"{fmt_ratio(w)} {verdict(w)}")
+                              fmt_us(w["cand_median"]), f"{escape(compare_wall(w))} {verdict(w)}"
+                              + (f"; kernel {d['ratio']:.2f}x {d['verdict']}" if d else ""))
             console.print(b)
     colors = {"slower": "red", "faster": "green", "mixed": "yellow", "same": "white", "none": "dim"}
     for s in cmp["summaries"]:
@@ -1622,14 +1635,14 @@ def compare_markdown(cmp: dict) -> str:
         lines.append("")
     for s in cmp["summaries"]:
         lines.append(f"- **{esc(s['text'])}** {esc(s['detail'])}")
-    lines += ["", "| env | case | op | A wall µs | B wall µs | B/A wall [95% CI] | verdict | B/A host | B/A device |",
+    lines += ["", "| env | case | op | A wall µs | B wall µs | B/A wall | verdict | B/A host | B/A kernel [95% CI] · verdict |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in cmp["rows"]:
         w = r["wall"]
         cells = [r["env"] if r["env"] == r["env_b"] else f"{r['env']}→{r['env_b']}", r["label"], r["op"],
-                 fmt_us(w["base_median"]), fmt_us(w["cand_median"]), fmt_ratio(w),
+                 fmt_us(w["base_median"]), fmt_us(w["cand_median"]), compare_wall(w),
                  w["verdict"] + (f" ({w['attribution']})" if w.get("attribution") else ""),
-                 f"{r['host']['ratio']:.2f}x" if r["host"] else "–", f"{r['device']['ratio']:.2f}x" if r["device"] else "–"]
+                 f"{r['host']['ratio']:.2f}x" if r["host"] else "–", compare_kernel(r["device"])]
         lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
     lines += ["", f"{COMPARE_NOTE}; above 1 B is slower."]
     return "\n".join(lines) + "\n"

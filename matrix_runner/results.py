@@ -251,6 +251,19 @@ def comparisons(cases: list[dict], labels: list[str], min_effect: float, *, pair
     return out
 
 
+#: Why a wall or host ratio between two runs (``compare``, a merged report's env from another run) is
+#: provisional, never faster/slower/same: those clocks follow the CPU's speed, and two runs met the
+#: machine at other speeds. Replayed on 51 pairs of consecutive committed H200 A/A runs of one build
+#: (``benchmarks/between_runs.py``, ``benchmarks/results/between-runs-12-06.txt``), the between-run
+#: interval (fixed-n, sets as independent groups) called the build faster or slower than itself in 24 %
+#: of wall comparisons and 28 % of host ones, in half of the run pairs: the run-to-run spread of the
+#: ratio (SD 14 % wall, median over cases) is wider than the interval (±9.8 %). Kernel and CUDA-graph
+#: time are GPU clocks: 0 of 612 false each there (spread 0.4 %), so their verdicts stay.
+BETWEEN_RUNS_WHY = ("between runs: the two runs did not take turns on one core, and wall and host time follow the "
+                    "CPU speed each run met (between runs of one build on the H200 the ratio spread 14 %), so "
+                    "no verdict; time both in one run for one (matrix-run --versions A,B)")
+
+
 def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key: str,
                  metrics: tuple = METRICS, family: dict | None = None, alpha: float = 0.05, n_target: int = 8,
                  quick: bool = False, selective: bool = True,
@@ -292,6 +305,8 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
                 continue
             per[m] = stats.compare(sb, sk, min_effect, seed=zlib.crc32(f"{seed_key}/{m}".encode()),
                                    paired=None if paired else False)
+            if not paired and m in CYCLED and per[m]["verdict"] != "provisional":
+                per[m].update(verdict="provisional", between_runs=True, provisional_why=BETWEEN_RUNS_WHY)
     attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
     return per, attr, why
 

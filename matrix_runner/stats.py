@@ -266,7 +266,8 @@ def attribute(wall: dict | None, host: dict | None, device: dict | None) -> tupl
     ``device`` if the host comparison is "same"; otherwise by the share of the wall delta that the
     device delta explains: >= 0.7 device, <= 0.3 host, else ``mixed``. Returns (attribution, why)."""
     if wall and wall["verdict"] == "provisional":
-        return None, "provisional ratio (one process set): no verdict, so nothing to attribute"
+        return None, ("provisional ratio (" + (wall.get("provisional_why") or "one process set")
+                      + "): no verdict, so nothing to attribute")
     if not wall or wall["verdict"] not in ("faster", "slower"):
         return None, "no wall-time difference to attribute"
     if not device:
