@@ -754,9 +754,17 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     if min_effect is not None:  # said by the report (report.rejudged_note; second new-user trial: it said nothing)
         out["rejudged"] = {"min_effect": eff, "run_min_effect": own}
     labels = [e["label"] for e in out["envs"] if e["status"] == "ok"]
-    out["comparisons"] = [c for cand in labels[1:]
-                          for c in comparisons(out["cases"], [labels[0], cand], eff, settings=out["settings"],
-                                               paired=run_of[cand] == run_of[labels[0]], sets=out.get("sets"))]
+    # the baseline's own run as that run compared it: its envs in its pairs (a torch axis: within each
+    # torch and each version), all its comparisons of a clock one e-BY family; a run of 3 versions
+    # re-rendered (--min-effect) or merged had been judged one candidate at a time, a family of 12
+    # instead of 24, and called verdicts the run had not (four versions: 28 slower instead of 26)
+    own = [lab for lab in labels if run_of[lab] == run_of[labels[0]]] if labels else []
+    out["comparisons"] = comparisons(out["cases"], own, eff, settings=out["settings"],
+                                     pairs=env_pairs([e for e in out["envs"] if e["label"] in own]),
+                                     sets=out.get("sets"))
+    out["comparisons"] += [c for cand in labels[1:] if cand not in own
+                           for c in comparisons(out["cases"], [labels[0], cand], eff, settings=out["settings"],
+                                                paired=False, sets=out.get("sets"))]
     out["merged_from"] = list(dict.fromkeys(run_of.values()))
     if len(out["merged_from"]) > 1:  # not the first run's own id: compare and publish took it for that run
         out["run_id"] = "merge of " + ", ".join(out["merged_from"])

@@ -1597,6 +1597,32 @@ def test_the_terminal_legend_gives_this_runs_gap_between_ratio_and_shown_medians
     assert report.shown_gap([{"comps": [{"wall": None, "baseline": "a", "candidate": "b"}], "by_env": {}}]) is None
 
 
+def test_a_rerendered_run_of_four_versions_keeps_its_family_and_verdicts():
+    """``report RUN --min-effect`` at the run's own min_effect, and a merge, re-judged a run of several
+    versions one candidate at a time: each a family of 12 wall comparisons instead of the run's 36, so
+    e-BY's levels were lower and the four-version H200 run read 28 "slower" where it had said 26. Now a
+    run's own envs are judged together, in the run's pairs, and the re-rendered run is the run."""
+    run = results.load(ROOT / "reports" / "h200-four-versions-2.6.3-to-2.8.3")
+    again = results.merge([run], min_effect=run["settings"]["min_effect"])
+
+    def key(c):
+        return c["baseline"], c["candidate"], c["case"], c["metric"]
+
+    def what(c):
+        return c["verdict"], c["ratio"], c["ci_low"], c["ci_high"], c.get("family_size"), c.get("alpha")
+
+    assert [key(c) for c in again["comparisons"]] == [key(c) for c in run["comparisons"]]
+    assert [what(c) for c in again["comparisons"]] == [what(c) for c in run["comparisons"]]
+    wall = [c for c in again["comparisons"] if c["metric"] == "wall_us"]
+    assert {c["family_size"] for c in wall} == {36} and sum(c["verdict"] == "slower" for c in wall) == 26
+    # merged with another run: its own comparisons stay as they were, the other run's envs come after
+    other = copy.deepcopy(run)
+    other["run_id"] += "-other"
+    merged = results.merge([run, other])
+    assert [what(c) for c in merged["comparisons"][:len(run["comparisons"])]] == [what(c) for c in run["comparisons"]]
+    assert all(c["paired"] is False for c in merged["comparisons"][len(run["comparisons"]):])
+
+
 def test_a_merged_reports_column_head_and_levels_cover_its_between_run_intervals():
     """New-user trial: a merged report whose runs' own intervals were all at 97.5 % headed every ratio
     column "[97.5% CI]" beside its comparisons between runs. Those are now provisional ratios without an
