@@ -66,14 +66,15 @@ def main(argv: list[str]) -> int:
                     continue
                 # the verdict its interval gives (stats.verdict: what compare printed before between-run
                 # wall and host ratios became provisional)
-                v = stats.verdict(c["ratio"], c["ci_low"], c["ci_high"], 0.05)
+                lo, hi = c.get("fixed_n_ci_without_run_spread") or (c["ci_low"], c["ci_high"])
+                v = stats.verdict(c["ratio"], lo, hi, 0.05)
                 verdicts[m][v] += 1
                 if m == "wall_us" and v in ("faster", "slower"):
                     false_here = True
                 if c["ratio"] > 0 and math.isfinite(c["ratio"]):
                     logr[(m, x["id"])].append(math.log(c["ratio"]))
-                if c.get("ci_low") and c.get("ci_high") and math.isfinite(c["ci_high"]):
-                    half[m].append(100 * max(c["ci_high"] / c["ratio"] - 1, 1 - c["ci_low"] / c["ratio"]))
+                if lo and hi and math.isfinite(hi):
+                    half[m].append(100 * max(hi / c["ratio"] - 1, 1 - lo / c["ratio"]))
         any_false += false_here
     print(f"{len(docs)} runs ({names[0]} .. {names[-1]}), {len(pairs)} {'pairs' if all_pairs else 'consecutive pairs'}"
           " of the same build (env a of each run against env a of another)")

@@ -173,14 +173,16 @@ def ratio_chart(rows: list[dict], candidates: list[str], base: str, min_effect: 
     ax.set_yticklabels([plain(f"{r['short']}  {r['op']}") for r in rows])
     ax.grid(axis="y", visible=False)
     _ratio_ticks(ax, lo_all, hi_all)
-    ax.set_xlabel("wall time ratio, " + plain(what or f"candidate / baseline {base}") + "  (← faster · slower →), with its interval")
+    points = all(c.get("between_runs") for _, _, c in items)  # between runs: the ratios alone (no interval)
+    ax.set_xlabel("wall time ratio, " + plain(what or f"candidate / baseline {base}") + "  (← faster · slower →)"
+                  + (", provisional: no interval between runs" if points else ", with its interval"))
     if k > 1:
         from matplotlib.lines import Line2D
 
         handles = [Line2D([], [], marker="os^Dv<>p"[j % 8], color="#444", ls="none", label=plain(cand))
                    for j, cand in enumerate(candidates)]
         ax.legend(handles=handles, loc="lower right", ncol=k)
-    ax.text(1.0, 1.0, f"grey band: within ±{min_effect:.0%} (\"same\" zone)", transform=ax.transAxes,
+    ax.text(1.0, 1.0, f"grey band: within ±{min_effect:.0%}" + ("" if points else " (\"same\" zone)"), transform=ax.transAxes,
             ha="right", va="bottom", fontsize=7.5, color="#6b7280")
     return to_svg(fig, prefix)
 

@@ -191,17 +191,19 @@ def build_parser() -> argparse.ArgumentParser:
         "compare", help="compare two saved runs (B against A): same versions on two machines or two dates",
         description="Compare run B against run A, both saved results.json files. For each env present in both "
                     "(same label; else the same flash-attn version) and each case timed OK in both, the ratio "
-                    "B/A of the median wall, host and device time per call, with a 95% CI from the per-process "
-                    "samples stored in the files (two-level bootstrap), a verdict and an attribution. Above 1, B "
-                    "is slower than A. No timing is redone; the envs inside each run are not compared with each "
-                    "other (that is what each run's own report does).")
+                    "B/A of the median wall, host and device time per call. Wall and host time follow the CPU "
+                    "speed each run met, which differs between runs, so their ratios are provisional: no "
+                    "interval, no verdict (time both in one run for one). Kernel (device) time, a GPU clock, gets "
+                    "a 95% CI from the per-process samples stored in the files (two-level bootstrap) and a "
+                    "verdict. Above 1, B is slower than A. No timing is redone; the envs inside each run are not "
+                    "compared with each other (that is what each run's own report does).")
     c.add_argument("a", metavar="A", help="the reference run (results.json, or its directory)")
     c.add_argument("b", metavar="B", help="the run compared against A (results.json, or its directory)")
     c.add_argument("-o", "--output", metavar="DIR", help="also write DIR/index.html (self-contained)")
     c.add_argument("--markdown", metavar="FILE", help="also write a Markdown summary (for a GitHub comment)")
     c.add_argument("--min-effect", type=float, default=None, metavar="FRAC",
-                   help="the ratio a verdict is measured against ('slower': ratio above 1+FRAC, interval above 1; "
-                        "'same': whole interval within ±FRAC; default: A's setting, else 0.05)")
+                   help="the ratio a kernel-time verdict is measured against ('slower': ratio above 1+FRAC, "
+                        "interval above 1; 'same': whole interval within ±FRAC; default: A's setting, else 0.05)")
 
     pb = sub.add_parser(
         "publish", help="build a static site of saved runs: an index page linking each run's report",

@@ -330,15 +330,21 @@ def between_run(c: dict) -> bool:
     return c.get("alpha") is None and c.get("paired") is False
 
 
-def ci_head(comparisons: list[dict], quick: bool = False) -> str:
+def ci_head(comparisons: list[dict], quick: bool = False, pair: tuple | None = None) -> str:
     """The label of a wall-ratio column: "[95% CI]" where every wall interval has that level (results/1:
     95 %; Bonferroni: 1 - alpha/m), "[CI, levels below]" where e-BY gave the verdicts different levels
-    (:func:`level_note` says which), "(provisional)" for a --quick run."""
+    (:func:`level_note` says which), "(provisional)" for a --quick run and for a column whose every wall
+    ratio is provisional (a merged report's env from another run: results.BETWEEN_RUNS_WHY; new-user
+    trial: such a column was headed "[97.5% CI]"). ``pair``: (baseline, candidate), that column's own
+    comparisons; the levels are the run's (e-BY over all of them)."""
     if quick:
         return "(provisional)"
-    levels = {round(1 - c["alpha"], 6) for c in comparisons
-              if c.get("metric") == "wall_us" and c.get("alpha") is not None and c.get("verdict") != "provisional"}
-    if len(levels) == 1:  # a merged report's wall ratios between runs have no interval (results.BETWEEN_RUNS_WHY)
+    wall = [c for c in comparisons if c.get("metric") == "wall_us"]
+    mine = [c for c in wall if pair is None or (c.get("baseline"), c.get("candidate")) == tuple(pair)]
+    if mine and all(c.get("verdict") == "provisional" for c in mine):
+        return "(provisional)"
+    levels = {round(1 - c["alpha"], 6) for c in wall if c.get("alpha") is not None and c.get("verdict") != "provisional"}
+    if len(levels) == 1:
         return f"[{level_pct(1 - levels.pop())} CI]"
     return "[CI, levels below]" if levels else "[95% CI]"
 
@@ -358,7 +364,9 @@ def level_note(comparisons: list[dict]) -> str:
                 "at a higher level")
     if len(levels) < 2:
         return ""
-    return "interval levels (e-BY over the wall-time comparisons of the run): " + level_groups(wall)
+    runs = {c.get("run_id") for c in decided}  # a merged report: each run's own (results.merge)
+    return (f"interval levels (e-BY over the wall-time comparisons of {'each run' if len(runs) > 1 else 'the run'}): "
+            + level_groups(wall))
 
 
 def cpu_state_note(comparisons: list[dict]) -> str:
@@ -884,6 +892,10 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
     # the run's comparisons as (baseline, candidate) pairs (stats.comparison_pairs: each env against
     # the first, or within each torch and each version of a version x torch matrix)
     pairs = results.env_pairs(envs)
+    if results.is_merge(res):  # a merged report: its comparisons' own pairs (each run's own, and
+        # each env of a later run against the baseline: results.merge)
+        pairs = list(dict.fromkeys((c.get("baseline", base), c["candidate"]) for c in res.get("comparisons") or []
+                                   if c.get("metric") == "wall_us")) or pairs
     one_base = all(b == base for b, _ in pairs)
     names = [k if one_base else f"{k} vs {b}" for b, k in pairs]
     cmps = {}
@@ -944,6 +956,8 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
     table_labels = [lab for lab in labels if any(lab in r["by_env"] for r in rows)]
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
           "ci_head": ci_head(res.get("comparisons") or [], bool(settings.get("quick"))),
+          "ci_heads": [ci_head(res.get("comparisons") or [], bool(settings.get("quick")), p) for p in pairs],
+          "delta_between": DELTA_BETWEEN if delta_def(res.get("comparisons") or []) != DELTA_DEF else "",
           "level_note": level_note(res.get("comparisons") or []),
           "steal_note": steal_note(res.get("sets") or []), "steal_warn": STEAL_WARN, "probe_note": probe_note(res),
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
@@ -1211,8 +1225,8 @@ def markdown(res: dict) -> str:
     if vm["summaries"] or gate_line(res):
         lines.append("")
     hdr = "| case | op | " + " | ".join(f"{esc(lab)} wall µs" for lab in vm["labels"]) + " | " + \
-          " | ".join((f"{esc(c)} vs {esc(vm['base'])}" if vm["one_base"] else esc(c)) + " " + esc(vm["ci_head"])
-                     + " | Δ wall µs per call" for c in vm["candidates"]) + " |"
+          " | ".join((f"{esc(c)} vs {esc(vm['base'])}" if vm["one_base"] else esc(c)) + " " + esc(h)
+                     + " | Δ wall µs per call" for c, h in zip(vm["candidates"], vm["ci_heads"])) + " |"
     lines += [hdr, "|" + "---|" * (2 + len(vm["labels"]) + 2 * len(vm["candidates"]))]
     for r in vm["rows"]:
         cells = [r["full_label"], r["op"]]
@@ -1237,7 +1251,7 @@ def markdown(res: dict) -> str:
     attributed = any(c["wall"] and c["wall"].get("attribution") for r in vm["rows"] for c in r["comps"])
     lines.append(f"ratio = candidate / baseline wall time: {vm['ratio_def']}; "
                  + ("(host) / (device): the difference is host overhead / kernel time. " if attributed else "")
-                 + f"Δ: {DELTA_DEF}" + ("; the interval at the ratio's level." if has_ci else "."))
+                 + f"Δ: {delta_def(res.get('comparisons') or [])}" + ("; the interval at the ratio's level." if has_ci else "."))
     if vm["level_note"] and vm["level_note"].split("): ", 1)[-1] not in vm["ratio_def"]:  # not said twice
         lines.append(esc(vm["level_note"]) + ".")
     if vm["steal_note"]:
@@ -1266,6 +1280,14 @@ def markdown(res: dict) -> str:
 #: difference of the µs columns beside it, which are plain medians).
 DELTA_DEF = ("candidate minus baseline wall time, µs per call, paired like the ratio, so not the difference of "
              "the µs columns (plain medians)")
+#: The same for a merged report's columns between runs (new-user trial: DELTA_DEF was said of them too).
+DELTA_BETWEEN = "; between runs: the difference of the two runs' medians, unpaired, without an interval"
+
+
+def delta_def(comparisons: list[dict]) -> str:
+    """:data:`DELTA_DEF`, and :data:`DELTA_BETWEEN` where some wall comparison is between runs."""
+    return DELTA_DEF + (DELTA_BETWEEN if any(c.get("metric") == "wall_us" and c.get("between_runs")
+                                             for c in comparisons) else "")
 
 
 VERDICT_STYLE = {"slower": "red", "faster": "green", "same": "white", "ambiguous": "yellow", "provisional": "cyan"}
@@ -1340,11 +1362,9 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
 
         for lab in labels:
             t.add_column(f"{head(lab)}\n{unit}", justify="right", overflow="fold")  # an error may wrap
-        quick = bool((res.get("settings") or {}).get("quick"))
         for j in js:
             b, k = vm["pairs"][j]
-            t.add_column(f"{head(k)} vs {head(b)}\nwall ratio " + ci_head(res.get("comparisons") or [], quick),
-                         overflow="fold")
+            t.add_column(f"{head(k)} vs {head(b)}\nwall ratio " + vm["ci_heads"][j], overflow="fold")
             if delta:
                 t.add_column("Δ wall\nµs", justify="right", no_wrap=True)
         for r in vm["rows"]:
@@ -1393,7 +1413,7 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
         console.print("[dim]HB: host-bound (host dispatch ≥ kernel time: the GPU waits for the CPU)[/]")
     if delta:
         shown = [fmt_delta(c["wall"], delta == "ci") for r in vm["rows"] for c in r["comps"]]
-        console.print(f"[dim]Δ wall µs: {DELTA_DEF}"
+        console.print(f"[dim]Δ wall µs: {escape(delta_def(res.get('comparisons') or []))}"
                       + ("; the interval at the ratio's level" if any("[" in x for x in shown) else
                          "" if delta == "ci" else "; its interval: the HTML report or --markdown") + "[/]")
     elif vm["candidates"]:
@@ -1613,6 +1633,8 @@ def compare_terminal(cmp: dict, console=None) -> None:
                               fmt_us(w["cand_median"]), f"{escape(compare_wall(w))} {verdict(w)}"
                               + (f"; kernel {d['ratio']:.2f}x {d['verdict']}" if d else ""))
             console.print(b)
+    if cmp["rows"] and not any(r["device"] for r in cmp["rows"]):
+        console.print("[dim]kernel: – (these runs have no kernel clock: CPU runs)[/]")
     colors = {"slower": "red", "faster": "green", "mixed": "yellow", "same": "white", "none": "dim"}
     for s in cmp["summaries"]:
         console.print(f"[bold {colors[s['cls']]}]{escape(s['text'])}[/] [dim]{escape(s['detail'])}[/]")

@@ -306,7 +306,12 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
             per[m] = stats.compare(sb, sk, min_effect, seed=zlib.crc32(f"{seed_key}/{m}".encode()),
                                    paired=None if paired else False)
             if not paired and m in CYCLED and per[m]["verdict"] != "provisional":
-                per[m].update(verdict="provisional", between_runs=True, provisional_why=BETWEEN_RUNS_WHY)
+                # no interval either (new-user trial: the file kept one the report said it had not); the
+                # fixed-n one is kept apart, named for what it leaves out (benchmarks/between_runs.py)
+                c = per[m]
+                c["fixed_n_ci_without_run_spread"] = [c["ci_low"], c["ci_high"]]
+                c.update(verdict="provisional", provisional=True, between_runs=True, provisional_why=BETWEEN_RUNS_WHY,
+                         ci_low=None, ci_high=None, delta_ci_low=None, delta_ci_high=None, p_value=None)
     attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
     return per, attr, why
 
@@ -708,9 +713,10 @@ def is_merge(doc: dict) -> bool:
 
 def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     """Merge several results (e.g. one per tox env) into one: envs and cases concatenated (labels
-    made unique), comparisons recomputed against the first env: paired (by process set, or by round for
-    results/1) only for an env of the baseline's own run, unpaired (independent groups) for an env
-    from another run."""
+    made unique), comparisons recomputed: each run's own envs as that run compared them (paired by
+    process set, or by round for results/1; its pairs, one e-BY family per clock, its settings), and
+    every env of a later run against the first env, unpaired (independent groups; wall and host
+    provisional: BETWEEN_RUNS_WHY)."""
     if len(runs) == 1 and min_effect is None:
         return runs[0]
     out = json.loads(json.dumps(runs[0], default=_default))
@@ -754,17 +760,35 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
     if min_effect is not None:  # said by the report (report.rejudged_note; second new-user trial: it said nothing)
         out["rejudged"] = {"min_effect": eff, "run_min_effect": own}
     labels = [e["label"] for e in out["envs"] if e["status"] == "ok"]
-    # the baseline's own run as that run compared it: its envs in its pairs (a torch axis: within each
-    # torch and each version), all its comparisons of a clock one e-BY family; a run of 3 versions
-    # re-rendered (--min-effect) or merged had been judged one candidate at a time, a family of 12
-    # instead of 24, and called verdicts the run had not (four versions: 28 slower instead of 26)
-    own = [lab for lab in labels if run_of[lab] == run_of[labels[0]]] if labels else []
-    out["comparisons"] = comparisons(out["cases"], own, eff, settings=out["settings"],
-                                     pairs=env_pairs([e for e in out["envs"] if e["label"] in own]),
-                                     sets=out.get("sets"))
-    out["comparisons"] += [c for cand in labels[1:] if cand not in own
-                           for c in comparisons(out["cases"], [labels[0], cand], eff, settings=out["settings"],
-                                                paired=False, sets=out.get("sets"))]
+    # each run's settings (its alpha, method, planned sets), at the report's min_effect; a merged
+    # document given first keeps its one settings record for every run it holds
+    settings_of = {run_of[e["label"]]: out["settings"] for e in out["envs"][:len(runs[0]["envs"])]}
+    for i, r in enumerate(runs[1:], 1):
+        for e in r["envs"]:
+            settings_of.setdefault(origin(e, r, i), {**(r.get("settings") or {}), "min_effect": eff})
+
+    def own_run(rid: str) -> list[dict]:
+        """Run ``rid``'s own comparisons, as that run compared them: its envs in its pairs (a torch
+        axis: within each torch and each version), all of a clock one e-BY family, its own sets and
+        settings. A run of 3 versions re-rendered (--min-effect) or merged had been judged one
+        candidate at a time, a family of 12 instead of 24, and called verdicts the run had not (four
+        versions: 28 slower instead of 26); a later run's own pairs had been left out of a merge."""
+        own = [lab for lab in labels if run_of[lab] == rid]
+        return [dict(c, run_id=rid) for c in comparisons(
+            out["cases"], own, eff, settings=settings_of[rid], pairs=env_pairs([e for e in out["envs"] if e["label"] in own]),
+            sets=[x for x in out.get("sets") or [] if isinstance(x, dict) and x.get("run_id") == rid])]
+
+    first = run_of[labels[0]] if labels else None
+    out["comparisons"] = own_run(first) if labels else []
+    for rid in dict.fromkeys(run_of[lab] for lab in labels[1:]):
+        if rid == first:
+            continue
+        # each env of a later run against the baseline (unpaired: wall and host provisional), then
+        # that run's own comparisons
+        out["comparisons"] += [c for cand in labels[1:] if run_of[cand] == rid
+                               for c in comparisons(out["cases"], [labels[0], cand], eff, settings=out["settings"],
+                                                    paired=False, sets=out.get("sets"))]
+        out["comparisons"] += own_run(rid)
     out["merged_from"] = list(dict.fromkeys(run_of.values()))
     if len(out["merged_from"]) > 1:  # not the first run's own id: compare and publish took it for that run
         out["run_id"] = "merge of " + ", ".join(out["merged_from"])

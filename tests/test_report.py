@@ -412,7 +412,8 @@ def test_two_runs_of_one_build_get_no_wall_verdict_between_them():
     rows = {(r["env"], r["short"], r["op"]): r for r in cmp["rows"]}
     w = rows[("a", "B2 S50", "fwd")]["wall"]
     assert w["ratio"] == pytest.approx(1.60, abs=0.01)
-    assert stats.verdict(w["ratio"], w["ci_low"], w["ci_high"], 0.05) == "slower"  # what its interval says
+    assert stats.verdict(w["ratio"], *w["fixed_n_ci_without_run_spread"], 0.05) == "slower"  # what its interval says
+    assert w["ci_low"] is w["ci_high"] is w["p_value"] is None and w["provisional"] is True  # no interval stored
     assert all(r["wall"]["verdict"] == r["host"]["verdict"] == "provisional" for r in cmp["rows"])
     assert all(r["device"]["verdict"] in ("same", "ambiguous") for r in cmp["rows"])
     assert sum(r["device"]["verdict"] == "same" for r in cmp["rows"]) >= 12
@@ -670,8 +671,10 @@ def test_compare_runs_is_unpaired_so_round_order_does_not_matter(h200):
             assert not x[k]["paired"] and not y[k]["paired"]
             assert x[k]["ratio"] == y[k]["ratio"] and x[k]["verdict"] == y[k]["verdict"]
             # the bootstrap resamples rounds in list order, so the CI ends move by Monte Carlo noise only
-            assert (x[k]["ci_low"], x[k]["ci_high"]) == pytest.approx((y[k]["ci_low"], y[k]["ci_high"]), rel=1e-2)
-        assert x["wall"]["ci_low"] < 1 < x["wall"]["ci_high"]  # an honest, non-zero-width interval
+            ci = (lambda c: c.get("fixed_n_ci_without_run_spread") or (c["ci_low"], c["ci_high"]))  # noqa: E731
+            assert tuple(ci(x[k])) == pytest.approx(tuple(ci(y[k])), rel=1e-2)
+        lo, hi = x["wall"]["fixed_n_ci_without_run_spread"]
+        assert lo < 1 < hi and x["wall"]["verdict"] == "provisional"  # a non-zero-width interval, kept apart
 
 
 def _only(run: dict, label: str) -> dict:
@@ -695,9 +698,11 @@ def test_merge_compares_envs_of_different_runs_unpaired(h200):
     extra = copy.deepcopy(h200)
     extra["run_id"] += "-other"
     again = results.merge([h200, extra])
-    method = {c["candidate"]: c["ci_method"] for c in again["comparisons"] if c["metric"] == "wall_us"}
-    assert method == {"2.7.0.post2": "paired trimmed t", "2.6.3'": "independent bootstrap+Welch",
-                      "2.7.0.post2'": "independent bootstrap+Welch"}
+    method = {(c["baseline"], c["candidate"]): c["ci_method"] for c in again["comparisons"] if c["metric"] == "wall_us"}
+    # and the later run's own pair, paired as that run compared it (new-user trial: it was left out)
+    assert method == {("2.6.3", "2.7.0.post2"): "paired trimmed t", ("2.6.3", "2.6.3'"): "independent bootstrap+Welch",
+                      ("2.6.3", "2.7.0.post2'"): "independent bootstrap+Welch",
+                      ("2.6.3'", "2.7.0.post2'"): "paired trimmed t"}
     # the legend says so (new-user trial: a merged report called every ratio paired)
     assert report.view_model(merged)["ratio_def"] == report.MERGED_DEF
     mixed = report.view_model(again)["ratio_def"]
@@ -705,7 +710,7 @@ def test_merge_compares_envs_of_different_runs_unpaired(h200):
     # the headline of an env from another run says so, and a copy of the same wheel on the same torch is
     # called the machine's difference (new-user trial: "2.6.3' vs 2.6.3: faster in 2/4 cases" for two runs
     # of one wheel three minutes apart)
-    heads = {s["candidate"]: s for s in report.view_model(again)["summaries"]}
+    heads = {s["candidate"]: s for s in report.view_model(again)["summaries"] if s["baseline"] == "2.6.3"}
     assert heads["2.6.3'"]["text"].startswith("2.6.3' vs 2.6.3, between runs (unpaired; the same build: a difference "
                                               "is the machine's): ")
     assert heads["2.6.3'"]["detail"].startswith(report.BETWEEN_NOTE + " Both are the same wheel (sha256 ")
@@ -1615,12 +1620,17 @@ def test_a_rerendered_run_of_four_versions_keeps_its_family_and_verdicts():
     assert [what(c) for c in again["comparisons"]] == [what(c) for c in run["comparisons"]]
     wall = [c for c in again["comparisons"] if c["metric"] == "wall_us"]
     assert {c["family_size"] for c in wall} == {36} and sum(c["verdict"] == "slower" for c in wall) == 26
-    # merged with another run: its own comparisons stay as they were, the other run's envs come after
+    # merged with another run: each run's own comparisons as that run made them, and between them the
+    # other run's envs against the baseline, unpaired
     other = copy.deepcopy(run)
     other["run_id"] += "-other"
     merged = results.merge([run, other])
-    assert [what(c) for c in merged["comparisons"][:len(run["comparisons"])]] == [what(c) for c in run["comparisons"]]
-    assert all(c["paired"] is False for c in merged["comparisons"][len(run["comparisons"]):])
+    n = len(run["comparisons"])
+    assert [what(c) for c in merged["comparisons"][:n]] == [what(c) for c in run["comparisons"]]
+    assert [what(c) for c in merged["comparisons"][-n:]] == [what(c) for c in run["comparisons"]]
+    assert {c["candidate"][-1] for c in merged["comparisons"][-n:]} == {"'"}
+    between = merged["comparisons"][n:-n]
+    assert len(between) == 4 * 12 * 4 and all(c["paired"] is False and c["baseline"] == "2.6.3" for c in between)
 
 
 def test_a_merged_reports_column_head_and_levels_cover_its_between_run_intervals():
@@ -1640,7 +1650,9 @@ def test_a_merged_reports_column_head_and_levels_cover_its_between_run_intervals
     assert all(c["verdict"] == "provisional" and c["between_runs"] and c.get("alpha") is None for c in between)
     assert report.ci_head(merged["comparisons"]) == report.ci_head(aa["comparisons"]) == "[CI, levels below]"
     note = report.level_note(merged["comparisons"])
-    assert note == report.level_note(aa["comparisons"]) and "between runs" not in note, note
+    assert "between runs" not in note and note == report.level_note(aa["comparisons"]).replace(
+        "of the run): the 10 called the same at 95.83%, the other 2", "of each run): the 20 called the same at 95.83%, "
+        "the other 4"), note  # both runs' own comparisons, each run one e-BY family
     con = Console(record=True, width=250)
     report.terminal_table(merged, con)
     text = " ".join(con.export_text().split())
