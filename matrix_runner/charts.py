@@ -174,8 +174,10 @@ def ratio_chart(rows: list[dict], candidates: list[str], base: str, min_effect: 
     ax.grid(axis="y", visible=False)
     _ratio_ticks(ax, lo_all, hi_all)
     points = all(c.get("between_runs") for _, _, c in items)  # between runs: the ratios alone (no interval)
+    some = any(c.get("between_runs") for _, _, c in items)
     ax.set_xlabel("wall time ratio, " + plain(what or f"candidate / baseline {base}") + "  (← faster · slower →)"
-                  + (", provisional: no interval between runs" if points else ", with its interval"))
+                  + (", provisional: no interval between runs" if points else
+                     ", with its interval (between runs: a point, provisional)" if some else ", with its interval"))
     if k > 1:
         from matplotlib.lines import Line2D
 

@@ -68,13 +68,13 @@ def fmt_ci(c: dict | None, digits: int = 2) -> str:
     side (``--quick``; ``compare`` of one-set runs) shows none."""
     if not c:
         return "–"
-    if c.get("between_runs") and c.get("verdict") == "provisional":
-        # an interval from the two runs' sets leaves out how far apart two runs lie (results.BETWEEN_RUNS_WHY)
-        return "(between runs: no interval)"
     if c.get("within_process_only") and c.get("verdict") == "provisional":
         # one process (set) per side: an interval from its own samples would ignore the spread
         # between processes, which is what decides (stats module doc)
         return "(no interval: one process set)"
+    if c.get("between_runs") and c.get("verdict") == "provisional":
+        # an interval from the two runs' sets leaves out how far apart two runs lie (results.BETWEEN_RUNS_WHY)
+        return "(between runs: no interval)"
     lo, hi = c.get("ci_low"), c.get("ci_high")
     if hi is None or lo is None or hi == float("inf") or not lo:
         return "(unbounded: too few sets)"
@@ -226,6 +226,8 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
         hi = max(counts["provisional"], key=lambda c: c["ratio"])
         parts.append(f"provisional ratios {lo['ratio']:.2f}x-{hi['ratio']:.2f}x in {len(counts['provisional'])} "
                      "cases, no verdict (" + ("a --quick run decides nothing" if quick else
+                                              "a side timed in one process set decides nothing"
+                                              if any(c.get("within_process_only") for c in counts["provisional"]) else
                                               "wall time between two runs decides nothing: each met the CPU at its "
                                               "own speeds; time both in one run for a verdict"
                                               if any(c.get("between_runs") for c in counts["provisional"]) else
@@ -304,7 +306,20 @@ def level_pct(alpha: float) -> str:
 def level_groups(wall: list[dict]) -> str:
     """Which level each kind of wall-time verdict was shown at (stats.select_family: the k decided alike
     at 1 - alpha k/m, the rest at 1 - alpha/m), e.g. "the 9 called faster or slower at 96.25%, the
-    one called the same at 99.58%, the other 2 at 99.58%"; provisional ones are left out."""
+    one called the same at 99.58%, the other 2 at 99.58%"; provisional ones are left out. A merged
+    report's runs (``run_id``, results.merge) each had their own family, so each is named with its
+    pairs (second new-user trial: their counts were pooled at the first run's level)."""
+    runs = list(dict.fromkeys(c.get("run_id") for c in wall if c.get("verdict") != "provisional"))
+    if len(runs) > 1:
+        def pairs_of(rid):
+            return ", ".join(dict.fromkeys(f"{c.get('candidate')} vs {c.get('baseline')}" for c in wall
+                                           if c.get("run_id") == rid))
+        return "; ".join(f"{pairs_of(rid)}: {_level_groups([c for c in wall if c.get('run_id') == rid])}"
+                         for rid in runs)
+    return _level_groups(wall)
+
+
+def _level_groups(wall: list[dict]) -> str:
     groups: list = []  # [who, level]; a group at the level of the one before joins it
     for kind, word in (("faster/slower", "faster or slower"), ("same", "the same")):
         sel = [x for x in wall if x.get("selection") == kind]
@@ -846,8 +861,9 @@ def shown_gap(rows: list[dict]) -> float | None:
 #: three minutes apart were merged into "2.6.3' vs 2.6.3: faster in 2/4 cases", the legend alone
 #: saying they were unpaired).
 BETWEEN_NOTE = ("Between runs: these two were not timed in turns, so a change of the machine between the runs "
-                "(CPU speed, load, clocks) counts as a difference as much as the code's; kernel time, a GPU clock, "
-                "keeps its verdicts.")
+                "(CPU speed, load, clocks) counts as a difference as much as the code's.")
+#: Added to :data:`BETWEEN_NOTE` where the runs have a kernel clock (not a CPU run: second new-user trial).
+BETWEEN_KERNEL = " Kernel time, a GPU clock, keeps its verdicts."
 
 
 #: The headline's word on a comparison between runs of one build (:func:`same_build`).
@@ -939,7 +955,8 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
             # the headline too (new-user trial: one wheel merged from two runs read "faster 4/4" there)
             s["text"] = s["text"].replace(f"{cand} vs {b_lab}:", f"{cand} vs {b_lab}, between runs (unpaired"
                                           + (f"; {SAME_BUILD_TAG}" if same else "") + "):", 1)
-            s["detail"] = " ".join(x for x in (BETWEEN_NOTE, same, s["detail"]) if x)
+            s["detail"] = " ".join(x for x in (BETWEEN_NOTE + (BETWEEN_KERNEL if pick("device") else ""), same,
+                                               s["detail"]) if x)
         hb = {lab: sum(1 for r in rows if lab in r["host_bound"]) for lab in (b_lab, cand)}
         if any(r["case"].get("host_bound") is not None for r in rows):
             s["detail"] += (" Host-bound (host dispatch ≥ kernel time): " +
@@ -957,7 +974,12 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
           "ci_head": ci_head(res.get("comparisons") or [], bool(settings.get("quick"))),
           "ci_heads": [ci_head(res.get("comparisons") or [], bool(settings.get("quick")), p) for p in pairs],
-          "delta_between": DELTA_BETWEEN if delta_def(res.get("comparisons") or []) != DELTA_DEF else "",
+          "delta_legend": delta_def(res.get("comparisons") or [], "; with its interval at the ratio's level"),
+          # every wall ratio / some wall ratios between runs: provisional, no interval (results.BETWEEN_RUNS_WHY)
+          "between_all": bool(pairs) and all(h == "(provisional)" for h in
+                                             [ci_head(res.get("comparisons") or [], False, p) for p in pairs])
+          and any(c.get("between_runs") for c in res.get("comparisons") or []),
+          "between_any": any(c.get("between_runs") and c.get("metric") == "wall_us" for c in res.get("comparisons") or []),
           "level_note": level_note(res.get("comparisons") or []),
           "steal_note": steal_note(res.get("sets") or []), "steal_warn": STEAL_WARN, "probe_note": probe_note(res),
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
@@ -1251,7 +1273,7 @@ def markdown(res: dict) -> str:
     attributed = any(c["wall"] and c["wall"].get("attribution") for r in vm["rows"] for c in r["comps"])
     lines.append(f"ratio = candidate / baseline wall time: {vm['ratio_def']}; "
                  + ("(host) / (device): the difference is host overhead / kernel time. " if attributed else "")
-                 + f"Δ: {delta_def(res.get('comparisons') or [])}" + ("; the interval at the ratio's level." if has_ci else "."))
+                 + f"Δ: {delta_def(res.get('comparisons') or [], '; the interval at the ratio' + chr(39) + 's level' if has_ci else '')}.")
     if vm["level_note"] and vm["level_note"].split("): ", 1)[-1] not in vm["ratio_def"]:  # not said twice
         lines.append(esc(vm["level_note"]) + ".")
     if vm["steal_note"]:
@@ -1281,13 +1303,17 @@ def markdown(res: dict) -> str:
 DELTA_DEF = ("candidate minus baseline wall time, µs per call, paired like the ratio, so not the difference of "
              "the µs columns (plain medians)")
 #: The same for a merged report's columns between runs (new-user trial: DELTA_DEF was said of them too).
-DELTA_BETWEEN = "; between runs: the difference of the two runs' medians, unpaired, without an interval"
+DELTA_BETWEEN = "between runs: the difference of the two runs' medians, unpaired, without an interval"
 
 
-def delta_def(comparisons: list[dict]) -> str:
-    """:data:`DELTA_DEF`, and :data:`DELTA_BETWEEN` where some wall comparison is between runs."""
-    return DELTA_DEF + (DELTA_BETWEEN if any(c.get("metric") == "wall_us" and c.get("between_runs")
-                                             for c in comparisons) else "")
+def delta_def(comparisons: list[dict], interval: str = "") -> str:
+    """What the Δ column holds: :data:`DELTA_DEF` (with ``interval``, what is said of its interval),
+    :data:`DELTA_BETWEEN` where every wall comparison is between runs, both where some are."""
+    wall = [c for c in comparisons if c.get("metric") == "wall_us"]
+    between = [c for c in wall if c.get("between_runs")]
+    if wall and len(between) == len(wall):
+        return "candidate minus baseline wall time, µs per call, " + DELTA_BETWEEN
+    return ("within a run: " if between else "") + DELTA_DEF + interval + (f"; {DELTA_BETWEEN}" if between else "")
 
 
 VERDICT_STYLE = {"slower": "red", "faster": "green", "same": "white", "ambiguous": "yellow", "provisional": "cyan"}
@@ -1413,9 +1439,9 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
         console.print("[dim]HB: host-bound (host dispatch ≥ kernel time: the GPU waits for the CPU)[/]")
     if delta:
         shown = [fmt_delta(c["wall"], delta == "ci") for r in vm["rows"] for c in r["comps"]]
-        console.print(f"[dim]Δ wall µs: {escape(delta_def(res.get('comparisons') or []))}"
-                      + ("; the interval at the ratio's level" if any("[" in x for x in shown) else
-                         "" if delta == "ci" else "; its interval: the HTML report or --markdown") + "[/]")
+        tail = ("; the interval at the ratio's level" if any("[" in x for x in shown) else
+                "" if delta == "ci" else "; its interval: the HTML report or --markdown")
+        console.print(f"[dim]Δ wall µs: {escape(delta_def(res.get('comparisons') or [], tail))}[/]")
     elif vm["candidates"]:
         console.print("[dim]Δ wall µs (the difference in µs per call) does not fit this console's width: see the "
                       "HTML report or --markdown[/]")
@@ -1514,7 +1540,7 @@ COMPARE_NOTE = ("B/A: the ratio of the two runs' medians of set medians. Two run
 
 def compare_wall(w: dict) -> str:
     """The wall cell of a compare row: the ratio, with its interval where it has one (not between runs)."""
-    return f"{w['ratio']:.2f}x" if w.get("between_runs") else fmt_ratio(w)
+    return f"{w['ratio']:.2f}x" if w.get("between_runs") and not w.get("within_process_only") else fmt_ratio(w)
 
 
 def compare_kernel(d: dict | None) -> str:

@@ -305,12 +305,14 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
                 continue
             per[m] = stats.compare(sb, sk, min_effect, seed=zlib.crc32(f"{seed_key}/{m}".encode()),
                                    paired=None if paired else False)
+            if not paired:  # between runs (every clock says so: second new-user trial)
+                per[m]["between_runs"] = True
             if not paired and m in CYCLED and per[m]["verdict"] != "provisional":
                 # no interval either (new-user trial: the file kept one the report said it had not); the
                 # fixed-n one is kept apart, named for what it leaves out (benchmarks/between_runs.py)
                 c = per[m]
                 c["fixed_n_ci_without_run_spread"] = [c["ci_low"], c["ci_high"]]
-                c.update(verdict="provisional", provisional=True, between_runs=True, provisional_why=BETWEEN_RUNS_WHY,
+                c.update(verdict="provisional", provisional=True, provisional_why=BETWEEN_RUNS_WHY,  # ci_method: that one's
                          ci_low=None, ci_high=None, delta_ci_low=None, delta_ci_high=None, p_value=None)
     attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
     return per, attr, why

@@ -713,7 +713,7 @@ def test_merge_compares_envs_of_different_runs_unpaired(h200):
     heads = {s["candidate"]: s for s in report.view_model(again)["summaries"] if s["baseline"] == "2.6.3"}
     assert heads["2.6.3'"]["text"].startswith("2.6.3' vs 2.6.3, between runs (unpaired; the same build: a difference "
                                               "is the machine's): ")
-    assert heads["2.6.3'"]["detail"].startswith(report.BETWEEN_NOTE + " Both are the same wheel (sha256 ")
+    assert heads["2.6.3'"]["detail"].startswith(report.BETWEEN_NOTE + report.BETWEEN_KERNEL + " Both are the same wheel (sha256 ")
     assert "every difference here is the machine's between the runs, not the code's" in heads["2.6.3'"]["detail"]
     assert heads["2.7.0.post2'"]["text"].startswith("2.7.0.post2' vs 2.6.3, between runs (unpaired): ")
     assert "same wheel" not in heads["2.7.0.post2'"]["detail"]  # another wheel than the baseline's
@@ -1650,9 +1650,12 @@ def test_a_merged_reports_column_head_and_levels_cover_its_between_run_intervals
     assert all(c["verdict"] == "provisional" and c["between_runs"] and c.get("alpha") is None for c in between)
     assert report.ci_head(merged["comparisons"]) == report.ci_head(aa["comparisons"]) == "[CI, levels below]"
     note = report.level_note(merged["comparisons"])
-    assert "between runs" not in note and note == report.level_note(aa["comparisons"]).replace(
-        "of the run): the 10 called the same at 95.83%, the other 2", "of each run): the 20 called the same at 95.83%, "
-        "the other 4"), note  # both runs' own comparisons, each run one e-BY family
+    # both runs' own comparisons, each run one e-BY family with its own levels (second new-user trial:
+    # their counts were pooled at the first run's level)
+    assert note == ("interval levels (e-BY over the wall-time comparisons of each run): b vs a: the 10 called the same "
+                    "at 95.83%, the other 2 at 99.58%; b' vs a': the 10 called the same at 95.83%, the other 2 at 99.58%")
+    assert report.level_note(aa["comparisons"]) == ("interval levels (e-BY over the wall-time comparisons of the run): "
+                                                    "the 10 called the same at 95.83%, the other 2 at 99.58%")
     con = Console(record=True, width=250)
     report.terminal_table(merged, con)
     text = " ".join(con.export_text().split())
