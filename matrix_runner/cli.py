@@ -173,8 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Render DIR/index.html from saved runs without timing anything (without -o: print the "
                     "verdict table to the terminal and write nothing): one run as it was "
                     "(its comparisons as stored), or several merged into one report (e.g. the tox envs of "
-                    "reports/tox: their envs side by side, the first env the baseline, the comparisons "
-                    "recomputed). Archived runs (results.json.gz) are read as they are.")
+                    "reports/tox: their envs side by side, the first env the baseline; each run's own "
+                    "comparisons recomputed as that run judged them, and each env of a later run against the "
+                    "baseline with wall and host ratios provisional: no interval, no verdict between runs). "
+                    "Archived runs (results.json.gz) are read as they are.")
     rp.add_argument("results", nargs="+", metavar="RESULTS.json|DIR",
                     help="results files, or dirs searched for results.json (several are merged: first env = baseline)")
     rp.add_argument("-o", "--output", metavar="DIR",

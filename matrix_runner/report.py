@@ -452,7 +452,8 @@ def _ratio_definition(comparisons: list[dict], method: str | None = None, speed_
             n = sum(x.get("dropped_cycles") or 0 for x in comparisons if x.get("metric") in ("wall_us", "host_us"))
             pinned = "" if method in results.GUARD_EVERY_SET_METHODS else " of a pinned set"  # /5: pinned sets only
             glitch = (f" (from the fourth set on, a turn{pinned} whose ratio is twice or half the comparison's ratio in "
-                      f"the earlier sets is left out as a stall, not a version's cost: {n} of the run's wall and host turns)")
+                      f"the earlier sets is left out as a stall, not a version's cost: {n} of the "
+                      + ("runs'" if len({x.get("run_id") for x in wall}) > 1 else "run's") + " wall and host turns)")
         state = cpu_state_note(comparisons)
         if state:
             glitch += "; " + state
@@ -1692,6 +1693,8 @@ def compare_markdown(cmp: dict) -> str:
                  w["verdict"] + (f" ({w['attribution']})" if w.get("attribution") else ""),
                  f"{r['host']['ratio']:.2f}x" if r["host"] else "–", compare_kernel(r["device"])]
         lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
+    if cmp["rows"] and not any(r["device"] for r in cmp["rows"]):
+        lines += ["", "kernel: – (these runs have no kernel clock: CPU runs)"]
     lines += ["", f"{COMPARE_NOTE}; above 1 B is slower."]
     return "\n".join(lines) + "\n"
 
