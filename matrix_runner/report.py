@@ -226,12 +226,11 @@ def summarize(wall: list[dict], n_cases: int, name: dict, cand: str, base: str,
         hi = max(counts["provisional"], key=lambda c: c["ratio"])
         parts.append(f"provisional ratios {lo['ratio']:.2f}x-{hi['ratio']:.2f}x in {len(counts['provisional'])} "
                      "cases, no verdict (" + ("a --quick run decides nothing" if quick else
-                                              "a side timed in one process set decides nothing"
-                                              if any(c.get("within_process_only") for c in counts["provisional"]) else
                                               "wall time between two runs decides nothing: each met the CPU at its "
                                               "own speeds; time both in one run for a verdict"
-                                              if any(c.get("between_runs") for c in counts["provisional"]) else
-                                              "a side timed in one process set decides nothing") + ")")
+                                              if any(c.get("between_runs") for c in counts["provisional"])
+                                              and not any(c.get("within_process_only") for c in counts["provisional"])
+                                              else "a side timed in one process set decides nothing") + ")")
     missing = n_cases - len(wall)
     if missing:
         rest.append(f"not compared in {missing} (failed or not run)")
@@ -972,15 +971,14 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
     failed_envs = [e for e in envs if e["status"] != "ok"]
     # columns of the verdict table: envs with at least one case (a failed env is named above the table)
     table_labels = [lab for lab in labels if any(lab in r["by_env"] for r in rows)]
+    comparisons = res.get("comparisons") or []
+    ci_heads = [ci_head(comparisons, bool(settings.get("quick")), p) for p in pairs]
+    # some / every wall ratio between runs: provisional, no interval (results.BETWEEN_RUNS_WHY)
+    between_any = any(c.get("between_runs") and c.get("metric") == "wall_us" for c in comparisons)
     vm = {"res": res, "labels": labels, "table_labels": table_labels, "ok_labels": ok_labels, "base": base, "rows": rows,
-          "ci_head": ci_head(res.get("comparisons") or [], bool(settings.get("quick"))),
-          "ci_heads": [ci_head(res.get("comparisons") or [], bool(settings.get("quick")), p) for p in pairs],
-          "delta_legend": delta_def(res.get("comparisons") or [], "; with its interval at the ratio's level"),
-          # every wall ratio / some wall ratios between runs: provisional, no interval (results.BETWEEN_RUNS_WHY)
-          "between_all": bool(pairs) and all(h == "(provisional)" for h in
-                                             [ci_head(res.get("comparisons") or [], False, p) for p in pairs])
-          and any(c.get("between_runs") for c in res.get("comparisons") or []),
-          "between_any": any(c.get("between_runs") and c.get("metric") == "wall_us" for c in res.get("comparisons") or []),
+          "ci_head": ci_head(comparisons, bool(settings.get("quick"))), "ci_heads": ci_heads,
+          "delta_legend": delta_def(comparisons, "; with its interval at the ratio's level"),
+          "between_all": between_any and all(h == "(provisional)" for h in ci_heads), "between_any": between_any,
           "level_note": level_note(res.get("comparisons") or []),
           "steal_note": steal_note(res.get("sets") or []), "steal_warn": STEAL_WARN, "probe_note": probe_note(res),
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
@@ -1272,9 +1270,10 @@ def markdown(res: dict) -> str:
     notes_at = len(lines)  # the notes below the table, each a paragraph of its own (new-user trial: one block)
     # the attribution legend only where a row carries one (new-user trial: a --quick run's had none)
     attributed = any(c["wall"] and c["wall"].get("attribution") for r in vm["rows"] for c in r["comps"])
+    at_level = "; the interval at the ratio's level" if has_ci else ""
     lines.append(f"ratio = candidate / baseline wall time: {vm['ratio_def']}; "
                  + ("(host) / (device): the difference is host overhead / kernel time. " if attributed else "")
-                 + f"Δ: {delta_def(res.get('comparisons') or [], '; the interval at the ratio' + chr(39) + 's level' if has_ci else '')}.")
+                 + f"Δ: {delta_def(res.get('comparisons') or [], at_level)}.")
     if vm["level_note"] and vm["level_note"].split("): ", 1)[-1] not in vm["ratio_def"]:  # not said twice
         lines.append(esc(vm["level_note"]) + ".")
     if vm["steal_note"]:
