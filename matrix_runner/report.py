@@ -944,8 +944,8 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
         # a comparison's impl is its case's (comparisons written before impl was stored lack it)
         pick = lambda k: [dict(c[k], impl=r["case"].get("impl", "flash_attn"))  # noqa: E731
                           for r in rows for c in r["comps"][j:j + 1] if c[k]]
-        walls = pick("wall")
-        s = summarize(walls, len(rows), name, cand, b_lab, pick("device"), pick("host"), min_effect,
+        walls, devices = pick("wall"), pick("device")
+        s = summarize(walls, len(rows), name, cand, b_lab, devices, pick("host"), min_effect,
                       quick=bool((res.get("settings") or {}).get("quick")),
                       interrupted=(res.get("timing") or {}).get("stop_reason") == "interrupted",
                       n_control=sum(1 for r in rows if r["case"].get("impl") == "sdpa"), run_dir=run_dir)
@@ -955,7 +955,7 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
             # the headline too (new-user trial: one wheel merged from two runs read "faster 4/4" there)
             s["text"] = s["text"].replace(f"{cand} vs {b_lab}:", f"{cand} vs {b_lab}, between runs (unpaired"
                                           + (f"; {SAME_BUILD_TAG}" if same else "") + "):", 1)
-            s["detail"] = " ".join(x for x in (BETWEEN_NOTE + (BETWEEN_KERNEL if pick("device") else ""), same,
+            s["detail"] = " ".join(x for x in (BETWEEN_NOTE + (BETWEEN_KERNEL if devices else ""), same,
                                                s["detail"]) if x)
         hb = {lab: sum(1 for r in rows if lab in r["host_bound"]) for lab in (b_lab, cand)}
         if any(r["case"].get("host_bound") is not None for r in rows):

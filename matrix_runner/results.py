@@ -305,15 +305,16 @@ def compare_case(b: dict, k: dict, min_effect: float, *, paired: bool, seed_key:
                 continue
             per[m] = stats.compare(sb, sk, min_effect, seed=zlib.crc32(f"{seed_key}/{m}".encode()),
                                    paired=None if paired else False)
+            c = per[m]
             if not paired:  # between runs (every clock says so: second new-user trial)
-                per[m]["between_runs"] = True
-            if not paired and m in CYCLED and per[m]["verdict"] != "provisional":
-                # no interval either (new-user trial: the file kept one the report said it had not); the
-                # fixed-n one is kept apart, named for what it leaves out (benchmarks/between_runs.py)
-                c = per[m]
-                c["fixed_n_ci_without_run_spread"] = [c["ci_low"], c["ci_high"]]
-                c.update(verdict="provisional", provisional=True, provisional_why=BETWEEN_RUNS_WHY,  # ci_method: that one's
-                         ci_low=None, ci_high=None, delta_ci_low=None, delta_ci_high=None, p_value=None)
+                c["between_runs"] = True
+                if m in CYCLED and c["verdict"] != "provisional":
+                    # no interval either (new-user trial: the file kept one the report said it had not); the
+                    # fixed-n one (its ci_method's) is kept apart, named for what it leaves out
+                    # (benchmarks/between_runs.py reads it)
+                    c["fixed_n_ci_without_run_spread"] = [c["ci_low"], c["ci_high"]]
+                    c.update(verdict="provisional", provisional=True, provisional_why=BETWEEN_RUNS_WHY,
+                             ci_low=None, ci_high=None, delta_ci_low=None, delta_ci_high=None, p_value=None)
     attr, why = stats.attribute(per.get("wall_us"), per.get("host_us"), per.get("device_us"))
     return per, attr, why
 
@@ -787,9 +788,10 @@ def merge(runs: list[dict], min_effect: float | None = None) -> dict:
             continue
         # each env of a later run against the baseline (unpaired: wall and host provisional), then
         # that run's own comparisons
-        out["comparisons"] += [c for cand in labels[1:] if run_of[cand] == rid
-                               for c in comparisons(out["cases"], [labels[0], cand], eff, settings=out["settings"],
-                                                    paired=False, sets=out.get("sets"))]
+        cands = [cand for cand in labels[1:] if run_of[cand] == rid]
+        out["comparisons"] += comparisons(out["cases"], [labels[0], *cands], eff, settings=out["settings"],
+                                          paired=False, pairs=[(labels[0], cand) for cand in cands],
+                                          sets=out.get("sets"))
         out["comparisons"] += own_run(rid)
     out["merged_from"] = list(dict.fromkeys(run_of.values()))
     if len(out["merged_from"]) > 1:  # not the first run's own id: compare and publish took it for that run
