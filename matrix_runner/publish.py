@@ -9,7 +9,8 @@ Layout of SITE::
     SITE/.matrix-run-site        marker: a site inside REPORTS_DIR is never taken for a run
 
 ``<run>`` is the run's directory name under REPORTS_DIR. Runs are found as REPORTS_DIR/*/results.json
-(or results.json.gz, results.NAMES) of a schema ``results.load`` reads (``matrix-runner/results/1`` or ``/2``); anything else is skipped with a warning. Every page is
+(or results.json.gz, results.NAMES), and as REPORTS_DIR/*/*/results.json inside a folder that holds no
+run itself (``<run>`` is then ``group/run``: the tox envs' ``reports/tox/<env>/``) of a schema ``results.load`` reads (``matrix-runner/results/1`` or ``/2``); anything else is skipped with a warning. Every page is
 self-contained (inline CSS, no script, nothing fetched) and every string from a results file is
 escaped.
 """
@@ -29,26 +30,39 @@ HTML_NAMES = ("index.html", "index.html.gz")
 
 
 def find_runs(reports_dir: Path, site_dir: Path | None = None) -> tuple[list[dict], list[str]]:
-    """Runs under ``reports_dir`` (one level down) as ``[{name, dir, res}]`` and warnings for the
-    directories skipped."""
+    """Runs under ``reports_dir`` as ``[{name, dir, res}]`` and warnings for the directories skipped.
+
+    A run is a directory one level down holding results.json (or .gz), or two levels down inside one
+    that holds none itself, named ``group/run``: ``tox -e fa-2.6.3`` writes ``reports/tox/fa-2.6.3/``
+    and ``tox -e report`` ``reports/tox/html/`` (a new-user trial found them all skipped: "no
+    results.json in reports/tox")."""
     reports_dir = Path(reports_dir)
     if not reports_dir.is_dir():
         raise results.ResultsError(f"{reports_dir}: not a directory")
     site = site_dir.resolve() if site_dir else None
     runs, warnings = [], []
-    for d in sorted(p for p in reports_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if (d / MARKER).exists() or (site and d.resolve() == site):
-            continue
-        f = results.find(d)
-        if not f.is_file():
-            warnings.append(f"skipped {d}: no results.json (or results.json.gz) in it")
-            continue
+
+    def subdirs(p: Path) -> list[Path]:
+        return [d for d in sorted(p.iterdir()) if d.is_dir() and not d.name.startswith(".")
+                and not (d / MARKER).exists() and not (site and d.resolve() == site)]
+
+    def take(d: Path, name: str, f: Path) -> None:
         try:
-            res = results.load(f)
+            runs.append({"name": name, "dir": d, "res": results.load(f)})
         except results.ResultsError as e:
             warnings.append(f"skipped {d}: {e}")
+
+    for d in subdirs(reports_dir):
+        f = results.find(d)
+        if f.is_file():
+            take(d, d.name, f)
             continue
-        runs.append({"name": d.name, "dir": d, "res": res})
+        inner = [(s, results.find(s)) for s in subdirs(d)]
+        inner = [(s, g) for s, g in inner if g.is_file()]
+        if not inner:
+            warnings.append(f"skipped {d}: no results.json (or results.json.gz) in it or in a folder inside it")
+        for s, g in inner:
+            take(s, f"{d.name}/{s.name}", g)
     return runs, warnings
 
 

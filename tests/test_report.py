@@ -563,6 +563,33 @@ def test_publish_site_of_runs(tmp_path):
     assert "not run: not-run" not in page3 and "not-run:" not in page3 and "not run: not timed" in page3
 
 
+def test_publish_finds_the_runs_tox_writes_one_folder_down(tmp_path):
+    # tox -e fa-X writes reports/tox/fa-X/results.json, tox -e report reports/tox/html/: publish had
+    # skipped them all ("no results.json in reports/tox")
+    from urllib.parse import unquote
+
+    from matrix_runner import publish
+
+    reports = tmp_path / "reports"
+    results.write_json(reports / "tox" / "fa-2.6.3" / "results.json", gpu_run(title="tox a", created="2027-05-01T07:00:00+00:00"))
+    results.write_json(reports / "tox" / "fa-2.7.0.post2" / "results.json", gpu_run(title="tox b", created="2027-05-01T08:00:00+00:00"))
+    (reports / "tox" / "logs").mkdir()  # a folder without a run beside them: not a warning of its own
+    results.write_json(reports / "run1" / "results.json", gpu_run(title="own", created="2027-05-02T07:00:00+00:00"))
+    (reports / "run1" / "sub").mkdir()  # a run's own folder is not searched further
+    results.write_json(reports / "run1" / "sub" / "results.json", gpu_run(title="inside a run"))
+    (reports / "nothing" / "deeper").mkdir(parents=True)
+    out = publish.build_site(reports, tmp_path / "site")
+    assert [r["name"] for r in out["runs"]] == ["run1", "tox/fa-2.7.0.post2", "tox/fa-2.6.3"]
+    assert [r["title"] for r in out["runs"]] == ["own", "tox b", "tox a"]
+    assert len(out["warnings"]) == 1 and "nothing: no results.json" in out["warnings"][0]
+    html = (tmp_path / "site" / "index.html").read_text()
+    hrefs = [a["href"] for t, a in assert_self_contained(html).tags if t == "a"]
+    assert "tox/fa-2.6.3/index.html" in hrefs
+    for h in hrefs:
+        assert (tmp_path / "site" / unquote(h)).is_file(), h
+    assert "tox a" in (tmp_path / "site" / "tox" / "fa-2.6.3" / "index.html").read_text()
+
+
 def test_publish_cli_on_the_committed_reports(tmp_path):
     cp = run_cli("publish", str(ROOT / "reports"), "-o", str(tmp_path / "site"))
     assert cp.returncode == 0, cp.stderr
