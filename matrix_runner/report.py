@@ -1106,6 +1106,7 @@ def _env() -> Environment:
     env.filters["ratio"] = fmt_ratio
     env.filters["ci"] = fmt_ci
     env.filters["kernel"] = compare_kernel
+    env.globals["between_kernel"] = between_kernel
     env.filters["delta"] = fmt_delta
     # a comparison's interval level: lockstep ones carry alpha (stats.set_compare / select_family);
     # results/1 and compare's intervals are 95 %; a provisional ratio has none
@@ -1260,8 +1261,9 @@ def markdown(res: dict) -> str:
                          else (e["case"]["status"] if e else "–"))
         for c in r["comps"]:
             w = c["wall"]
+            k = between_kernel(c)
             cells.append(f"{w['verdict']} {fmt_ratio(w)}" + (f" ({w['attribution']})" if w.get("attribution") else "")
-                         if w else "–")
+                         + (f"; {k}" if k else "") if w else "–")
             cells.append(fmt_delta(w))
         lines.append("| " + " | ".join(esc(x) for x in cells) + " |")
     lines.append("")
@@ -1369,7 +1371,8 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
             return "–"
         attr = f" · {w['attribution']}" if w.get("attribution") else ""
         if w["verdict"] == "provisional":  # one process set: a ratio, no interval (the header says so)
-            return f"[{VERDICT_STYLE['provisional']}]provisional[/] {w['ratio']:.2f}x"
+            k = between_kernel(c)
+            return f"[{VERDICT_STYLE['provisional']}]provisional[/] {w['ratio']:.2f}x" + (f" · {escape(k)}" if k else "")
         return f"[{VERDICT_STYLE[w['verdict']]}]{w['verdict']}[/] {fmt_ratio(w)}{attr}"
 
     def table(labels: list[str], js: list[int], clocks: tuple[str, ...], title: str, delta: str = "") -> Table:
@@ -1546,6 +1549,15 @@ def compare_wall(w: dict) -> str:
 def compare_kernel(d: dict | None) -> str:
     """The kernel-time cell of a compare row: ratio, 95 % interval and verdict (``–`` where not timed)."""
     return f"{d['ratio']:.2f}x {fmt_ci(d)} {d['verdict']}" if d else "–"
+
+
+def between_kernel(c: dict) -> str:
+    """A merged report's between-run cell's kernel comparison, the one such cells can decide
+    (:data:`BETWEEN_KERNEL`): "kernel 1.00x [0.99, 1.01] same" where ``c`` (a row's comparison:
+    wall, device) is between runs and its kernel time was compared, else "". It had been given as
+    counts in the headline alone: which cases, only in the HTML's case details."""
+    w, d = c.get("wall"), c.get("device")
+    return f"kernel {compare_kernel(d)}" if w and d and between_run(w) else ""
 
 
 def compare_runs(a: dict, b: dict, min_effect: float | None = None, a_path: str | None = None,

@@ -761,7 +761,19 @@ def test_a_merged_report_of_lockstep_runs_defines_its_unpaired_ratios(tmp_path):
            "runs' medians of per-set medians, not paired" in text
     assert "provisional on the wall and host clocks" in text and "no set came after" not in text
     assert "kernel and CUDA-graph time get a fixed-n 95 % interval" in text
+    # each between-run cell gives its case's kernel verdict, the comparison such a cell can decide
+    # (it had been counts in the headline alone): the stored device comparison's ratio, interval, verdict
+    dev = {c["case"]: c for c in merged["comparisons"] if c["metric"] == "device_us"}
+    wall = {c["case"]: c for c in merged["comparisons"] if c["metric"] == "wall_us"}
+    md = report.markdown(merged)
     html = report.render_html(merged)
+    for cid, d in dev.items():
+        k = f"kernel {d['ratio']:.2f}x [{d['ci_low']:.2f}, {d['ci_high']:.2f}] {d['verdict']}"
+        assert f"provisional {wall[cid]['ratio']:.2f}x · {k}" in text, k
+        assert f"; {k} |" in md and f'<span class="ci kernel">{k}</span>' in html
+    assert len(dev) == 12 and {d["verdict"] for d in dev.values()} >= {"same"}
+    within = report.markdown(aa)  # a run's own (paired) cells carry no such note
+    assert "; kernel " not in within and 'class="ci kernel"' not in report.render_html(aa)
     assert "candidate / baseline wall time, between runs (an env from another run than the baseline&#39;s)" in html
     # its identity: the runs it holds, not the first run's id; re-rendered at another --min-effect (or
     # merged again), each env keeps the run it was timed in, so nothing is paired across runs
