@@ -483,7 +483,7 @@ def setting_differences(a: dict, b: dict) -> list[str]:
 #: max_sets, alpha and min_effect move the intervals' width or the verdicts, which the reports show):
 #: a run that lacks one (from before it was recorded) is not compared on it.
 SAMPLED_SETTINGS = ("method", "quick", "set_seconds", "burst_ms", "workers_per_env", "host_every", "max_repeats",
-                    "host_precision", "speed_adjust", "preimport", "cuda_at_start", "setup_tail")
+                    "host_precision", "speed_adjust", "preimport", "cuda_at_start")
 
 
 def _setting(v) -> str:

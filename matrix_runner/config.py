@@ -41,7 +41,6 @@ YAML schema (every key optional; a missing key keeps the built-in default)::
       prefetch_depth: auto  # sets whose workers start ahead of their turn (auto: Sampling.depth_for, 2-4 where spare cores hold them, else 1)
       preimport: true       # later sets' workers import, while they start, the modules earlier sets' set-ups loaded
       cuda_at_start: false  # later sets' workers create their CUDA context while they start, not in their set's set-up
-      setup_tail: false     # while the next set sets up (CUDA), cycle on the GPU-light cases' wall clocks instead of waiting
       cpu_state: all        # turns a wall/host ratio counts: all, or usual (both bursts at the CPU speed most of the first set ran at)
       cpu_hop: false        # move a set's workers, between cycles, to a CPU of the set pool that runs fast now (lockstep.Hopper)
       probe_share: estimated  # how much of a set's between-worker probe difference the adjustment counts: estimated from earlier sets (stats.probe_share), or full
@@ -351,22 +350,6 @@ class Sampling:
     #: beside a set's cycles disturbed the batch-512 bursts: A/A batch-512 fwd median +-1.79 % vs
     #: +-0.98 %, seed batch-512 bwd +-2.66 % vs +-1.46 %, 4 "ambiguous" A/A verdicts vs none.
     cuda_at_start: bool = False
-    #: While the next set's workers set up (CUDA contexts, inputs, first calls: ~0.4 s of every 1.5 s
-    #: steady set on the H200 and H100, 2026-12-06, which the next set waits for idle), this set's
-    #: workers go on cycling the wall clock of the cases whose kernels keep the GPU least busy
-    #: (kernel time at most :data:`TAIL_GPU_SHARE` of wall time in every env, from the earlier
-    #: sets' medians; every case without a device clock) -- the *set-up tail*, runner._run_set --
-    #: in sets with no profiler or CUDA-graph pass left to do. The set-ups' GPU work then runs beside
-    #: those bursts: a context made beside the batch-512 bursts disturbed them (``cuda_at_start``),
-    #: so GPU-heavy cases are left out. Off: measured side by side before it may become a default.
-    setup_tail: bool = False
-    #: The set-up tail (``setup_tail``) cycles a case when its kernel (device) time is at most this
-    #: share of its wall time in every env (batch-2 flash-attn cases: 0.05-0.10 on the H100;
-    #: batch-512: 0.6-0.95).
-    TAIL_GPU_SHARE = 0.25
-    #: The longest a set-up tail runs (s): the next set's set-ups take ~0.3-0.5 s; one still busy
-    #: after this is waited for as without the tail.
-    TAIL_CAP_S = 1.5
     #: Which lockstep cycles a wall/host comparison counts: ``all`` (default), or ``usual`` -- only
     #: the cycles whose two bursts both ran at the comparison's usual CPU speed (the speed probe
     #: within 1.3x of the shorth mode of its first set's readings: stats.usual_speed,
@@ -593,7 +576,7 @@ _SHAPE_KEYS = {"batch", "seqlen", "seqlen_q", "seqlen_k", "nheads", "nheads_k", 
                "causal", "dtype"} | {"func", "seqlens", "cache_seqlens", "append_kv", "page_block_size"}
 _SAMPLING_KEYS = {"time_budget_s", "min_effect", "set_seconds", "max_sets", "burst_ms", "alpha", "workers_per_env",
                   "host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport",
-                  "prefetch_depth", "host_precision", "cuda_at_start", "setup_tail", "cpu_state", "cpu_hop", "probe_share",
+                  "prefetch_depth", "host_precision", "cuda_at_start", "cpu_state", "cpu_hop", "probe_share",
                   "min_burst_samples"}
 #: Keys of the earlier sampling design (one worker process per round), with what replaced them.
 _OLD_SAMPLING_KEYS = {"min_rounds": "the anytime-valid intervals need no minimum: remove it",
@@ -1069,7 +1052,6 @@ def parse_config(data: Any, source: str = "<dict>", max_cases: int | None = MAX_
         prefetch_spawn=sd.get("prefetch_spawn", Sampling.prefetch_spawn),
         preimport=_bool("sampling.preimport", sd.get("preimport", Sampling.preimport)),
         cuda_at_start=_bool("sampling.cuda_at_start", sd.get("cuda_at_start", Sampling.cuda_at_start)),
-        setup_tail=_bool("sampling.setup_tail", sd.get("setup_tail", Sampling.setup_tail)),
         cpu_state=sd.get("cpu_state", Sampling.cpu_state),
         cpu_hop=_bool("sampling.cpu_hop", sd.get("cpu_hop", Sampling.cpu_hop)),
         probe_share=sd.get("probe_share", Sampling.probe_share if sd.get("speed_adjust", True) is not False

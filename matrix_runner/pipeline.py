@@ -694,8 +694,7 @@ RESUMED_FLAGS = {**SAMPLING_FLAGS, "--case-timeout": "case_timeout_s"}
 #: The sampling rules a resumed run keeps from its results.json ``settings`` where today's defaults
 #: differ (the numbers the command line can set come back through :func:`resume_args`).
 RESUMED_SAMPLING = ("host_every", "max_repeats", "speed_adjust", "prefetch_spawn", "preimport", "prefetch_depth",
-                    "host_precision", "cpu_state", "cpu_hop", "probe_share", "min_burst_samples", "cuda_at_start",
-                    "setup_tail")
+                    "host_precision", "cpu_state", "cpu_hop", "probe_share", "min_burst_samples", "cuda_at_start")
 
 
 def resumed_config(prior: dict, src: str):
@@ -1032,7 +1031,6 @@ class Run:
                     "speed_adjust": samp.speed_adjust, "prefetch_spawn": samp.prefetch_spawn, "cpu_state": samp.cpu_state,
                     "cpu_hop": samp.cpu_hop, "probe_share": samp.probe_share,
                     "min_burst_samples": samp.min_burst_samples, "cuda_at_start": samp.cuda_at_start,
-                    "setup_tail": samp.setup_tail,
                     # earlier pinned sets before a share is estimated (runner.apply_probe_share)
                     "probe_share_min_sets": ((samp.probe_share_min_sets or stats.PROBE_SHARE_MIN_SETS)
                                              if samp.probe_share == "estimated" else None),

@@ -409,16 +409,6 @@ class _Set:
                 w.read_ahead((0 if w.hello else 1) + 1 + len(self.preloaded[key]),
                              max(0.0, end - time.monotonic()))
 
-    def setups_done(self) -> bool:
-        """Whether every worker has answered its hello, its config and the set-ups :meth:`preload`
-        queued, reading what has come but not waiting (the set-up tail: runner._run_set)."""
-        for key, w in self.workers.items():
-            if key in self.preloaded:
-                need = (0 if w.hello else 1) + 1 + len(self.preloaded[key])
-                if w.read_ahead(need, 0.0005) < need and w.p.poll() is None:
-                    return False
-        return True
-
     def started(self) -> bool:
         """Whether every worker has written its first reply (hello: torch and the subject imported),
         without waiting (:meth:`lockstep.Worker.has_reply`)."""
@@ -573,15 +563,9 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                 import during this set's cycles, and wait); ``setup``: queue the next set's config
                 and set-ups (CUDA work: after this set's cycles); ``await``: wait until those
                 set-ups are over (before this set's profiler pass); ``started``: whether the next
-                set's workers have all said hello (True when none is starting), without waiting;
-                ``set_up``: whether the next set's set-ups are over, without waiting (True when none
-                was queued); ``can_setup``: whether ``setup`` would queue them now."""
+                set's workers have all said hello (True when none is starting), without waiting."""
                 if stage == "started":
                     return not pending or pending[0].started()
-                if stage == "set_up":
-                    return not pending or not pending[0].preloaded or pending[0].setups_done()
-                if stage == "can_setup":
-                    return bool(pending) and not pending[0].preloaded and not (quick or stop.is_set() or others is None)
                 if quick or stop.is_set() or others is None:  # no spare core: start after this set
                     return None
                 if stage == "await":
@@ -591,7 +575,7 @@ def run_all(envs: list[EnvResult], cases: list[Case], sampling: Sampling, *, dev
                     while len(pending) < depth:
                         pending.append(_Set(_sid + 1 + len(pending), envs, work, others, sampling.workers_per_env,
                                             worker_env, closing, preimports()))
-                elif pending and not pending[0].preloaded:  # once (the set-up tail may have queued them)
+                elif pending:
                     # not the cases under retry after a fault: their set-up waits for this set's outcome
                     labs = [e.label for e in envs]
                     # nor, per worker, those its env failed for good (the others still time them: _todo)
@@ -883,20 +867,6 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
                                     slopes=slopes if slopes is not None else {},
                                     unguarded=unguarded_now, hopper=hopper if cpu is not None and rec["pinned"] else None,
                                     more=(lambda: not prefetch("started")) if sampling.prefetch_spawn == "cycles" else None)
-            tail = tail_cases(data, labels, ready, sampling, pairs, device) if (
-                sampling.setup_tail and not quick and rec["cycles"] and prefetch("can_setup")) else None
-            if tail:  # Sampling.setup_tail: the next set sets up while this one cycles its GPU-light cases
-                t_tail = time.monotonic()
-                prefetch("setup")
-                n0 = rec["cycles"]
-                rec["cycles"] = _cycles(st, live, ready, data, sampling, quick=quick, case_timeout=case_timeout,
-                                        stop=stop, rng=rng, on_progress=on_progress, fault=fault, labels=labels,
-                                        pairs=pairs, slopes=slopes if slopes is not None else {},
-                                        unguarded=unguarded_now, first_cycle=n0, budget_s=0.0,
-                                        cap_s=sampling.TAIL_CAP_S, more=lambda: not prefetch("set_up"),
-                                        only=lambda c, m: m == "wall_us" and c.id in tail)
-                rec["tail"] = {"cycles": rec["cycles"] - n0, "seconds": round(time.monotonic() - t_tail, 3),
-                               "cases": len(tail), "set_up": bool(prefetch("set_up"))}
         finally:  # whatever of the set's cycles ran (an interrupt keeps them) is taken at the estimated share
             t_cyc_end = time.monotonic()
             if sampling.speed_adjust:  # what a --resume carries each slope on from (restored_slopes)
@@ -1063,37 +1033,6 @@ def _clock(cd: CaseData, name: str, seconds: float) -> None:
     cd.clock_seconds[name] = round(cd.clock_seconds.get(name, 0.0) + seconds, 3)
 
 
-def tail_cases(data: dict, labels: list[str], cases: list[Case], sampling: Sampling, pairs: list | None = None,
-               device: str = "cuda") -> set | None:
-    """Ids of the cases the set-up tail cycles (``Sampling.setup_tail``; runner._run_set), or None
-    for no tail in this set. A case is cycled when, in every env that times it, its kernel (device)
-    time is at most ``Sampling.TAIL_GPU_SHARE`` of its wall time (medians over the earlier sets:
-    pooled profiler samples over pooled wall cycles); without a device clock (a CPU run) every
-    case is. No tail while a CUDA-graph pass is still to come in this set (it is timed on the GPU
-    after the cycles, and the next set's set-ups would run beside it)."""
-    if device == "cuda" and _needed(data, labels, cases, sampling, "graph_us", pairs):
-        return None
-    out = set()
-    for c in cases:
-        ok = True
-        for lab in labels:
-            cd = data.get((lab, c.id))
-            if cd is None or cd.status != "ok":
-                continue
-            wall = [v for s in cd.sets["wall_us"].values() for v in s.values() if v is not None and math.isfinite(v)]
-            if not wall:
-                ok = False
-                break
-            if device == "cuda":
-                dev = [v for s in cd.sets["device_us"].values() for v in s if v is not None and math.isfinite(v)]
-                if not dev or statistics.median(dev) > sampling.TAIL_GPU_SHARE * statistics.median(wall):
-                    ok = False
-                    break
-        if ok:
-            out.add(c.id)
-    return out or None
-
-
 def _needed(data: dict, labels: list[str], cases: list[Case], sampling: Sampling, metric: str,
             pairs: list | None = None) -> set:
     """Ids of the cases whose ``metric`` still needs sets: some ok env has none of it yet, or a
@@ -1165,12 +1104,10 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
             case_timeout: float, stop: threading.Event, rng: random.Random, on_progress, fault,
             labels: list[str], slopes: dict, more: Callable[[], bool] | None = None,
             pairs: list | None = None, unguarded: frozenset = frozenset(),
-            hopper: lockstep.Hopper | None = None, first_cycle: int = 0, budget_s: float | None = None,
-            cap_s: float | None = None, only: Callable[[Case, str], bool] | None = None) -> int:
+            hopper: lockstep.Hopper | None = None) -> int:
     """The set's lockstep cycles for ``sampling.set_seconds`` (quick: ``quick_set_seconds``), and
     on while ``more()`` says the next set's workers are still starting (up to ``EXTEND_FACTOR`` x that
-    time: the start would otherwise wait idle for them); returns the set's cycles so far
-    (``first_cycle`` + those it ran). A cycle is one (case, clock) item: every worker of the set times a burst of it, in
+    time: the start would otherwise wait idle for them); returns how many ran. A cycle is one (case, clock) item: every worker of the set times a burst of it, in
     a random order, reversed for that item's next cycle. With several workers per env, an env's
     value of a cycle is the geometric mean of its workers' bursts. Each burst's value is taken at the
     reference CPU speed (``sampling.speed_adjust``: stats.SpeedSlope, fixed from the earlier bursts
@@ -1181,12 +1118,9 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
     A worker fault ends the cycles (the set's other data stay). ``unguarded``: the sets, this one
     included where it runs unpinned, that the glitch guard leaves whole (comparisons_now). ``hopper``
     (sampling.cpu_hop): after each cycle the set's workers may move to a faster CPU of the pool
-    (lockstep.Hopper.after_cycle; recorded in ``st.hops`` as (cycle, cpu)). The set-up tail
-    (:func:`tail_cases`) calls it again for the same set: ``first_cycle`` numbers its cycles on from
-    the set's earlier ones, ``budget_s`` (default: the set's seconds) and ``cap_s`` (default:
-    ``EXTEND_FACTOR`` x the budget, counted past it) bound it, ``only(case, clock)`` picks its items."""
+    (lockstep.Hopper.after_cycle; recorded in ``st.hops`` as (cycle, cpu))."""
     sid, lab_of = st.sid, st.label_of
-    budget = budget_s if budget_s is not None else sampling.quick_set_seconds if quick else sampling.set_seconds
+    budget = sampling.quick_set_seconds if quick else sampling.set_seconds
     items = []
     run_pairs = stats.pairs_among(labels, pairs)
     for m in CYCLED:
@@ -1198,14 +1132,12 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
             if not run_pairs or any((base, cand, c.id) not in done for base, cand in run_pairs
                                     if not (_failed(data.get((base, c.id))) or _failed(data.get((cand, c.id))))):
                 items.append((c, m))
-    if only is not None:
-        items = [(c, m) for c, m in items if only(c, m)]
     if not items:
         return 0
     reps = cycle_weights(data, labels, cases, sampling.max_repeats, run_pairs) if not quick and sampling.max_repeats > 1 else {}
     keys = list(live)
     t_end = time.monotonic() + budget
-    t_cap = t_end + (cap_s if cap_s is not None else (sampling.EXTEND_FACTOR - 1) * budget)
+    t_cap = t_end + (sampling.EXTEND_FACTOR - 1) * budget
 
     def over() -> bool:
         """The set's cycles are over: ``budget`` s are up and the next set's workers have started
@@ -1213,7 +1145,7 @@ def _cycles(st: _Set, live: dict, cases: list[Case], data: dict, sampling: Sampl
         now = time.monotonic()
         return now >= t_end and (more is None or now >= t_cap or not more())
 
-    n = first_cycle
+    n = 0
     flip: dict = {}
     sweep = 0
     on_progress(f"set {sid}: lockstep cycles ({len(items)} case-clock items)")
