@@ -157,6 +157,29 @@ def sharded_run(standins, tmp_path_factory):
     return {"cp": cp, "out": out, "common": common, "root": root, "cfg": cfg}
 
 
+def test_submitit_local_jobs_each_get_their_own_cpus(monkeypatch):
+    """submitit-local runs every job on this machine: each plans its sets within its own share of the
+    CPUs (new-user trial: both jobs pinned their sets to the same quietest core at once)."""
+    monkeypatch.setattr(shard.machine, "allowed_cpus", lambda: list(range(16)))
+    assert shard.local_job_cpus("auto", 2, list(range(16))) == [list(range(8)), list(range(8, 16))]
+    assert shard.local_job_cpus(None, 3, [0, 1, 2, 3, 4]) == [[0, 1], [2, 3], [4]]
+    assert shard.local_job_cpus("unpinned", 2, list(range(16))) is None
+    # a --cpus LIST: its CPUs split between the jobs, each also given a share of the others (its driver's)
+    assert shard.local_job_cpus("4,5,6,7", 2, list(range(8))) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    with pytest.raises(UsageError, match="1 CPU\\(s\\) for 2 jobs"):
+        shard.local_job_cpus("3", 2, list(range(8)))
+    argv = ["run", "--versions", "a", "--cpus", "4,5,6,7", "--cpus=1", "--quick"]
+    assert shard.with_cpus(argv, [4, 5]) == ["run", "--versions", "a", "--quick", "--cpus", "4,5"]
+    cmd = shard.pinned_command([sys.executable, "-c", "import os, sys; print(sorted(os.sched_getaffinity(0)), sys.argv[1:])",
+                                "x", "y"], [0])
+    import subprocess
+
+    monkeypatch.undo()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[0] ['x', 'y']"
+    assert shard.pinned_command(["python", "-m", "m"], None) == ["python", "-m", "m"]
+
+
 def test_submitit_local_runs_a_sharded_matrix_end_to_end(sharded_run):
     cp, out = sharded_run["cp"], sharded_run["out"]
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
@@ -170,6 +193,9 @@ def test_submitit_local_runs_a_sharded_matrix_end_to_end(sharded_run):
         assert sub["shard"]["index"] == i and [c["id"] for c in sub["cases"]] == [sid, sid]
         assert "--shard" in sub["command"] and f"{i}/2" in sub["command"]
     assert "--shard" not in res["command"] and "submitit-local" in res["command"]
+    # each job planned within its own CPUs: no core pinned by both (local_job_cpus)
+    allowed = [load_results(out / "shards" / str(i))["settings"]["cpus"]["allowed"] for i in range(2)]
+    assert allowed[0] and allowed[1] and not set(allowed[0]) & set(allowed[1]), allowed
     # the verdicts are those of one run on the same data (the union of the shards' sets)
     again = results.comparisons(res["cases"], ["2.6.3", "2.7.0.post2"], res["settings"]["min_effect"],
                                 settings=res["settings"])
