@@ -309,6 +309,12 @@ def gate_outcome(doc: dict, pct: float, budget_s: float | None = None) -> dict:
             "not_judged": none, "undecided": [name(c) for c in later], "text": text}
 
 
+#: What a run interrupted in its ``--explain`` pass says of its explanation (results.json ``explain.notes``).
+EXPLAIN_INTERRUPTED = ("the explain pass was interrupted (SIGINT/SIGTERM): the parts it had not finished are "
+                       "missing, and a worker lost in it was stopped by the interrupt; run again with --explain "
+                       "for a whole explanation")
+
+
 def run(args, argv: list[str], parse: Callable[[list[str]], object]) -> int:
     """Run (or, with ``--resume``, finish) a benchmark: :class:`Run`'s steps with signals handled and
     everything cleaned up. ``parse`` turns a stored command line back into arguments (``--resume``).
@@ -1279,15 +1285,21 @@ class Run:
                                   case_timeout=self.args.case_timeout, cpus=self.base_doc["settings"].get("cpus"),
                                   settings=self.cfg.explain, on_progress=lambda m: prog.update(task, description=m))
         except proc.Stopped:
-            self.base_doc["explain"] = None
-            return
+            raw = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs], "notes": []}
         except Exception as ex:  # noqa: BLE001 - the explanation is extra: never lose the run for it
-            console.print(f"[yellow]explain pass failed: {escape(f'{type(ex).__name__}: {ex}')}[/]")
-            self.base_doc["explain"] = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs],
-                                        "notes": [f"explain pass failed: {ex}"]}
-            return
+            if self.stop.is_set():  # a step the interrupt cut short (a worker killed): not a failure
+                raw = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs], "notes": []}
+            else:
+                console.print(f"[yellow]explain pass failed: {escape(f'{type(ex).__name__}: {ex}')}[/]")
+                self.base_doc["explain"] = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs],
+                                            "notes": [f"explain pass failed: {ex}"]}
+                return
+        if self.stop.is_set():  # interrupted in the pass (new-user trial: it exited 0, the explanation
+            # silently partial, a worker "killed by SIGTERM" and py-spy's exit blamed on ptrace)
+            raw["interrupted"] = True
+            raw.setdefault("notes", []).insert(0, EXPLAIN_INTERRUPTED)
         err = (raw.get("profile") or {}).get("error")
-        if err:
+        if err and not raw.get("interrupted"):  # (interrupted: a profiler it stopped, not ptrace)
             console.print(f"[yellow]explain: {escape(err)}[/]")  # it names 'matrix-run[explain]'
         self.base_doc["explain"] = raw
 
@@ -1390,6 +1402,10 @@ class Run:
         if reason == "interrupted":
             console.print(f"[yellow]interrupted: results measured so far are written; finish the run with "
                           f"matrix-run --resume {shlex.quote(str(self.out_dir))}[/]")
+            return EXIT_INTERRUPTED
+        if (doc.get("explain") or {}).get("interrupted"):
+            console.print(f"[yellow]interrupted in the explain pass: the timing is complete and written; "
+                          f"{EXPLAIN_INTERRUPTED}[/]")
             return EXIT_INTERRUPTED
         code = EXIT_OK
         ok_envs = [e for e in self.env_results if e.status == "ok"]

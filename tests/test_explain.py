@@ -708,3 +708,42 @@ def test_explain_of_an_archived_run_rewrites_its_gzipped_report_in_place(tmp_pat
     # a run with a plain index.html (or none) keeps getting a plain one
     (run / "index.html.gz").unlink()
     assert run_cli("explain", str(run)).returncode == 0 and (run / "index.html").is_file()
+
+
+def test_an_interrupt_in_the_explain_pass_exits_130_and_marks_the_explanation(tmp_path, standins):
+    """Ctrl-C during --explain (new-user trial): it had exited 0 with the explanation silently partial
+    and a worker 'killed by SIGTERM' in its notes. Now: exit 130, the timing written whole, the
+    explanation marked interrupted with what that means."""
+    import signal
+    import subprocess
+
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("ops: [fwd]\nshapes:\n  - {batch: 1, seqlen: 16, nheads: 2, head_dim: 16}\n"
+                   "explain: {profile_s: 60, sampler_cycles: 2000, rounds: 2000}\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "matrix_runner", "--versions", "2.6.3,2.7.0.post2", "--config", str(cfg),
+                          "--device", "cpu", "--quick", "--explain", "--find-links", str(standins["wheels"]),
+                          "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"),
+                          "--output", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env, start_new_session=True)
+    seen = []
+    try:
+        for line in p.stdout:
+            seen.append(line)
+            if line.startswith("explain:"):
+                break
+        time.sleep(4)  # inside the pass
+        os.killpg(p.pid, signal.SIGINT)  # a Ctrl-C reaches the whole foreground process group
+        rest, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    text = "".join(seen) + rest
+    assert p.returncode == 130, text[-3000:]
+    assert "interrupted in the explain pass: the timing is complete and written" in text
+    assert "ptrace" not in text
+    res = load_results(out)
+    assert res["timing"]["stop_reason"] != "interrupted" and all(c["status"] == "ok" for c in res["cases"])
+    assert res["explain"]["interrupted"] is True and res["explain"]["notes"][0].startswith("the explain pass was interrupted")
+    assert "the explain pass was interrupted" in (out / "index.html").read_text()
