@@ -371,14 +371,18 @@ def level_note(comparisons: list[dict]) -> str:
     decided = [c for c in wall if c.get("verdict") != "provisional"]
     levels = {round(c["alpha"], 9) for c in decided}
     fam = (decided[0].get("family_alpha") or stats.FAMILY_ALPHA) if decided else stats.FAMILY_ALPHA
+    runs = {c.get("run_id") for c in decided}  # a merged report: each run's own (results.merge)
     if len(levels) == 1 and decided[0]["alpha"] < fam - 1e-9:
         # one level above the family's: the column head said "[97.5% CI]" with no word of why (new-user trial)
-        return (f"every wall interval at {level_pct(decided[0]['alpha'])}: e-BY "
-                f"holds the run's {len(decided)} wall-time verdicts together at {level_pct(fam)}, so each alone is "
-                "at a higher level")
+        held = (f"e-BY holds each run's wall-time verdicts together at {level_pct(fam)} (runs of "
+                + ", ".join(sorted({str(c.get('family_size') or '?') for c in decided}, key=lambda x: (len(x), x)))
+                + " comparisons)" if len(runs) > 1 else
+                f"e-BY holds the run's {len(decided)} wall-time verdicts together at {level_pct(fam)}")
+        # (a merge of runs whose levels coincide had read "the run's 8 verdicts", each run's family being
+        # its own 4: new-user trial)
+        return f"every wall interval at {level_pct(decided[0]['alpha'])}: {held}, so each alone is at a higher level"
     if len(levels) < 2:
         return ""
-    runs = {c.get("run_id") for c in decided}  # a merged report: each run's own (results.merge)
     return (f"interval levels (e-BY over the wall-time comparisons of {'each run' if len(runs) > 1 else 'the run'}): "
             + level_groups(wall))
 

@@ -1592,6 +1592,10 @@ def test_one_interval_level_above_95_says_why():
                                        "together at 95%, so each alone is at a higher level")
     assert report.level_note([{**c, "alpha": 0.05} for c in cmps]) == ""  # at the family's level: nothing to say
     assert report.level_note([{**c, "verdict": "provisional"} for c in cmps]) == ""
+    # a merge of two such runs: each run's family is its own 2 (new-user trial: "the run's 4")
+    merged = [{**c, "run_id": r, "family_size": 2} for r in ("r1", "r2") for c in cmps]
+    assert report.level_note(merged) == ("every wall interval at 97.5%: e-BY holds each run's wall-time verdicts "
+                                         "together at 95% (runs of 2 comparisons), so each alone is at a higher level")
 
 
 def test_compare_warns_when_the_runs_bursts_held_different_minimum_samples():
