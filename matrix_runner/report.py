@@ -78,7 +78,28 @@ def fmt_ci(c: dict | None, digits: int = 2) -> str:
     lo, hi = c.get("ci_low"), c.get("ci_high")
     if hi is None or lo is None or hi == float("inf") or not lo:
         return "(unbounded: too few sets)"
+    digits = ci_digits(c, digits)
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def ci_digits(c: dict, digits: int = 2) -> int:
+    """Decimals for comparison ``c``'s interval: ``digits``, or more (up to 4) where rounding would put
+    a bound on the other side of, or onto, a line its verdict is drawn at (stats.verdict): 1 ±
+    ``min_effect`` (the "same" band: 1 + e and 1 / (1 + e)) and, but for a "same", 1 itself. A new-user
+    trial found "ambiguous 1.05x [1.04, 1.05]" for [1.0407, 1.053], which reads as inside ±5 %: 121
+    of the committed runs' 3,596 ambiguous intervals read like that at two decimals. ``min_effect``:
+    the comparison's own (results since 2026-12-06), else 0.05."""
+    e = c.get("min_effect") or 0.05
+    marks = [1.0 + e, 1.0 / (1.0 + e)] + ([] if c.get("verdict") == "same" else [1.0])
+
+    def misread(b: float, m: float, d: int) -> bool:
+        r = round(b, d)
+        return abs(b - m) > 1e-12 and (abs(r - m) < 1e-12 or (r - m) * (b - m) < 0)
+
+    lo, hi = c.get("ci_low"), c.get("ci_high")
+    while digits < 4 and any(misread(b, m, digits) for b in (lo, hi) for m in marks):
+        digits += 1
+    return digits
 
 
 def fmt_delta(c: dict | None, interval: bool = True) -> str:

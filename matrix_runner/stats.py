@@ -254,7 +254,7 @@ def compare(base: list[list[float]], cand: list[list[float]], min_effect: float 
         "base_median": mb, "cand_median": mc, "n_rounds": [len(base), len(cand)], "paired": bool(paired),
         "within_process_only": len(base) < 2 or len(cand) < 2, "ci_widened_by_t": widened,
         "ci_method": "paired trimmed t" if paired else "independent bootstrap+Welch",
-        "trimmed_rounds": trimmed_count(len(base)) if paired else 0,
+        "trimmed_rounds": trimmed_count(len(base)) if paired else 0, "min_effect": min_effect,
     }
 
 
@@ -723,7 +723,7 @@ def set_compare(base_sets: dict, cand_sets: dict, *, min_effect: float = 0.05, f
         "ci_method": SET_METHOD, "paired": True,
         "n_rounds": [len(obs), len(obs)], "within_process_only": len(obs) < 2, "p_value": None,
         "provisional": bool(provisional or len(obs) < 2), "selection": None, "selected": None,
-        "dropped_cycles": dropped,
+        "dropped_cycles": dropped, "min_effect": min_effect,
     }
     if probes:
         out["state_dropped"] = state_dropped
@@ -741,7 +741,8 @@ def _at_level(cmp: dict, alpha: float, min_effect: float) -> dict:
     dm, dlo, dhi = t_cs(cmp["set_deltas"], alpha, c)
     v = "provisional" if cmp["provisional"] else verdict(ratio, rlo, rhi, min_effect)
     return {"ratio": ratio, "ci_low": rlo, "ci_high": rhi, "unbounded": rhi == math.inf,
-            "delta_us": dm, "delta_ci_low": dlo, "delta_ci_high": dhi, "verdict": v, "alpha": alpha}
+            "delta_us": dm, "delta_ci_low": dlo, "delta_ci_high": dhi, "verdict": v, "alpha": alpha,
+            "min_effect": min_effect}
 
 
 #: The two kinds of decision :func:`select_family` selects separately.

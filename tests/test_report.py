@@ -768,7 +768,8 @@ def test_a_merged_report_of_lockstep_runs_defines_its_unpaired_ratios(tmp_path):
     md = report.markdown(merged)
     html = report.render_html(merged)
     for cid, d in dev.items():
-        k = f"kernel {d['ratio']:.2f}x [{d['ci_low']:.2f}, {d['ci_high']:.2f}] {d['verdict']}"
+        k = f"kernel {d['ratio']:.2f}x {report.fmt_ci(d)} {d['verdict']}"
+        assert report.fmt_ci(d).startswith(f"[{d['ci_low']:.2f}") or report.ci_digits(d) > 2
         assert f"provisional {wall[cid]['ratio']:.2f}x · {k}" in text, k
         assert f"; {k} |" in md and f'<span class="ci kernel">{k}</span>' in html
     assert len(dev) == 12 and {d["verdict"] for d in dev.values()} >= {"same"}
@@ -1953,3 +1954,30 @@ def test_a_quick_runs_ratio_definition_does_not_describe_the_stall_guard():
     full = results.load(reports / "h200-aa-116")
     d = report.ratio_definition(full["comparisons"], full["settings"]["method"], full["settings"]["speed_adjust"])
     assert "from the fourth set on, a turn of a pinned set whose ratio is twice or half" in d
+
+
+def test_an_interval_is_never_shown_rounded_across_the_line_its_verdict_is_drawn_at():
+    """"ambiguous 1.05x [1.04, 1.05]" for [1.0407, 1.053] read as inside ±5 % (new-user trial, the
+    committed 240 s seed run): an interval's shown bounds give its verdict back, on every committed
+    run's decided or ambiguous wall comparisons."""
+    assert report.fmt_ci({"ci_low": 1.0407, "ci_high": 1.053, "verdict": "ambiguous"}) == "[1.041, 1.053]"
+    assert report.fmt_ci({"ci_low": 0.981, "ci_high": 1.023, "verdict": "same"}) == "[0.98, 1.02]"  # as before
+    assert report.fmt_ci({"ci_low": 1.003, "ci_high": 1.12, "verdict": "slower"}) == "[1.003, 1.120]"  # not "1.00"
+    assert report.fmt_ci({"ci_low": 0.9526, "ci_high": 1.02, "verdict": "same", "min_effect": 0.05}) == "[0.953, 1.020]"
+    assert report.fmt_ci({"ci_low": 1.0407, "ci_high": 1.053, "verdict": "slower", "min_effect": 0.02}) == "[1.04, 1.05]"
+    checked = 0
+    for f in sorted((ROOT / "reports").glob("*/results.json.gz")):
+        doc = results.load(f)
+        eff = (doc.get("settings") or {}).get("min_effect") or 0.05
+        for c in doc.get("comparisons") or []:
+            if c.get("metric") != "wall_us" or c.get("verdict") not in ("faster", "slower", "same", "ambiguous"):
+                continue
+            if c.get("ci_low") is None or c.get("ci_high") in (None, float("inf")) or not c.get("ci_low"):
+                continue
+            shown = report.fmt_ci({**c, "min_effect": c.get("min_effect") or eff})
+            lo, hi = (float(x) for x in shown.strip("[]").split(", "))
+            if stats.verdict(c["ratio"], c["ci_low"], c["ci_high"], eff) != c["verdict"]:
+                continue  # a verdict of an older method's rule (e.g. results/1), not this band's
+            assert stats.verdict(c["ratio"], lo, hi, eff) == c["verdict"], (f.parent.name, c["case"], shown)
+            checked += 1
+    assert checked > 3000
