@@ -765,6 +765,9 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             ms = rep.get("first_call_ms")
             if isinstance(ms, (int, float)) and math.isfinite(ms):
                 cd.first_call.setdefault(sid, []).append(round(float(ms), 3))
+            set_up.setdefault(cid, {}).setdefault(lab_of[key], float(rep.get("seconds") or 0))
+
+        set_up: dict = {}  # case id -> {env label: seconds its worker's set-up of it took} (took)
 
         def setup_reply(key: str, cid: str) -> dict:
             """A set-up's reply, waited for at most until the run's deadline (then _BudgetSpent)."""
@@ -776,12 +779,22 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             except lockstep.WorkerFault as ex:
                 if ex.kind == "timeout" and t_wait < case_timeout and not stop.is_set():
                     case = data[(lab_of[key], cid)].case
+                    # another env's worker that set this case up in this set says it is not the case's size
+                    # (new-user trial: a hung set-up was told to raise the budget, which could not help
+                    # below the 300 s --case-timeout)
+                    done = {lab: s for lab, s in (set_up.get(cid) or {}).items() if lab != lab_of[key]}
+                    hint = ("raise --time-budget (where one case's set-up takes most of it, use smaller cases on "
+                            "this device)")
+                    if done:
+                        other, s = next(iter(done.items()))
+                        hint = (f"{other}'s worker set it up in {s * 1e3:,.0f} ms in this set, so {lab_of[key]}'s may hang "
+                                f"in it: --case-timeout S (now {case_timeout:g} s) fails a case whose set-up or burst "
+                                "takes longer than S and goes on with the others; else " + hint)
                     raise _BudgetSpent(
                         f"time budget {sampling.time_budget_s:g} s spent while set {sid} set up case "
                         f"{case.label} {case.op} (inputs and first calls; waiting on {lab_of[key]}'s worker, "
                         f"{time.monotonic() - st.t0:.0f} s into the set): the cases set up so far were not "
-                        "timed; raise --time-budget (where one case's set-up takes most of it, use smaller "
-                        "cases on this device)") from None
+                        f"timed; {hint}") from None
                 raise
 
         for key in list(live):  # the replies to set-ups queued by the prefetch, in their order

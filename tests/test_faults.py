@@ -1069,6 +1069,16 @@ def test_the_time_budget_bounds_a_slow_set_up_without_blaming_the_case(tmp_path)
                         r"a's worker, \d+ s into the set\): the cases set up so far were not timed; raise --time-budget "
                         r"\(where one case's set-up takes most of it, use smaller cases on this device\)", reason), reason
     assert sets[0]["phase_s"]["setup"] >= 1.0 and sets[0]["phase_s"].get("close", 0) < 1.0  # where the time went
+    # one env's worker hangs where the other's set the case up at once: a hang, not the case's size,
+    # so it points at --case-timeout (new-user trial: "raise --time-budget", useless below 300 s)
+    hung = [fake_env(tmp_path, "a"), fake_env(tmp_path, "b", fault=slow)]
+    reason_h = runner.run_all(hung, cs, Sampling(set_seconds=0.2, time_budget_s=2.0, max_sets=3, burst_ms=1.0),
+                              device="cpu", quick=False, work=tmp_path / "work-h", stop=threading.Event(),
+                              data={}, sets=[], case_timeout=60.0)
+    assert re.search(r"waiting on b's worker.*: the cases set up so far were not timed; a's worker set it up in "
+                     r"[\d,]+ ms in this set, so b's may hang in it: --case-timeout S \(now 60 s\) fails a case whose "
+                     r"set-up or burst takes longer than S and goes on with the others; else raise --time-budget",
+                     reason_h), reason_h
     for lab in ("a", "b"):
         cd = data[(lab, cs[1].id)]
         assert cd.status != "error" and cd.faults == 0 and not cd.sets["wall_us"]
