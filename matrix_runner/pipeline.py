@@ -446,9 +446,16 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
     if extend:
         check_extension(args.resume, doc, extend, bool(unfinished), named)
     elif not unfinished:
-        more = (f"; to time more process sets, give it a larger budget: matrix-run --resume {shlex.quote(str(args.resume))} "
-                f"--time-budget S (more than its {st['time_budget_s']:g} s)"
-                if extendable(stopped) and isinstance(st.get("time_budget_s"), (int, float)) else "")
+        q = shlex.quote(str(args.resume))
+        if isinstance(stopped, str) and stopped.startswith("max_sets") and isinstance(st.get("max_sets"), int):
+            # it stopped on its max_sets: a larger budget alone times nothing more (new-user trial: the advice
+            # was --time-budget, which then said to raise --max-sets)
+            more = f"; to time more process sets, raise its max_sets: matrix-run --resume {q} --max-sets N (more than its {st['max_sets']})"
+        elif extendable(stopped) and isinstance(st.get("time_budget_s"), (int, float)):
+            more = (f"; to time more process sets, give it a larger budget: matrix-run --resume {q} "
+                    f"--time-budget S (more than its {st['time_budget_s']:g} s)")
+        else:
+            more = ""
         console.print(f"{run_dir}: that run finished (stopped: {stopped}); nothing to resume{more}")
         return args, argv, None
     cmd = [str(a) for a in (doc.get("command") or [])[1:]]

@@ -431,3 +431,29 @@ def test_a_larger_time_budget_raises_an_automatic_max_sets():
     assert (s.max_sets, s.max_sets_auto) == (160, True)  # the command line puts a config's number back to auto
     cp = run_cli("--versions", "2.6.3", "--max-sets", "lots")
     assert cp.returncode == 2 and "argument --max-sets: invalid whole-number-or-auto value: 'lots'" in cp.stderr
+
+
+def test_a_finished_run_is_told_which_limit_to_raise_to_time_more(tmp_path, capsys):
+    """--resume of a run that stopped on its max_sets: the advice is --max-sets (new-user trial: it said
+    --time-budget, which then refused: "raising --time-budget alone would time nothing more")."""
+    import json
+    import shutil
+
+    from matrix_runner import pipeline
+    from matrix_runner.results import read_text
+    run = tmp_path / "aa"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "reports" / "h200-aa-116", run)
+    doc = json.loads(read_text(run / "results.json.gz"))
+    (run / "results.json.gz").unlink()
+    for stop, want in ((f"max_sets {doc['settings']['max_sets']} reached",
+                        f"raise its max_sets: matrix-run --resume {run} --max-sets N (more than its "
+                        f"{doc['settings']['max_sets']})"),
+                       ("time budget 60 s: another process set would overrun it",
+                        f"give it a larger budget: matrix-run --resume {run} --time-budget S (more than its 60 s)")):
+        doc["timing"]["stop_reason"] = stop
+        (run / "results.json").write_text(json.dumps(doc))
+        argv = ["run", "--resume", str(run)]
+        _, _, prior = pipeline.resume_args(cli._parse_stored(argv), argv, cli._parse_stored)
+        r = capsys.readouterr()
+        out = " ".join((r.err + " " + r.out).split())
+        assert prior is None and f"nothing to resume; to time more process sets, {want}" in out, out
