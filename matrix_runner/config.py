@@ -119,6 +119,12 @@ class ConfigError(UsageError):
     """A config value breaks a rule. The message names the key, the value and the rule."""
 
 
+def causal_pairs(sq: int, sk: int) -> int:
+    """(query, key) pairs a bottom-right aligned causal mask lets through for ``sq`` queries and ``sk``
+    keys (flash-attn >= 2.1; :meth:`Case.flops`)."""
+    return sq * sk - sq * (sq - 1) // 2 if sq <= sk else sk * (sk + 1) // 2
+
+
 @dataclass(frozen=True)
 class Case:
     """One timed call: an op on one shape with the shared settings.
@@ -200,25 +206,26 @@ class Case:
         return s
 
     def flops(self) -> float:
-        """FLOPs of one call: 4·B·Sq·Sk·H·D for fwd (two matmuls), halved when causal; bwd is 2.5x fwd.
+        """FLOPs of one call: 4·H·D per (query, key) pair attended (two matmuls), summed over the
+        batch; bwd is 2.5x fwd (flash-attn's benchmarks/benchmark_flash_attention.py's factor).
 
-        The same convention as flash-attn's benchmarks/benchmark_flash_attention.py. varlen*: the
-        sum over sequences of 4·L_i²·H·D (halved when causal). kvcache: the sum over batch entries
-        of 4·Sq·K_i·H·D with K_i the keys attended (cache_seqlens[i], + Sq when appending); when
-        causal (bottom-right aligned) query row r sees K_i - Sq + r + 1 keys, so Sq·K_i - Sq(Sq-1)/2.
-        """
+        Non-causal, a sequence of Sq queries and Sk keys attends Sq·Sk pairs. Causal, the mask is
+        bottom-right aligned (flash-attn >= 2.1): query row r sees Sk - Sq + r + 1 keys, so
+        Sq·Sk - Sq(Sq-1)/2 pairs where Sq <= Sk, and Sk(Sk+1)/2 where Sq > Sk (the first Sq - Sk rows
+        see none) -- :func:`causal_pairs`. For Sq = Sk = n that is n(n+1)/2, (n+1)/n of the n²/2
+        flash-attn's benchmark counts; for decode-like shapes (Sq << Sk) the halving was wrong by up
+        to 2x, and func and kvcache calls of the same work had read 2x apart (new-user trial).
+        varlen*: per sequence, Sq = Sk = L_i. kvcache: per batch entry, Sk = the keys attended
+        (cache_seqlens[i], + Sq when appending)."""
         hd = 4.0 * self.nheads * self.head_dim
         if self.func == "kvcache":
-            sq = self.seqlen_q
-            rows = sum(sq * k - (sq * (sq - 1) / 2 if self.causal else 0) for k in self.keys_attended())
-            return hd * rows
-        if self.seqlens is not None:
-            f = hd * sum(n * n for n in self.seqlens)
+            pairs = [(self.seqlen_q, k) for k in self.keys_attended()]
+        elif self.seqlens is not None:
+            pairs = [(n, n) for n in self.seqlens]
         else:
-            f = hd * self.batch * self.seqlen_q * self.seqlen_k
-        if self.causal:
-            f /= 2
-        return f * (2.5 if self.op == "bwd" else 1.0)
+            pairs = [(self.seqlen_q, self.seqlen_k)] * self.batch
+        f = hd * sum(causal_pairs(sq, sk) if self.causal else sq * sk for sq, sk in pairs)
+        return f * (2.5 if self.op == "bwd" and self.func != "kvcache" else 1.0)
 
     def keys_attended(self) -> list[int]:
         """kvcache: keys each batch entry attends to: cache_seqlens[i] (seqlen_k when not passed),

@@ -21,10 +21,24 @@ def test_default_config_is_the_seed_workload():
 
 
 def test_flops_convention():
+    """4·H·D per (query, key) pair attended; causal: the pairs a bottom-right aligned mask lets through
+    (n(n+1)/2 for n = seqlen_q = seqlen_k), the same count for every entry point."""
     cfg = parse_config({"shapes": [{"batch": 2, "seqlen": 100, "nheads": 4, "head_dim": 64, "causal": True}]})
     fwd, bwd = cfg.cases
-    assert fwd.flops() == 4 * 2 * 100 * 100 * 4 * 64 / 2
+    assert fwd.flops() == 4 * 2 * (100 * 101 / 2) * 4 * 64
     assert bwd.flops() == 2.5 * fwd.flops()
+    plain = parse_config({"shapes": [{"batch": 2, "seqlen": 100, "nheads": 4, "head_dim": 64}]}).cases[0]
+    assert plain.flops() == 4 * 2 * 100 * 100 * 4 * 64
+    # decode-like: seqlen_q 1 of 512 keys attends 512 pairs, through flash_attn_func as through kvcache
+    # (new-user trial: the halving gave the func call 2x fewer FLOPs for the same work)
+    shape = {"batch": 2, "seqlen_q": 1, "seqlen_k": 512, "nheads": 4, "head_dim": 32}
+    func = parse_config({"ops": ["fwd"], "causal": True, "shapes": [shape]}).cases[0]
+    kv = parse_config({"ops": ["fwd"], "causal": True, "shapes": [{**shape, "func": "kvcache"}]}).cases[0]
+    assert func.flops() == kv.flops() == 4 * 2 * 512 * 4 * 32
+    # more queries than keys: the first seqlen_q - seqlen_k rows see no key
+    wide = parse_config({"ops": ["fwd"], "causal": True,
+                         "shapes": [{"batch": 1, "seqlen_q": 16, "seqlen_k": 4, "nheads": 1, "head_dim": 8}]}).cases[0]
+    assert wide.flops() == 4 * 8 * (1 + 2 + 3 + 4)
 
 
 def test_yaml_syntax_error_names_file_line_column(tmp_path):
