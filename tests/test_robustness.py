@@ -804,3 +804,17 @@ def test_a_full_disk_at_the_end_keeps_every_set_and_says_how_to_go_on(capsys, st
     monkeypatch.setattr(results, "write_json", real)  # the rescued run's report
     code, err = main(capsys, "report", str(rescue), "-o", str(tmp_path / "rep"))
     assert code == 0 and (tmp_path / "rep" / "index.html").is_file(), err
+
+
+def test_an_unreachable_index_fails_the_env_naming_the_step_the_url_and_the_way_around(tmp_path):
+    """new-user trial: an unreachable --index-url failed the env with "<urlopen error [Errno 111]
+    Connection refused>" alone."""
+    cp = run_cli("--versions", "2.6.3", "--device", "cpu", "--index-url", "http://127.0.0.1:9/simple",
+                 "--envs-dir", str(tmp_path / "envs"), "--wheel-cache", str(tmp_path / "cache"),
+                 "--output", str(tmp_path / "out"), timeout=300)
+    err = " ".join((cp.stdout + cp.stderr).split())
+    assert cp.returncode == 3, err[-2000:]
+    (e,) = load_results(tmp_path / "out")["envs"]
+    assert e["status"] == "failed" and e["error"].startswith("downloading the sdist: could not reach the network: ")
+    assert "--index-url http://127.0.0.1:9/simple" in e["error"] and "--find-links DIR --offline" in e["error"]
+    assert "<urlopen error" not in e["error"] and e["error"][:60] in err

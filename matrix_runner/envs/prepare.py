@@ -171,6 +171,12 @@ def prepare_env(req: EnvRequest, item: PlanItem, opts: Options, driver_probe: di
     except (EnvError, buildmod.BuildError, wheels.urllib.error.URLError, LookupError, OSError, Stopped) as e:
         res.status = "failed"
         res.error = str(e)
+        if isinstance(e, wheels.urllib.error.URLError):  # new-user trial: "<urlopen error [Errno 111] Connection
+            # refused>" alone, naming neither what was fetched nor from where
+            res.error = (f"{step['now']}: could not reach the network: {getattr(e, 'reason', e)} (the index: "
+                         f"--index-url {opts.index_url}; release wheels: github.com); check the URL and the "
+                         "network, or carry the files: matrix-run wheelhouse on a machine with network, then "
+                         "--find-links DIR --offline here")
         res.error_tail = getattr(e, "tail", "") or None
         if stopping():  # a step cut short by Ctrl-C fails in its own words (e.g. "no setuptools"): say what happened
             res.error, res.error_tail = f"interrupted while {step['now']}", None
