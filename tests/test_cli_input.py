@@ -457,3 +457,28 @@ def test_a_finished_run_is_told_which_limit_to_raise_to_time_more(tmp_path, caps
         r = capsys.readouterr()
         out = " ".join((r.err + " " + r.out).split())
         assert prior is None and f"nothing to resume; to time more process sets, {want}" in out, out
+
+
+def test_report_of_a_run_whose_rescue_copy_holds_more_sets_says_where_it_is(tmp_path, monkeypatch, capsys):
+    """A full disk left a 1-set results.json in the run folder and every set in a rescue copy (new-user
+    trial): `report RUN` showed the stale file as the run, without a word of the copy."""
+    import json
+    import tempfile
+
+    from matrix_runner import pipeline
+    from matrix_runner.results import read_text
+    doc = json.loads(read_text(Path(__file__).resolve().parents[1] / "reports" / "h200-aa-116" / "results.json.gz"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    rescue = Path(tempfile.mkdtemp(prefix=f"{pipeline.RESCUE_PREFIX}{doc['run_id']}-")) / "results.json"
+    rescue.write_text(json.dumps(doc))
+    stale = {**doc, "sets": doc["sets"][:1]}
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text(json.dumps(stale))
+    assert cli.main(["report", str(tmp_path / "run")]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"warning: {tmp_path / 'run' / 'results.json'} holds 1 process set(s), but a rescue copy of this run with "
+            f"{len(doc['sets'])} is at {rescue}") in err, err
+    rescue.unlink()
+    assert cli.main(["report", str(tmp_path / "run")]) == 0
+    assert "rescue copy" not in capsys.readouterr().err
