@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("labels", nargs="*", help="with clean: the labels of the envs to remove")
     e.add_argument("--all", action="store_true", help="with clean and no labels: remove every matrix-run env "
                    "in --envs-dir (envs a running matrix-run holds, and folders that are not envs, are left alone)")
-    e.add_argument("--envs-dir", default="envs")
+    e.add_argument("--envs-dir", default="envs", metavar="DIR", help="where the envs live (default: envs/, as for a run)")
     # each subcommand's handler (main only parses and dispatches)
     def run(a, argv):  # pipeline.run re-parses a stored command line for --resume
         return pipeline.run(a, argv, parse=_parse_stored)

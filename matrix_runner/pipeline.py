@@ -1285,6 +1285,7 @@ class Run:
                 and not self.stop.is_set()):
             return
         console.print("[dim]explain: layers, frame profile, call counts, first calls (own worker processes)[/]")
+        t_explain = time.monotonic()
         try:
             with progress() as prog:
                 task = prog.add_task("explain", total=None)
@@ -1301,6 +1302,7 @@ class Run:
                 self.base_doc["explain"] = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs],
                                             "notes": [f"explain pass failed: {ex}"]}
                 return
+        raw["seconds"] = round(time.monotonic() - t_explain, 1)  # the time line names it (new-user trial)
         if self.stop.is_set():  # interrupted in the pass (new-user trial: it exited 0, the explanation
             # silently partial, a worker "killed by SIGTERM" and py-spy's exit blamed on ptrace)
             raw["interrupted"] = True
@@ -1399,6 +1401,8 @@ class Run:
                       + (f", {cut} of them interrupted" if cut else "") + "; "
                       f"stopped: {self.reason})" + (f"; in cases {in_cases:.1f} s ({spent}), process start-up and "
                                                     f"imports {max(timing_s - in_cases, 0):.1f} s" if per_clock else "")
+                      + (f"; explain pass {doc['explain']['seconds']:.1f} s"
+                         if isinstance((doc.get("explain") or {}).get("seconds"), (int, float)) else "")
                       + "[/]")
 
     # ---- exit code -----------------------------------------------------------------------------

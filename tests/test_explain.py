@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -742,6 +743,7 @@ def test_an_interrupt_in_the_explain_pass_exits_130_and_marks_the_explanation(tm
     text = "".join(seen) + rest
     assert p.returncode == 130, text[-3000:]
     assert "interrupted in the explain pass: the timing is complete and written" in text
+    assert re.search(r"; explain pass \d+\.\d s", " ".join(text.split())), text[-2000:]  # its time, on the time line
     assert "ptrace" not in text
     res = load_results(out)
     assert res["timing"]["stop_reason"] != "interrupted" and all(c["status"] == "ok" for c in res["cases"])
