@@ -802,10 +802,12 @@ def _func_label_suffix(c: Case) -> str:
     if c.seqlens is not None:
         s += f" L{min(c.seqlens)}-{max(c.seqlens)} (sum {sum(c.seqlens)})"
     if c.func == "kvcache":
-        k = c.keys_attended()
+        # the cache as configured, then what the call appends (new-user trial: "cache 201 +append" for
+        # cache_seqlens 200 read as a cache of 201); the keys attended are their sum
+        k = [n - (c.seqlen_q if c.append_kv else 0) for n in c.keys_attended()]
         s += f" cache {min(k)}" + (f"-{max(k)}" if max(k) != min(k) else "")
         if c.append_kv:
-            s += " +append"
+            s += f"+{c.seqlen_q} append"
         if c.page_block_size:
             s += f" paged {c.page_block_size}"
     return s

@@ -95,6 +95,8 @@ def test_kvcache_fields_flops_and_kv_bytes():
     k = c.cases[0]
     assert k.id.endswith("-causal-c100.1000-append-page256") and k.id.startswith("fwd-kvcache-")
     assert k.keys_attended() == [104, 1004]
+    # the label gives the cache as configured and what is appended (was "cache 104-1004 +append")
+    assert k.label.endswith(" cache 100-1000+4 append paged 256"), k.label
     # bytes of k and v read: keys attended x nheads_k x head_dim x 2 (k, v) x 2 bytes
     assert k.kv_read_bytes() == (104 + 1004) * 2 * 64 * 2 * 2
     # causal, bottom-right aligned: query row r sees K - Sq + r + 1 keys
