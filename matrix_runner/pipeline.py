@@ -1286,6 +1286,7 @@ class Run:
             return
         console.print("[dim]explain: layers, frame profile, call counts, first calls (own worker processes)[/]")
         t_explain = time.monotonic()
+        raw = None  # what the pass returned; an interrupt that cut it short leaves a bare record
         try:
             with progress() as prog:
                 task = prog.add_task("explain", total=None)
@@ -1293,15 +1294,15 @@ class Run:
                                   case_timeout=self.args.case_timeout, cpus=self.base_doc["settings"].get("cpus"),
                                   settings=self.cfg.explain, on_progress=lambda m: prog.update(task, description=m))
         except proc.Stopped:
-            raw = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs], "notes": []}
+            pass
         except Exception as ex:  # noqa: BLE001 - the explanation is extra: never lose the run for it
-            if self.stop.is_set():  # a step the interrupt cut short (a worker killed): not a failure
-                raw = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs], "notes": []}
-            else:
+            if not self.stop.is_set():  # (interrupted: a step the interrupt cut short, not a failure)
                 console.print(f"[yellow]explain pass failed: {escape(f'{type(ex).__name__}: {ex}')}[/]")
                 self.base_doc["explain"] = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs],
                                             "notes": [f"explain pass failed: {ex}"]}
                 return
+        if raw is None:
+            raw = {"schema": explain.SCHEMA, "envs": [e.label for e in ok_envs], "notes": []}
         raw["seconds"] = round(time.monotonic() - t_explain, 1)  # the time line names it (new-user trial)
         if self.stop.is_set():  # interrupted in the pass (new-user trial: it exited 0, the explanation
             # silently partial, a worker "killed by SIGTERM" and py-spy's exit blamed on ptrace)

@@ -751,6 +751,8 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
         on_progress(f"set {sid}: setting up {len(todo)} case(s)")
         bad: set = set()  # case ids whose set-up failed in some worker
 
+        set_up: dict = {}  # case id -> {env label: seconds its worker's set-up of it took} (took)
+
         def took(key: str, cid: str, rep: dict) -> None:
             cd = data[(lab_of[key], cid)]
             if rep.get("status") != "ok":
@@ -766,8 +768,6 @@ def _run_set(st: _Set, cases: list[Case], data: dict, sampling: Sampling, *, dev
             if isinstance(ms, (int, float)) and math.isfinite(ms):
                 cd.first_call.setdefault(sid, []).append(round(float(ms), 3))
             set_up.setdefault(cid, {}).setdefault(lab_of[key], float(rep.get("seconds") or 0))
-
-        set_up: dict = {}  # case id -> {env label: seconds its worker's set-up of it took} (took)
 
         def setup_reply(key: str, cid: str) -> dict:
             """A set-up's reply, waited for at most until the run's deadline (then _BudgetSpent)."""
