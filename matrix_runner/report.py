@@ -93,8 +93,11 @@ def ci_digits(c: dict, digits: int = 2) -> int:
     marks = [1.0 + e, 1.0 / (1.0 + e)] + ([] if c.get("verdict") == "same" else [1.0])
 
     def misread(b: float, m: float, d: int) -> bool:
+        # across the line, or shown as the line is shown: 1/1.05 = 0.95238 reads "0.95" at two decimals,
+        # so 0.95224 (outside the band) shown "0.95" read as on it (second new-user trial: an ambiguous
+        # [0.95, 1.04] under a same [0.953, 1.042])
         r = round(b, d)
-        return abs(b - m) > 1e-12 and (abs(r - m) < 1e-12 or (r - m) * (b - m) < 0)
+        return abs(b - m) > 1e-12 and (abs(r - round(m, d)) < 1e-12 or (r - m) * (b - m) < 0)
 
     lo, hi = c.get("ci_low"), c.get("ci_high")
     while digits < 4 and any(misread(b, m, digits) for b in (lo, hi) for m in marks):
