@@ -673,7 +673,8 @@ def short_name(names: dict, case_id, rec: dict) -> str:
     return names.get(case_id) or f"{rec.get('label', '')} {rec.get('op', '')}".strip()
 
 
-def wide_note(comparisons: list[dict], names: dict, min_effect: float, n_sets: int | None = None) -> str:
+def wide_note(comparisons: list[dict], names: dict, min_effect: float, n_sets: int | None = None,
+              stopped: str | None = None, run_dir: str | None = None) -> str:
     """One line for the terminal naming the run's wide wall intervals and what they are made of: an
     "ambiguous" one wider than ±``min_effect`` (too wide to say "same") or any one wider than twice
     it, at most three, widest first, each with its sets' ratio range (and, where it had fewer than
@@ -684,7 +685,9 @@ def wide_note(comparisons: list[dict], names: dict, min_effect: float, n_sets: i
     spread, which the HTML report's set chart shows as noise about one level or a jump between
     levels (the H200's batch-2 forward on 2026-12-05: ±12 %, sets 1.89-3.05x, in a mode of the
     machine; benchmarks/heavy_mode.py). ``names``: {case id: short name} (view_model's
-    ``case_names``). "" when no interval is that wide."""
+    ``case_names``); ``stopped``: the run's stop reason -- one that stopped on its max_sets gets more
+    sets from a larger max_sets, not a longer budget (second new-user trial), ``run_dir`` naming the
+    resume that adds them. "" when no interval is that wide."""
     pairs = len({(x.get("baseline"), x.get("candidate")) for x in comparisons if x.get("metric") == "wall_us"})
     wide = []
     for c in comparisons:
@@ -710,6 +713,9 @@ def wide_note(comparisons: list[dict], names: dict, min_effect: float, n_sets: i
     spread = ("the HTML report's set chart shows whether a case's sets scatter about one level (noise: more sets "
               "narrow it) or jump between levels (the machine changed state during the run: the ratio itself moved)")
     few_txt = "the sets agree but are few, so a longer --time-budget narrows the interval"
+    if isinstance(stopped, str) and stopped.startswith("max_sets"):
+        few_txt = ("the sets agree but are few: the run stopped on its max_sets, so more sets narrow the interval: "
+                   + (f"matrix-run --resume {shlex.quote(run_dir)} --max-sets N" if run_dir else "a larger --max-sets"))
     if all(fews):
         return head + few_txt
     if any(fews):
@@ -1490,7 +1496,9 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
             console.print(f"[dim]{escape(state[0].upper() + state[1:])}[/]")
         # a merge's sets are every run's: no one run's count to set a comparison's sets against
         wide = wide_note(cmps, vm["case_names"], vm["min_effect"],
-                         None if results.is_merge(res) else len(res.get("sets") or []) or None)
+                         None if results.is_merge(res) else len(res.get("sets") or []) or None,
+                         stopped=None if results.is_merge(res) else (res.get("timing") or {}).get("stop_reason"),
+                         run_dir=run_dir)
         if wide:
             console.print(f"[dim]{escape(wide)}[/]")
         modes = mode_note(vm["modes"], terse=True)

@@ -1777,6 +1777,11 @@ def test_the_terminal_names_the_widest_intervals_and_their_sets_range():
     note4 = report.wide_note(fa4["comparisons"], report.view_model(fa4)["case_names"], 0.05, 5)
     assert note4.startswith("widest intervals: B2 S150 fwd ±53.3% (its 5 sets 1.35-1.48x, few sets)")
     assert note4.endswith("the sets agree but are few, so a longer --time-budget narrows the interval")
+    # stopped on its max_sets, a longer budget adds nothing: the note says what does (second new-user trial)
+    note5 = report.wide_note(fa4["comparisons"], report.view_model(fa4)["case_names"], 0.05, 5,
+                             stopped="max_sets 5 reached", run_dir="runs/r 4")
+    assert note5.endswith("the sets agree but are few: the run stopped on its max_sets, so more sets narrow the "
+                          "interval: matrix-run --resume 'runs/r 4' --max-sets N")
     # an ambiguous interval wider than ±min_effect is listed, though under twice it
     amb = [{**c, "verdict": "ambiguous", "ci_low": c["ratio"] / 1.07, "ci_high": c["ratio"] * 1.07}
            for c in res["comparisons"] if c["metric"] == "wall_us" and c["op"] == "bwd"][:1]
