@@ -446,20 +446,28 @@ MERGED_DEF = ("between runs (an env from another run than the baseline's): the r
 
 
 def ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None,
-                     merged: bool = False) -> str:
+                     merged: bool = False, sets: list | None = None) -> str:
     """How the run's ratios were computed (:func:`_ratio_definition`); ``merged`` (results.merge): the
     rows between runs are defined apart (:data:`MERGED_DEF`; new-user trial: a merged report's legend
-    called every ratio "paired cycle by cycle")."""
+    called every ratio "paired cycle by cycle"); ``sets``: the run's set records, whose ``pinned`` says
+    whether its workers shared one core (second new-user trial: "all pinned to one CPU core" in a run
+    whose every set ran unpinned)."""
+    recs = [s for s in sets or [] if isinstance(s, dict) and "pinned" in s]
+    unpinned = sum(1 for s in recs if not s["pinned"])
+    pin = ("all pinned to one CPU core" if not unpinned else
+           "unpinned: the OS placed them" if unpinned == len(recs) else
+           f"pinned to one CPU core, but for {unpinned} of the {len(recs)} sets, which ran unpinned")
     unp = [c for c in comparisons if c.get("paired") is False] if merged else []
     if not unp:
-        return _ratio_definition(comparisons, method, speed_adjust)
+        return _ratio_definition(comparisons, method, speed_adjust, pin)
     own = [c for c in comparisons if c.get("paired") is not False]
     if not any(c.get("metric") == "wall_us" for c in own):
         return MERGED_DEF  # lower case: it follows "candidate / baseline wall time, " (legend, Markdown)
-    return "within a run: " + _ratio_definition(own, method, speed_adjust) + "; " + MERGED_DEF
+    return "within a run: " + _ratio_definition(own, method, speed_adjust, pin) + "; " + MERGED_DEF
 
 
-def _ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None) -> str:
+def _ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None,
+                      pin: str = "all pinned to one CPU core") -> str:
     """How the run's ratios were computed: lockstep process sets with an anytime-valid interval (current
     method; ``method`` = the results' ``settings.method``, which names it even when nothing was compared
     yet, e.g. a run interrupted in its first set); for results/1 runs, paired by round with a trimmed
@@ -484,8 +492,9 @@ def _ratio_definition(comparisons: list[dict], method: str | None = None, speed_
         state = cpu_state_note(comparisons)
         if state:
             glitch += "; " + state
-        how = (f"each process set (fresh workers of every version, all pinned to one CPU core) timed every case in "
-               f"turns of a few ms, so the versions' calls being compared ran on the same core within ms of each "
+        same_core = "on the same core " if pin.startswith("all pinned") else ""
+        how = (f"each process set (fresh workers of every version, {pin}) timed every case in "
+               f"turns of a few ms, so the versions' calls being compared ran {same_core}within ms of each "
                f"other{speed}; per set, the trimmed mean of those paired ratios{glitch}; the interval is an "
                f"anytime-valid confidence sequence over the sets (Lai's t-mixture)")
         m, fa = c.get("family_size") or len(wall), c.get("family_alpha", 0.05)
@@ -1016,7 +1025,7 @@ def view_model(res: dict, with_charts: bool = False, run_dir: str | None = None)
           "level_note": level_note(res.get("comparisons") or []),
           "steal_note": steal_note(res.get("sets") or []), "steal_warn": STEAL_WARN, "probe_note": probe_note(res),
           "ratio_def": ratio_definition(res.get("comparisons", []), (res.get("settings") or {}).get("method"),
-                                         (res.get("settings") or {}).get("speed_adjust"), merged=results.is_merge(res)),
+                                         (res.get("settings") or {}).get("speed_adjust"), merged=results.is_merge(res), sets=res.get("sets")),
           "candidates": names, "pairs": pairs, "one_base": one_base, "wrong": wrong, "failed_cases": failed_cases, "failed_envs": failed_envs,
           "summaries": summaries, "common": common, "min_effect": min_effect, "case_names": name,
           "env_color": {lab: charts.env_color(i) for i, lab in enumerate(labels)},

@@ -831,7 +831,7 @@ def merge_shards(docs: list[dict], extra_cases: list[dict] | None = None,
                                "the shards of one run time disjoint shares of the cases")
         out["cases"].extend(d.get("cases") or [])
         out["sets"].extend({**s, "shard": sh.get("index", i)} for s in d.get("sets") or [])
-        out["shards"].append({**sh, "run_id": d.get("run_id"), "gpu": sh.get("gpu"),
+        out["shards"].append({"cpus": (d.get("settings") or {}).get("cpus"), **sh, "run_id": d.get("run_id"), "gpu": sh.get("gpu"),
                               "stop_reason": (d.get("timing") or {}).get("stop_reason"),
                               "timing_phase_s": (d.get("timing") or {}).get("timing_phase_s")})
     out["cases"].extend(extra_cases or [])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import load_results, run_cli
 
-from matrix_runner import cli, results, runner, shard
+from matrix_runner import cli, report, results, runner, shard
 from matrix_runner.config import Case, Sampling, parse_config
 from matrix_runner.envs import UsageError
 
@@ -196,6 +196,18 @@ def test_submitit_local_runs_a_sharded_matrix_end_to_end(sharded_run):
     # each job planned within its own CPUs: no core pinned by both (local_job_cpus)
     allowed = [load_results(out / "shards" / str(i))["settings"]["cpus"]["allowed"] for i in range(2)]
     assert allowed[0] and allowed[1] and not set(allowed[0]) & set(allowed[1]), allowed
+    # the run's own wall time (not a shard's), each shard's CPUs and timing, said in the terminal and the
+    # report; the ratio's definition says how the sets were pinned (second new-user trial)
+    assert res["timing"]["total_s"] >= max(s["timing_phase_s"] for s in res["shards"])
+    assert all(s["cpus"] and s["cpus"]["allowed"] == a for s, a in zip(res["shards"], allowed))
+    text = " ".join((cp.stdout + cp.stderr).split())
+    assert "shard 0/2: timing " in text and "shard 1/2: timing " in text and "the shards timed at once" in text
+    html = (out / "index.html").read_text()
+    assert "one after another within each shard, the shards at once" in html
+    pinned = [s["pinned"] for s in res["sets"]]
+    if not any(pinned):  # one CPU per job (this 2-core machine): every set unpinned, and said so
+        assert "fresh workers of every version, unpinned: the OS placed them" in report.view_model(res)["ratio_def"]
+        assert "all pinned to one CPU core" not in html
     # the verdicts are those of one run on the same data (the union of the shards' sets)
     again = results.comparisons(res["cases"], ["2.6.3", "2.7.0.post2"], res["settings"]["min_effect"],
                                 settings=res["settings"])
