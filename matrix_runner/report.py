@@ -1723,6 +1723,10 @@ def compare_terminal(cmp: dict, console=None) -> None:
         console.print(f"[bold {colors[s['cls']]}]{escape(s['text'])}[/] [dim]{escape(s['detail'])}[/]")
     if cmp["skipped"]:
         console.print(f"[dim]{len(cmp['skipped'])} case(s) not compared (failed, or missing on one side)[/]")
+    if cmp.get("unpaired"):  # second new-user trial: a version in one run only was dropped without a word
+        console.print(f"[yellow]not compared, without a partner of the same label or flash-attn version in the other "
+                      f"run: {escape(', '.join(cmp['unpaired']))}; to set versions of different runs side by side, "
+                      "matrix-run report A B (a merged report: ratios between runs are provisional)[/]")
     if cmp["rows"]:
         console.print(f"[dim]{escape(COMPARE_NOTE)}.[/]")
 
@@ -1752,6 +1756,9 @@ def compare_markdown(cmp: dict) -> str:
     if cmp["rows"] and not any(r["device"] for r in cmp["rows"]):
         lines += ["", "kernel: – (these runs have no kernel clock: CPU runs)"]
     lines += ["", f"{COMPARE_NOTE}; above 1 B is slower."]
+    if cmp.get("unpaired"):  # as the terminal and the HTML say it
+        lines += ["", f"Not compared (no partner of the same label or flash-attn version in the other run): "
+                      f"{esc(', '.join(cmp['unpaired']))}."]
     return "\n".join(lines) + "\n"
 
 

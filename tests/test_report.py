@@ -429,6 +429,24 @@ def test_compare_pairs_by_version_when_labels_differ(h200):
     cmp = report.compare_runs(h200, b)
     assert cmp["pairs"] == [("2.6.3", "new-2.6.3"), ("2.7.0.post2", "new-2.7.0.post2")]
     assert len(cmp["rows"]) == 24
+    # a version in one run only is named in the terminal, not dropped without a word (second new-user trial)
+    from rich.console import Console
+    other = copy.deepcopy(h200)
+    for e in other["envs"]:
+        if e["label"] == "2.7.0.post2":
+            e.update(label="2.8.3", flash_attn_version="2.8.3", requested_version="2.8.3")
+    for c in other["cases"]:
+        if c["env"] == "2.7.0.post2":
+            c["env"] = "2.8.3"
+    cmp2 = report.compare_runs(h200, other)
+    assert cmp2["pairs"] == [("2.6.3", "2.6.3")] and cmp2["unpaired"] == ["A 2.7.0.post2", "B 2.8.3"]
+    con = Console(record=True, width=200)
+    report.compare_terminal(cmp2, con)
+    text = " ".join(con.export_text().split())
+    assert ("not compared, without a partner of the same label or flash-attn version in the other run: "
+            "A 2.7.0.post2, B 2.8.3; to set versions of different runs side by side, matrix-run report A B") in text
+    assert "Not compared (no partner of the same label or flash-attn version in the other run): A 2.7.0.post2, B 2.8.3." \
+        in report.compare_markdown(cmp2)
 
 
 def test_compare_cli_writes_table_html_and_markdown(h200, tmp_path):
