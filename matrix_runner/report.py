@@ -1280,7 +1280,10 @@ def markdown(res: dict) -> str:
     esc = lambda x: html.escape(str(x), quote=False).replace("|", "\\|")  # noqa: E731  (Markdown shows &#x27; as is)
     lines = [f"### {esc(res.get('title', 'matrix-run'))}", ""]
     m = res.get("machine") or {}
-    lines.append(esc(f"{m.get('gpu') or 'CPU'} · driver {m.get('driver') or '–'} · CUDA {m.get('cuda') or '–'} · "
+    gpus = list(dict.fromkeys(e.get("gpu") for e in res.get("envs") or [] if e.get("gpu"))) if results.is_merge(res) else []
+    # a merge of runs on several GPUs names each (second new-user trial: only the first run's was named)
+    gpu = (" + ".join(gpus) + " (merged runs)") if len(gpus) > 1 else (m.get("gpu") or "CPU")
+    lines.append(esc(f"{gpu} · driver {m.get('driver') or '–'} · CUDA {m.get('cuda') or '–'} · "
                      f"torch {m.get('torch') or '–'}") + f" · baseline **{esc(vm['base'])}**")
     lines.append("")
     for s in vm["summaries"]:

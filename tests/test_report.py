@@ -2012,3 +2012,12 @@ def test_an_interval_is_never_shown_rounded_across_the_line_its_verdict_is_drawn
                 assert not any(x in marks for x in bounds), (f.parent.name, c["case"], shown)
             checked += 1
     assert checked > 3000
+
+
+def test_a_merged_reports_markdown_names_every_gpu_it_pools():
+    """second new-user trial: a merge of an H200 and an H100 run named the H200 alone in its header."""
+    m = results.merge([results.load(ROOT / "reports" / "h200-aa-119"), results.load(ROOT / "reports" / "h100-aa-12-06-3")])
+    head = report.markdown(m).splitlines()[2]
+    assert head.startswith("NVIDIA H200 + NVIDIA H100 80GB HBM3 (merged runs) · driver "), head
+    one = report.markdown(results.load(ROOT / "reports" / "h100-aa-12-06-3")).splitlines()[2]
+    assert one.startswith("NVIDIA H100 80GB HBM3 · driver ") and "merged" not in one
