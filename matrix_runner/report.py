@@ -440,9 +440,17 @@ MERGED_DEF = ("between runs (an env from another run than the baseline's): the r
               "and host clocks: they follow the CPU speed each run met, which differs between runs more than "
               "an interval from the runs' own sets allows for (between runs of one build on the H200 the wall "
               "ratio spread 14 %, and such intervals called the build faster or slower than itself in 24 % of "
-              "comparisons), so those get no interval and no verdict; kernel and CUDA-graph time get a fixed-n "
-              "95 % interval (a two-level bootstrap over sets, widened to a Welch t interval where that is wider) "
-              "and a verdict")
+              "comparisons), so those get no interval and no verdict")
+#: :data:`MERGED_DEF`'s end where the runs have a kernel clock (CUDA); CPU runs have none to decide.
+MERGED_KERNEL = ("; kernel and CUDA-graph time get a fixed-n 95 % interval (a two-level bootstrap over sets, "
+                 "widened to a Welch t interval where that is wider) and a verdict")
+
+
+def merged_def(comparisons: list[dict]) -> str:
+    """:data:`MERGED_DEF`, with :data:`MERGED_KERNEL` where some comparison between runs is of a GPU
+    clock (second new-user trial: a CPU-only merge's note promised kernel verdicts)."""
+    gpu = any(c.get("paired") is False and c.get("metric") in ("device_us", "graph_us") for c in comparisons)
+    return MERGED_DEF + (MERGED_KERNEL if gpu else "")
 
 
 def ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None,
@@ -462,8 +470,8 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
         return _ratio_definition(comparisons, method, speed_adjust, pin)
     own = [c for c in comparisons if c.get("paired") is not False]
     if not any(c.get("metric") == "wall_us" for c in own):
-        return MERGED_DEF  # lower case: it follows "candidate / baseline wall time, " (legend, Markdown)
-    return "within a run: " + _ratio_definition(own, method, speed_adjust, pin) + "; " + MERGED_DEF
+        return merged_def(comparisons)  # lower case: it follows "candidate / baseline wall time, " (legend, Markdown)
+    return "within a run: " + _ratio_definition(own, method, speed_adjust, pin) + "; " + merged_def(comparisons)
 
 
 def _ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None,
@@ -1519,7 +1527,7 @@ def terminal_table(res: dict, console=None, run_dir: str | None = None) -> None:
                           "group)[/]")
         if unpaired:  # a merged report (new-user trial: its legend called every ratio paired)
             marked = any(str(e.get("label", "")).endswith("'") for e in res.get("envs") or [])
-            console.print(f"[dim]merged runs: ratio {escape(MERGED_DEF)}"
+            console.print(f"[dim]merged runs: ratio {escape(merged_def(cmps))}"
                           + (" (a label marked ' was renamed: the same label in two runs)" if marked else "") + "[/]")
     note = level_note(res.get("comparisons") or [])
     if note:

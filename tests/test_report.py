@@ -749,9 +749,13 @@ def test_merge_compares_envs_of_different_runs_unpaired(h200):
                       ("2.6.3", "2.7.0.post2'"): "independent bootstrap+Welch",
                       ("2.6.3'", "2.7.0.post2'"): "paired trimmed t"}
     # the legend says so (new-user trial: a merged report called every ratio paired)
-    assert report.view_model(merged)["ratio_def"] == report.MERGED_DEF
+    gpu = any(c["metric"] == "device_us" for c in merged["comparisons"])  # the kernel clause only with a kernel clock
+    assert gpu and report.view_model(merged)["ratio_def"] == report.MERGED_DEF + report.MERGED_KERNEL
     mixed = report.view_model(again)["ratio_def"]
-    assert mixed.startswith("within a run: trimmed mean over rounds") and mixed.endswith("; " + report.MERGED_DEF)
+    assert mixed.startswith("within a run: trimmed mean over rounds") and mixed.endswith("; " + report.MERGED_DEF
+                                                                                           + report.MERGED_KERNEL)
+    cpu = [c for c in merged["comparisons"] if c["metric"] in ("wall_us", "host_us")]
+    assert report.merged_def(cpu) == report.MERGED_DEF and "kernel" not in report.merged_def(cpu)
     # the headline of an env from another run says so, and a copy of the same wheel on the same torch is
     # called the machine's difference (new-user trial: "2.6.3' vs 2.6.3: faster in 2/4 cases" for two runs
     # of one wheel three minutes apart)
