@@ -260,14 +260,14 @@ def cmd_report(args) -> int:
         raise UsageError(f"--min-effect {args.min_effect}: give a fraction between 0 and 1 (0.05 = 5%)")
     runs = [results.load(p) for p in args.results]
     _no_run_twice(paths, runs)
-    from .pipeline import rescues_of
+    from .pipeline import fuller_rescue
 
     for q, r in zip(paths, runs):  # a results.json left behind by a write that failed (a full disk): the
         # run's own rescue copy holds more sets (new-user trial: the stale file was reported as the run)
-        more = [(f, n) for f, n in rescues_of(r) if n > len(r.get("sets") or [])]
+        more = fuller_rescue(r)
         if more:
             print(f"warning: {q} holds {len(r.get('sets') or [])} process set(s), but a rescue copy of this run "
-                  f"with {more[0][1]} is at {more[0][0]} (written when results.json could not be): report that one, "
+                  f"with {more[1]} is at {more[0]} (written when results.json could not be): report that one, "
                   f"or move it over {q} once there is room", file=sys.stderr)
     left_out = []
     if len(runs) > 1 and any(r.get("cases") for r in runs):

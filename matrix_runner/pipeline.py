@@ -412,10 +412,10 @@ def resume_args(args, argv: list[str], parse: Callable[[list[str]], object]):
         raise UsageError(f"--resume {args.resume}: that run measured nothing (no NVIDIA GPU was visible where it "
                          f"ran; its envs were skipped); on a machine with a GPU start it again: {cmd}")
     st = doc.get("settings") if isinstance(doc.get("settings"), dict) else {}
-    more = [(f, n) for f, n in rescues_of(doc) if n > len(doc.get("sets") or [])]
+    more = fuller_rescue(doc)
     if more:  # new-user trial: a resume from the older partial save went on, and its own rescue then
         # overwrote the one with more sets
-        f, n = more[0]
+        f, n = more
         k = len(doc.get("sets") or [])
         raise UsageError(f"--resume {args.resume}: its results.json holds {k} process set{'s' if k != 1 else ''} "
                          f"(stopped: {stopped}), but a rescue of this run with {n} is at {f} (written when "
@@ -546,6 +546,14 @@ def max_sets_followed(doc: dict) -> bool:
 #: The rescue folders of results.json files that could not be written (Run._write_files), under
 #: the temporary directory: PREFIX + run id + "-" + a unique suffix.
 RESCUE_PREFIX = "matrix-run-rescue-"
+
+
+def fuller_rescue(doc: dict) -> tuple[Path, int] | None:
+    """The rescue copy of run ``doc`` (:func:`rescues_of`) with the most process sets, where it has more
+    than ``doc`` itself (its results.json is then a partial save left behind by a write that failed),
+    as (its results.json, its sets); else None."""
+    more = [(f, n) for f, n in rescues_of(doc) if n > len(doc.get("sets") or [])]
+    return more[0] if more else None
 
 
 def rescues_of(doc: dict) -> list[tuple[Path, int]]:

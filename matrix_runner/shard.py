@@ -339,21 +339,25 @@ def submitted(args) -> bool:
     return getattr(args, "executor", "local") != "local" and getattr(args, "shard", None) is None
 
 
-def job_argv(argv: list[str], index: int, count: int, out_dir: Path) -> list[str]:
-    """The command line of shard ``index``'s job: the run's own, without the driver's scale-out and
-    output options, with ``--shard I/N --output OUT/shards/I``."""
-    drop_val = {"--executor", "--shards", "--slurm-partition", "--slurm-account", "--slurm-time", "--gpus",
-                "--output", "--markdown", "--resume", "--shard", "--fail-on-regression"}
+def _without(argv: list[str], names: set[str]) -> list[str]:
+    """``argv`` without the options ``names`` and their values (``--opt V`` or ``--opt=V``)."""
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
             continue
-        name = a.split("=", 1)[0]
-        if name in drop_val:
+        if a.split("=", 1)[0] in names:
             skip = "=" not in a
             continue
         out.append(a)
+    return out
+
+
+def job_argv(argv: list[str], index: int, count: int, out_dir: Path) -> list[str]:
+    """The command line of shard ``index``'s job: the run's own, without the driver's scale-out and
+    output options, with ``--shard I/N --output OUT/shards/I``."""
+    out = _without(argv, {"--executor", "--shards", "--slurm-partition", "--slurm-account", "--slurm-time", "--gpus",
+                          "--output", "--markdown", "--resume", "--shard", "--fail-on-regression"})
     if out and out[0] == "run":
         out = out[1:]
     return ["run", *out, "--shard", f"{index}/{count}", "--output", str(shard_dir(out_dir, index))]
@@ -402,16 +406,7 @@ def local_job_cpus(request: str | None, n: int, allowed: list[int] | None = None
 
 def with_cpus(argv: list[str], cpus: list[int]) -> list[str]:
     """``argv`` with its ``--cpus`` value replaced by ``cpus`` (a job's part of a --cpus LIST)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a.split("=", 1)[0] == "--cpus":
-            skip = "=" not in a
-            continue
-        out.append(a)
-    return [*out, "--cpus", ",".join(map(str, cpus))]
+    return [*_without(argv, {"--cpus"}), "--cpus", ",".join(map(str, cpus))]
 
 
 def pinned_command(cmd: list[str], cpus: list[int] | None) -> list[str]:
