@@ -460,27 +460,23 @@ def ratio_definition(comparisons: list[dict], method: str | None = None, speed_a
     called every ratio "paired cycle by cycle"); ``sets``: the run's set records, whose ``pinned`` says
     whether its workers shared one core (second new-user trial: "all pinned to one CPU core" in a run
     whose every set ran unpinned)."""
-    recs = [s for s in sets or [] if isinstance(s, dict) and "pinned" in s]
-    unpinned = sum(1 for s in recs if not s["pinned"])
-    pin = ("all pinned to one CPU core" if not unpinned else
-           "unpinned: the OS placed them" if unpinned == len(recs) else
-           f"pinned to one CPU core, but for {unpinned} of the {len(recs)} sets, which ran unpinned")
     unp = [c for c in comparisons if c.get("paired") is False] if merged else []
     if not unp:
-        return _ratio_definition(comparisons, method, speed_adjust, pin)
+        return _ratio_definition(comparisons, method, speed_adjust, sets)
     own = [c for c in comparisons if c.get("paired") is not False]
     if not any(c.get("metric") == "wall_us" for c in own):
         return merged_def(comparisons)  # lower case: it follows "candidate / baseline wall time, " (legend, Markdown)
-    return "within a run: " + _ratio_definition(own, method, speed_adjust, pin) + "; " + merged_def(comparisons)
+    return "within a run: " + _ratio_definition(own, method, speed_adjust, sets) + "; " + merged_def(comparisons)
 
 
 def _ratio_definition(comparisons: list[dict], method: str | None = None, speed_adjust: bool | None = None,
-                      pin: str = "all pinned to one CPU core") -> str:
+                      sets: list | None = None) -> str:
     """How the run's ratios were computed: lockstep process sets with an anytime-valid interval (current
     method; ``method`` = the results' ``settings.method``, which names it even when nothing was compared
     yet, e.g. a run interrupted in its first set); for results/1 runs, paired by round with a trimmed
     mean, paired with a median (results written before trimming) or, for results written before pairing
-    existed or with unequal rounds, as the ratio of medians of per-process medians."""
+    existed or with unequal rounds, as the ratio of medians of per-process medians. ``sets``: the run's
+    set records (:func:`ratio_definition`), whose ``pinned`` says how the workers were placed."""
     wall = [c for c in comparisons if c.get("metric") == "wall_us"]
     lockstep = str(method or "").startswith("lockstep-sets")
     if (wall and all(c.get("ci_method") == "lockstep sets, anytime t-CS" for c in wall)) or (lockstep and not wall):
@@ -500,7 +496,12 @@ def _ratio_definition(comparisons: list[dict], method: str | None = None, speed_
         state = cpu_state_note(comparisons)
         if state:
             glitch += "; " + state
-        same_core = "on the same core " if pin.startswith("all pinned") else ""
+        recs = [s for s in sets or [] if isinstance(s, dict) and "pinned" in s]
+        unpinned = sum(1 for s in recs if not s["pinned"])
+        pin = ("all pinned to one CPU core" if not unpinned else
+               "unpinned: the OS placed them" if unpinned == len(recs) else
+               f"pinned to one CPU core, but for {unpinned} of the {len(recs)} sets, which ran unpinned")
+        same_core = "" if unpinned else "on the same core "
         how = (f"each process set (fresh workers of every version, {pin}) timed every case in "
                f"turns of a few ms, so the versions' calls being compared ran {same_core}within ms of each "
                f"other{speed}; per set, the trimmed mean of those paired ratios{glitch}; the interval is an "
